@@ -1,0 +1,58 @@
+# One command each: `make test` sets up everything it needs and runs every check.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+# Downloads and builds live outside the checkout, so a fresh clone reuses them.
+CACHE ?= $(HOME)/.cache/neuronfleet
+UV_VERSION := 0.13.8
+UV_HOME := $(CACHE)/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
+VENV := .venv
+BIN := $(VENV)/bin
+
+# Only the system Python: nothing may be downloaded from outside the package registries.
+export UV_PYTHON_DOWNLOADS := never
+export UV_PYTHON ?= python3.11
+# `operator/` in the working directory must never shadow the standard library's `operator`.
+export PYTHONSAFEPATH := 1
+export HF_HUB_OFFLINE := 1
+
+.PHONY: help setup test lint typecheck unit lock clean
+
+help:  ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(UV):
+	@echo "==> bootstrapping uv $(UV_VERSION) into $(UV_HOME)"
+	python3 -m venv $(UV_HOME)
+	$(UV_HOME)/bin/pip install --quiet uv==$(UV_VERSION)
+
+# Reinstalls dependencies only when the spec or the lock changed.
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	@echo "==> installing locked dependencies into $(VENV) (first run: several minutes, ~9 GB)"
+	$(UV) sync --locked --all-extras
+	touch $@
+
+setup: $(VENV)/.synced  ## Create or update the virtual environment.
+	@# The project itself is an editable link tree: refresh it so new modules are seen.
+	$(UV) sync --locked --all-extras --reinstall-package neuronfleet --quiet
+
+lint: setup  ## ruff.
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup  ## mypy, strict.
+	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator
+	$(BIN)/mypy tests
+
+unit: setup  ## pytest.
+	$(BIN)/pytest
+
+test: lint typecheck unit  ## Everything CI runs.
+
+lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
+	$(UV) lock
+
+clean:  ## Remove the virtual environment and build leftovers (caches stay).
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

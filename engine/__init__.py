@@ -1,0 +1,1 @@
+"""The neuronfleet serving engine: vLLM with the embedded Neuron scheduler."""

@@ -1,0 +1,1 @@
+"""The neuronfleet Kubernetes operator."""

@@ -1,0 +1,32 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+#: The installed console scripts sit beside the interpreter running the tests.
+SCRIPTS = Path(sys.executable).parent
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run an installed console script as a user would, capturing its output."""
+
+    def run(program: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SCRIPTS / program), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            check=False,
+            env={"PATH": str(SCRIPTS), "COLUMNS": "120", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"},
+        )
+
+    return run
