@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.scenarios import SCENARIOS
 
 #: Exit status for input that is unreadable or breaks a rule.
 EXIT_INVALID = 2
@@ -189,3 +191,48 @@ def show(
         total_padded = sum(chunk["bucket"] for chunk in chunks)
         out.print(table)
         out.print(f"padding: {total_padding} of {total_padded} computed tokens ({total_padding / total_padded:.1%})")
+
+
+@app.command("trace")
+def trace(
+    scenario: Annotated[
+        str | None, typer.Option("--scenario", "-s", help="Scenario to run; --list shows them.", show_default=False)
+    ] = None,
+    list_scenarios: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
+    async_scheduling: Annotated[
+        bool,
+        typer.Option(
+            "--async-scheduling/--no-async-scheduling", help="NeuronAsyncScheduler (default) or NeuronScheduler."
+        ),
+    ] = True,
+) -> None:
+    """Run a scripted workload through the real vLLM scheduler; print one line per step."""
+    if list_scenarios:
+        for name, known in SCENARIOS.items():
+            out.print(f"{name:<14} {known.summary}")
+        return
+    if scenario is None:
+        fail("give --scenario NAME (or --list)")
+    chosen = SCENARIOS.get(scenario)
+    if chosen is None:
+        fail(f"unknown scenario {scenario!r}; choose one of: {', '.join(SCENARIOS)}")
+    # vLLM's start-up chatter would drown the trace; its warnings still show.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM takes seconds to import: only a trace that runs pays for it.
+    from neuronfleet.engine.offline import run_scenario
+    from neuronfleet.engine.trace import format_step
+
+    engine_config = chosen.engine
+    scheduler_name = "NeuronAsyncScheduler" if async_scheduling else "NeuronScheduler"
+    out.print(f"scenario {chosen.name}: {chosen.summary}")
+    out.print(
+        f"{scheduler_name}; max_num_seqs {engine_config.max_num_seqs}, max_num_batched_tokens "
+        f"{engine_config.max_num_batched_tokens}, max_model_len {engine_config.max_model_len}; "
+        f"prefill buckets {engine_config.effective_num_batched_tokens_buckets}, "
+        f"decode buckets {engine_config.effective_num_seqs_buckets}"
+    )
+    engine = run_scenario(chosen, async_scheduling=async_scheduling)
+    for record in engine.steps:
+        out.print(format_step(record, engine_config.effective_num_seqs_buckets))
+    outputs = ", ".join(f"{req_id} {len(p.output_tokens)}" for req_id, p in engine.progress.items())
+    out.print(f"finished: {outputs} tokens; padding tokens {engine.scheduler.total_padding_tokens}")
