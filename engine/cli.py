@@ -28,7 +28,7 @@ from neuronfleet.engine.recommend import (
     prompt_histogram,
     recommend,
 )
-from neuronfleet.engine.workloads import WORKLOADS
+from neuronfleet.engine.workloads import WORKLOADS, Workload
 
 #: Exit status for input that is unreadable or breaks a rule.
 EXIT_INVALID = 2
@@ -340,43 +340,51 @@ def recommend_buckets(
             if max_model_len is None:
                 max_model_len = workload.max_model_len
     engine = load_config(config, None, max_num_batched_tokens, max_model_len, None, None)
-    limit = engine.effective_max_num_batched_tokens
-
     try:
-        chunks: Histogram
-        if workload is not None:
-            source = f"{samples} prompts of workload {workload.name} (seed {seed})"
-            prompts = prompt_histogram(workload.sample(samples, seed, engine.max_model_len))
-            chunks = chunk_histogram(prompts, engine.max_num_batched_tokens, engine.max_model_len)
-        elif lengths is not None:
-            prompts = prompt_histogram(read_lengths_file(lengths))
-            source = f"{sum(prompts.values())} prompts from {lengths}"
-            chunks = chunk_histogram(prompts, engine.max_num_batched_tokens, engine.max_model_len)
-        else:
-            assert metrics is not None  # exactly one source, checked above
-            observed = observed_lengths(read_metrics(metrics), max_chunk=limit, max_prompt=engine.max_model_len)
-            total = sum(observed.histogram.values())
-            source = f"{total} {observed.kind.value} from {observed.metric} at {metrics} (at histogram bucket bounds)"
-            chunks = observed.histogram
-            if observed.kind is Kind.PROMPTS:
-                chunks = chunk_histogram(observed.histogram, engine.max_num_batched_tokens, engine.max_model_len)
-        result = recommend(chunks, count, limit, granularity)
+        source, chunks = read_chunks(engine, workload, samples, seed, lengths, metrics)
+        result = recommend(chunks, count, engine.effective_max_num_batched_tokens, granularity)
     except (RecommendError, ExpositionError) as error:
         fail(str(error))
-
     configured = None
     if engine.num_batched_tokens_buckets is not None:
         configured = bucket_set(chunks, list(engine.num_batched_tokens_buckets))
+    print_recommendation(source, result, configured, output)
+
+
+def read_chunks(
+    engine: EngineConfig, workload: Workload | None, samples: int, seed: int, lengths: Path | None, metrics: str | None
+) -> tuple[str, Histogram]:
+    """The prefill chunk histogram from whichever source was given, and a line saying where it came from."""
+    limits = (engine.max_num_batched_tokens, engine.max_model_len)
+    if workload is not None:
+        prompts = prompt_histogram(workload.sample(samples, seed, engine.max_model_len))
+        return f"{samples} prompts of workload {workload.name} (seed {seed})", chunk_histogram(prompts, *limits)
+    if lengths is not None:
+        prompts = prompt_histogram(read_lengths_file(lengths))
+        return f"{sum(prompts.values())} prompts from {lengths}", chunk_histogram(prompts, *limits)
+    assert metrics is not None  # exactly one source, checked by the caller
+    observed = observed_lengths(
+        read_metrics(metrics), max_chunk=engine.effective_max_num_batched_tokens, max_prompt=engine.max_model_len
+    )
+    total = sum(observed.histogram.values())
+    source = f"{total} {observed.kind.value} from {observed.metric} at {metrics} (at histogram bucket bounds)"
+    if observed.kind is Kind.PROMPTS:
+        return source, chunk_histogram(observed.histogram, *limits)
+    return source, observed.histogram
+
+
+def print_recommendation(source: str, result: Recommendation, configured: BucketSet | None, output: str) -> None:
+    """The recommendation as a table, or JSON, ending with the line to paste into a configuration."""
     yaml_line = f"num_batched_tokens_buckets: {result.recommended.buckets}"
     notes = recommendation_notes(result)
     if output == "json":
         document: dict[str, Any] = {
             "source": source,
-            "effective_max_num_batched_tokens": limit,
-            "granularity": granularity,
+            "effective_max_num_batched_tokens": result.effective_max,
+            "granularity": result.granularity,
             "chunks": result.chunks,
             "tokens": result.tokens,
-            "requested_count": count,
+            "requested_count": result.requested_count,
             "recommended": set_document(result.recommended),
             "optimal_at_default_count": set_document(result.optimal_at_default_count),
             "default": set_document(result.default),
@@ -389,7 +397,7 @@ def recommend_buckets(
     out.print(f"source: {source}", markup=False)
     out.print(
         f"prefill: {result.chunks} chunks, {result.tokens} tokens; "
-        f"effective max_num_batched_tokens {limit}, granularity {granularity}"
+        f"effective max_num_batched_tokens {result.effective_max}, granularity {result.granularity}"
     )
     table = Table(title="padding waste: share of padded prefill compute spent on padding")
     table.add_column("bucket set")
