@@ -18,10 +18,10 @@ export UV_PYTHON ?= python3.11
 export PYTHONSAFEPATH := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: help setup test lint typecheck unit lock clean
+.PHONY: help setup test lint typecheck unit lock clean bench-padding
 
 help:  ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(UV):
 	@echo "==> bootstrapping uv $(UV_VERSION) into $(UV_HOME)"
@@ -44,12 +44,15 @@ lint: setup  ## ruff.
 
 typecheck: setup  ## mypy, strict.
 	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator
-	$(BIN)/mypy tests
+	$(BIN)/mypy tests bench
 
 unit: setup  ## pytest.
 	$(BIN)/pytest
 
 test: lint typecheck unit  ## Everything CI runs.
+
+bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
+	$(BIN)/python bench/padding_waste.py
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock
