@@ -18,7 +18,7 @@ export UV_PYTHON ?= python3.11
 export PYTHONSAFEPATH := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: help setup test lint typecheck unit lock clean bench-padding
+.PHONY: help setup test lint typecheck unit lock clean bench bench-padding bench-scheduler
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,8 +51,13 @@ unit: setup  ## pytest.
 
 test: lint typecheck unit  ## Everything CI runs.
 
+bench: bench-padding bench-scheduler  ## Every benchmark; figures in bench/results/.
+
 bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
 	$(BIN)/python bench/padding_waste.py
+
+bench-scheduler: setup  ## schedule() cost: vLLM's scheduler vs the Neuron scheduler, by queue length.
+	VLLM_LOGGING_LEVEL=WARNING $(BIN)/python bench/scheduler_cost.py
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock
