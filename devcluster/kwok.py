@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-#: ``"true"`` makes a pod's containers exit 1: Job pods end Failed, always-restarting pods crash-loop.
+#: ``"true"`` makes a pod's containers exit 1: pods with restartPolicy Never end Failed, others crash-loop.
 FAIL_ANNOTATION = "neuronfleet.io/kwok-fail"
 #: Go duration (``"2s"``) before a pod annotated to fail does so (default 500 ms).
 FAIL_AFTER_ANNOTATION = "neuronfleet.io/kwok-fail-after"
