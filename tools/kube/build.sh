@@ -58,6 +58,10 @@ build_all() {
   echo "    into ${bin_dir}"
   echo "    (first time only: ~20 min on 2 cores, ~5 GB of Go module and build cache)"
   local start_all=${SECONDS} start entry name extra
+  # Fetch every module first, so the per-binary lines below are not interleaved with download notes.
+  echo "    fetching modules ..."
+  (cd "${here}" && CGO_ENABLED=0 go list -deps "${binaries[@]#*|}" >/dev/null)
+  echo "    modules ready in $((SECONDS - start_all)) s"
   for entry in "${binaries[@]}"; do
     name="${entry%%|*}"
     case "${name}" in
