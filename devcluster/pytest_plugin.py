@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
-from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.devcluster.waiting import WaitFor, wait_for
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api
@@ -87,6 +87,6 @@ def namespace(kube: ApiClient) -> Iterator[str]:
 
 
 @pytest.fixture(name="wait_for")
-def wait_for_fixture() -> Callable[..., Any]:
+def wait_for_fixture() -> WaitFor:
     """:func:`neuronfleet.devcluster.waiting.wait_for`: poll with a bounded timeout, report what was seen."""
     return wait_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -52,3 +52,19 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise WaitTimeoutError(f"timed out after {timeout:g} s waiting for {what}; last seen: {last}")
         time.sleep(interval)
+
+
+class WaitFor(Protocol):
+    """The type of :func:`wait_for`, for annotating the ``wait_for`` fixture."""
+
+    def __call__(
+        self,
+        observe: Callable[[], T],
+        until: Callable[[T], bool] = ...,
+        *,
+        timeout: float = ...,
+        interval: float = ...,
+        what: str = ...,
+        show: Callable[[T], object] = ...,
+    ) -> T:
+        """Poll ``observe`` until ``until`` holds, as :func:`wait_for` does."""

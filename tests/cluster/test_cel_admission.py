@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from kubernetes.client import ApiClient, ApiextensionsV1Api, CustomObjectsApi, V1CustomResourceDefinition
 from kubernetes.client.exceptions import ApiException
 
+from neuronfleet.devcluster.waiting import WaitFor
+
 
 @pytest.fixture
-def bucket_crd(kube: ApiClient, namespace: str, wait_for: Callable[..., Any]) -> Iterator[tuple[str, str]]:
+def bucket_crd(kube: ApiClient, namespace: str, wait_for: WaitFor) -> Iterator[tuple[str, str]]:
     """A namespaced CRD whose ``spec.buckets`` must ascend (a CEL rule); yields (group, plural)."""
     extensions = ApiextensionsV1Api(kube)
     group = f"{namespace}.test.neuronfleet.io"
@@ -58,7 +59,7 @@ def bucket_crd(kube: ApiClient, namespace: str, wait_for: Callable[..., Any]) ->
 
 
 def test_cel_rule_rejects_an_invalid_object_with_its_message(
-    kube: ApiClient, namespace: str, bucket_crd: tuple[str, str], wait_for: Callable[..., Any]
+    kube: ApiClient, namespace: str, bucket_crd: tuple[str, str], wait_for: WaitFor
 ) -> None:
     group, plural = bucket_crd
     custom = CustomObjectsApi(kube)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from kubernetes.client import AppsV1Api, CoreV1Api, V1Deployment
+
+from neuronfleet.devcluster.waiting import WaitFor
 
 
 def test_deleting_an_owner_collects_its_dependents(
-    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     apps.create_namespaced_deployment(
         namespace,

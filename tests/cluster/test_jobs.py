@@ -10,6 +10,7 @@ from kubernetes.client import BatchV1Api, CoreV1Api, V1Job
 
 from neuronfleet.devcluster.fleet import POOL_LABEL
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION
+from neuronfleet.devcluster.waiting import WaitFor
 
 
 def job(name: str, *, annotations: dict[str, str], backoff_limit: int = 0) -> V1Job:
@@ -53,7 +54,7 @@ def job_pods(core: CoreV1Api, namespace: str, name: str) -> list[dict[str, Any]]
 
 
 def test_job_completes_after_the_annotated_delay(
-    core: CoreV1Api, batch: BatchV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, batch: BatchV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     batch.create_namespaced_job(namespace, job("compile", annotations={COMPLETE_AFTER_ANNOTATION: "3s"}))
 
@@ -76,7 +77,7 @@ def test_job_completes_after_the_annotated_delay(
 
 
 def test_failing_job_fails_after_its_backoff_limit(
-    core: CoreV1Api, batch: BatchV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, batch: BatchV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     batch.create_namespaced_job(namespace, job("broken", annotations={FAIL_ANNOTATION: "true"}, backoff_limit=1))
 

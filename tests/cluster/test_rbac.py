@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from kubernetes.client import (
@@ -21,6 +20,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.waiting import WaitFor
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def token_client(cluster: LocalCluster, core: CoreV1Api, namespace: str) -> Iter
 
 
 def test_rbac_denies_a_service_account_without_rights(
-    kube: ApiClient, token_client: ApiClient, namespace: str, wait_for: Callable[..., Any]
+    kube: ApiClient, token_client: ApiClient, namespace: str, wait_for: WaitFor
 ) -> None:
     as_reader = CoreV1Api(token_client)
     with pytest.raises(ApiException) as denied:

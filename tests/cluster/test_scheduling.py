@@ -10,6 +10,7 @@ from kubernetes.client import AppsV1Api, CoreV1Api, V1Deployment
 
 from neuronfleet.devcluster.fleet import INSTANCE_TYPE_LABEL, NEURON_DEVICE, POOL_LABEL
 from neuronfleet.devcluster.kwok import FAIL_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.devcluster.waiting import WaitFor
 
 NEURON_TOLERATION = {"key": NEURON_DEVICE, "operator": "Exists", "effect": "NoSchedule"}
 
@@ -69,7 +70,7 @@ def node_of(core: CoreV1Api, pod: Pod) -> Pod:
 
 
 def test_neuron_deployment_runs_on_trn2_nodes(
-    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     apps.create_namespaced_deployment(
         namespace,
@@ -96,7 +97,7 @@ def test_neuron_deployment_runs_on_trn2_nodes(
 
 
 def test_inf2_node_offers_its_twelve_devices(
-    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     selector = {INSTANCE_TYPE_LABEL: "inf2.48xlarge"}
     apps.create_namespaced_deployment(namespace, deployment("inf", neuron_devices=12, node_selector=selector))
@@ -116,7 +117,7 @@ def test_inf2_node_offers_its_twelve_devices(
 
 
 def test_more_devices_than_any_node_stays_pending(
-    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     apps.create_namespaced_deployment(namespace, deployment("huge", neuron_devices=17))
 
@@ -136,7 +137,7 @@ def test_more_devices_than_any_node_stays_pending(
 
 
 def test_pods_without_neuron_requests_stay_off_neuron_nodes(
-    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     apps.create_namespaced_deployment(namespace, deployment("plain", replicas=4))
 
@@ -152,7 +153,7 @@ def test_pods_without_neuron_requests_stay_off_neuron_nodes(
 
 
 def test_ready_after_annotation_delays_readiness(
-    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: Callable[..., Any]
+    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
     apps.create_namespaced_deployment(namespace, deployment("slow", annotations={READY_AFTER_ANNOTATION: "3s"}))
 
@@ -169,9 +170,7 @@ def test_ready_after_annotation_delays_readiness(
     assert ready["last_transition_time"] - pod["status"]["start_time"] >= timedelta(seconds=2)
 
 
-def test_failing_serving_pod_crash_loops(
-    core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: Callable[..., Any]
-) -> None:
+def test_failing_serving_pod_crash_loops(core: CoreV1Api, apps: AppsV1Api, namespace: str, wait_for: WaitFor) -> None:
     apps.create_namespaced_deployment(namespace, deployment("crash", annotations={FAIL_ANNOTATION: "true"}))
 
     pod: Pod = wait_for(
