@@ -32,6 +32,7 @@ BOUNDS: list[int | None] = [None, 4, 2, 1]
 
 
 def scenario(bound: int | None) -> Scenario:
+    """Eight decoding requests and three 32k-token prompts arriving while they decode."""
     engine = EngineConfig(
         max_num_seqs=16,
         max_num_batched_tokens=8192,
@@ -44,10 +45,13 @@ def scenario(bound: int | None) -> Scenario:
     long_prompts = [
         ScenarioRequest(f"long-{i}", prompt_len=32000, max_tokens=16, arrival_step=20 + 60 * i) for i in range(3)
     ]
-    return Scenario("decode-stalls", "bench", engine, num_kv_blocks=65536 * 12 // 32, requests=(*decoding, *long_prompts))
+    return Scenario(
+        "decode-stalls", "bench", engine, num_kv_blocks=65536 * 12 // 32, requests=(*decoding, *long_prompts)
+    )
 
 
 def measure(bound: int | None) -> dict[str, Any]:
+    """Inter-token latencies of the decoding requests and TTFT of the long prompts, under ``bound``."""
     chosen = scenario(bound)
     cost = CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=8)
     timeline = Timeline(cost, chosen.engine.effective_num_seqs_buckets)
@@ -69,8 +73,10 @@ def main() -> None:
     rows = [measure(bound) for bound in BOUNDS]
     reference = rows[0]
     print("decoding requests' inter-token latency while 32k-token prompts prefill (virtual clock, trn2, 8B, TP 8)")
-    print(f"{'max_consecutive_prefill_steps':>30} {'ITL p50 ms':>10} {'ITL p99 ms':>10} {'max stall ms':>12} "
-          f"{'p99 vs ref':>10} {'32k TTFT s':>10} {'TTFT vs ref':>11}")
+    print(
+        f"{'max_consecutive_prefill_steps':>30} {'ITL p50 ms':>10} {'ITL p99 ms':>10} {'max stall ms':>12} "
+        f"{'p99 vs ref':>10} {'32k TTFT s':>10} {'TTFT vs ref':>11}"
+    )
     for row in rows:
         label = "unbounded (reference)" if row["bound"] is None else str(row["bound"])
         print(

@@ -38,7 +38,10 @@ MEMORY_UTILIZATION = 0.9
 
 
 def cost_model() -> CostModel:
-    return CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-70b"), tensor_parallel_size=TENSOR_PARALLEL)
+    """llama-3.1-70b over 32 logical NeuronCores of a trn2.48xlarge."""
+    return CostModel(
+        get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-70b"), tensor_parallel_size=TENSOR_PARALLEL
+    )
 
 
 def num_kv_blocks(cost: CostModel) -> int:
@@ -48,6 +51,7 @@ def num_kv_blocks(cost: CostModel) -> int:
 
 
 def scenario(kv_admission: KvAdmission, blocks: int) -> Scenario:
+    """The chat requests, all arriving at once, on a KV cache of ``blocks`` blocks."""
     engine = EngineConfig(
         max_num_seqs=64,
         max_num_batched_tokens=8192,
@@ -59,13 +63,16 @@ def scenario(kv_admission: KvAdmission, blocks: int) -> Scenario:
     prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=0, max_model_len=MAX_MODEL_LEN // 2)
     outputs = random.Random(1)
     requests = tuple(
-        ScenarioRequest(f"chat-{i}", prompt_len=prompt, max_tokens=max(1, min(2048, round(outputs.lognormvariate(5.5, 0.8)))))
+        ScenarioRequest(
+            f"chat-{i}", prompt_len=prompt, max_tokens=max(1, min(2048, round(outputs.lognormvariate(5.5, 0.8))))
+        )
         for i, prompt in enumerate(prompts)
     )
     return Scenario("kv-admission", "bench", engine, num_kv_blocks=blocks, requests=requests)
 
 
 def measure(kv_admission: KvAdmission) -> dict[str, Any]:
+    """Concurrency, throughput and TTFT of the chat requests under ``kv_admission``."""
     cost = cost_model()
     chosen = scenario(kv_admission, num_kv_blocks(cost))
     timeline = Timeline(cost, chosen.engine.effective_num_seqs_buckets)
@@ -93,7 +100,9 @@ def main() -> None:
         f"max_model_len {MAX_MODEL_LEN}: {reference['num_kv_blocks']} KV blocks hold "
         f"{reference['max_full_length_requests']} full-length requests"
     )
-    print(f"{'kv_admission':>14} {'mean batch':>10} {'max running':>11} {'tokens/s':>10} {'vs ref':>7} {'mean TTFT s':>11}")
+    print(
+        f"{'kv_admission':>14} {'mean batch':>10} {'max running':>11} {'tokens/s':>10} {'vs ref':>7} {'mean TTFT s':>11}"
+    )
     for row in rows:
         print(
             f"{row['kv_admission']:>14} {row['mean_decode_batch']:>10.1f} {row['max_running']:>11} "

@@ -41,6 +41,7 @@ CONFIGS: dict[str, tuple[type[vllm_compat.Scheduler], SchedulerOptions]] = {
 
 
 def build(cls: type[vllm_compat.Scheduler], options: SchedulerOptions) -> vllm_compat.Scheduler:
+    """A scheduler of ``cls`` with room for 64 requests at max_model_len."""
     engine = EngineConfig(
         max_num_seqs=RUNNING,
         max_num_batched_tokens=MAX_MODEL_LEN,
@@ -55,6 +56,7 @@ def build(cls: type[vllm_compat.Scheduler], options: SchedulerOptions) -> vllm_c
 
 
 def add(scheduler: vllm_compat.Scheduler, req_id: str) -> None:
+    """Queue a short prompt that decodes for longer than the bench runs."""
     request = vllm_compat.Request(
         req_id,
         [1 + len(req_id)] * PROMPT_LEN,
