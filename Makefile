@@ -18,7 +18,7 @@ export UV_PYTHON ?= python3.11
 export PYTHONSAFEPATH := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: help setup test lint typecheck unit lock clean
+.PHONY: help setup test lint typecheck unit lock crds clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ unit: setup  ## pytest.
 	$(BIN)/pytest
 
 test: lint typecheck unit  ## Everything CI runs.
+
+crds: setup  ## Regenerate crds/ from the operator's API models.
+	$(BIN)/neuronfleet-operator crds --output crds
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock
