@@ -17,14 +17,13 @@ import asyncio
 import datetime
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
 from neuronfleet.operator.reconcile import Reconciler, RetryLater
-from neuronfleet.operator.status import Event
 
 Obj = dict[str, Any]
 
@@ -33,11 +32,6 @@ ANNOTATION_PREFIX = "neuronfleet.io"
 FINALIZER = "neuronfleet.io/finalizer"
 
 log = logging.getLogger(__name__)
-
-
-def emit(body: Obj, event: Event) -> None:
-    """Post a Kubernetes Event about ``body`` through kopf's poster."""
-    kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message[:1024])
 
 
 def _retrying(error: RetryLater) -> kopf.TemporaryError:
@@ -88,11 +82,10 @@ def build_registry(
         state["resync"] = asyncio.create_task(resync_forever())
 
     async def resync_forever() -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(resync_seconds)
             try:
-                await loop.run_in_executor(None, reconciler.resync, namespaces)
+                await asyncio.to_thread(reconciler.resync, namespaces)
             except Exception:  # the loop must outlive any one failure; the next pass retries
                 log.exception("resync failed")
             else:

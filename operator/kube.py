@@ -7,7 +7,10 @@ the API server. Authentication and TLS are the official client's.
 
 from __future__ import annotations
 
+import datetime
 import json
+import logging
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +18,11 @@ import kubernetes
 
 from neuronfleet.operator import api
 from neuronfleet.operator.plan import FIELD_MANAGER
+from neuronfleet.operator.status import Event
 
 Obj = dict[str, Any]
+
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for one API request.
 REQUEST_TIMEOUT = 30
@@ -166,6 +172,45 @@ class Kube:
                 return False
             raise
         return True
+
+
+class EventRecorder:
+    """Posts core/v1 Events (what ``kubectl describe`` shows); best effort, never raises."""
+
+    def __init__(self, kube: Kube, component: str = FIELD_MANAGER) -> None:
+        self.kube = kube
+        self.component = component
+        self.instance = socket.gethostname()
+
+    def __call__(self, body: Obj, event: Event) -> None:
+        """Record ``event`` (type, reason, message) about ``body``."""
+        meta = body["metadata"]
+        at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        record = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance,
+            "firstTimestamp": at,
+            "lastTimestamp": at,
+            "count": 1,
+        }
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=record)
+        except ApiError as error:
+            log.warning("could not post event %s on %s/%s: %s", event.reason, meta["namespace"], meta["name"], error)
 
 
 def _api_error(status: int, data: str | bytes | None) -> ApiError:

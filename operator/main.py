@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 
 from neuronfleet.operator import crdgen
-from neuronfleet.operator.handlers import build_registry, emit
-from neuronfleet.operator.kube import Kube
+from neuronfleet.operator.handlers import build_registry
+from neuronfleet.operator.kube import EventRecorder, Kube
 from neuronfleet.operator.reconcile import Reconciler
 
 #: Exit status for bad input (a missing kubeconfig, CRDs out of date).
@@ -75,7 +75,8 @@ async def operate(
     ready_flag: Any = None,
 ) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal, in the main thread)."""
-    reconciler = Reconciler(Kube(kubernetes.client.ApiClient(configuration)), emit)
+    kube = Kube(kubernetes.client.ApiClient(configuration))
+    reconciler = Reconciler(kube, EventRecorder(kube))
     registry = build_registry(reconciler, namespaces, resync_seconds)
 
     @kopf.on.login(registry=registry)
