@@ -235,9 +235,9 @@ class DrainSettings(K8sModel):
                         "self.terminationGracePeriodSeconds > self.preStopSeconds + self.drainTimeoutSeconds"
                     ),
                     "messageExpression": (
-                        "'drain.terminationGracePeriodSeconds (' + string(self.terminationGracePeriodSeconds) + "
-                        "') must exceed preStopSeconds + drainTimeoutSeconds (' + "
-                        "string(self.preStopSeconds + self.drainTimeoutSeconds) + ')'"
+                        "'drain.terminationGracePeriodSeconds (%d) must exceed preStopSeconds + "
+                        "drainTimeoutSeconds (%d)'.format([self.terminationGracePeriodSeconds, "
+                        "self.preStopSeconds + self.drainTimeoutSeconds])"
                     ),
                 }
             ]
@@ -284,10 +284,10 @@ _NEURON_DEVICES_RULES: list[JsonValue] = [
             f"{_CEL_CORES_PER_DEVICE}[self.instanceType] >= self.engine.tensor_parallel_size"
         ),
         "messageExpression": (
-            "'resources.neuronDevices (' + string(self.resources.neuronDevices) + ') holds ' + "
-            f"string(self.resources.neuronDevices * {_CEL_CORES_PER_DEVICE}[self.instanceType]) + "
-            "' logical NeuronCores on ' + self.instanceType + ', fewer than engine.tensor_parallel_size (' + "
-            "string(self.engine.tensor_parallel_size) + ')'"
+            "'resources.neuronDevices (%d) holds %d logical NeuronCores on %s, fewer than "
+            "engine.tensor_parallel_size (%d)'.format([self.resources.neuronDevices, "
+            f"self.resources.neuronDevices * {_CEL_CORES_PER_DEVICE}[self.instanceType], self.instanceType, "
+            "self.engine.tensor_parallel_size])"
         ),
         "fieldPath": ".resources.neuronDevices",
     },
@@ -296,8 +296,8 @@ _NEURON_DEVICES_RULES: list[JsonValue] = [
             f"!has(self.resources.neuronDevices) || self.resources.neuronDevices <= {_CEL_DEVICES}[self.instanceType]"
         ),
         "messageExpression": (
-            "'resources.neuronDevices (' + string(self.resources.neuronDevices) + ') exceeds the ' + "
-            f"string({_CEL_DEVICES}[self.instanceType]) + ' Neuron devices of one ' + self.instanceType"
+            "'resources.neuronDevices (%d) exceeds the %d Neuron devices of one %s'.format("
+            f"[self.resources.neuronDevices, {_CEL_DEVICES}[self.instanceType], self.instanceType])"
         ),
         "fieldPath": ".resources.neuronDevices",
     },
@@ -307,9 +307,9 @@ _NEURON_DEVICES_RULES: list[JsonValue] = [
             f"{_CEL_CORES_PER_DEVICE}[self.instanceType]"
         ),
         "messageExpression": (
-            "'engine.tensor_parallel_size (' + string(self.engine.tensor_parallel_size) + ') exceeds the ' + "
-            f"string({_CEL_DEVICES}[self.instanceType] * {_CEL_CORES_PER_DEVICE}[self.instanceType]) + "
-            "' logical NeuronCores of one ' + self.instanceType"
+            "'engine.tensor_parallel_size (%d) exceeds the %d logical NeuronCores of one %s'.format("
+            f"[self.engine.tensor_parallel_size, {_CEL_DEVICES}[self.instanceType] * "
+            f"{_CEL_CORES_PER_DEVICE}[self.instanceType], self.instanceType])"
         ),
         "fieldPath": ".engine.tensor_parallel_size",
     },

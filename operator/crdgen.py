@@ -4,8 +4,11 @@ Pydantic writes JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema.
 The rewrite inlines ``$ref``s, turns ``X | None`` into ``X`` (the API server
 prunes nulls), ``const`` into ``enum``, drops ``title`` and
 ``additionalProperties: false`` (unknown fields are pruned, and rejected by
-``kubectl``'s strict field validation), and gives optional objects a ``{}``
-default so the defaults inside them apply and CEL rules can rely on them.
+``kubectl``'s strict field validation), and gives optional objects their
+defaults written out, so CEL rules can rely on every defaulted field.
+
+CEL messages use ``'...%d'.format([...])``: concatenating ``string(int)``
+exceeds the API server's cost estimate.
 
 The engine's bucket rules are added here as CEL, on the engine's own model, so
 the API server rejects invalid buckets before any operator code runs, with the
@@ -59,8 +62,8 @@ ENGINE_OVERLAY: Schema = {
                 f"{_LAST_PREFILL} == {_EFFECTIVE_PREFILL}"
             ),
             "messageExpression": (
-                f"'Last bucket in {NUM_BATCHED_TOKENS_BUCKETS} must equal max_num_batched_tokens (' + "
-                f"string({_EFFECTIVE_PREFILL}) + '), got ' + string({_LAST_PREFILL})"
+                f"'Last bucket in {NUM_BATCHED_TOKENS_BUCKETS} must equal max_num_batched_tokens (%d), got %d'"
+                f".format([{_EFFECTIVE_PREFILL}, {_LAST_PREFILL}])"
             ),
             "fieldPath": f".{NUM_BATCHED_TOKENS_BUCKETS}",
             "reason": "FieldValueInvalid",
@@ -71,8 +74,8 @@ ENGINE_OVERLAY: Schema = {
                 f"{_LAST_DECODE} == self.max_num_seqs"
             ),
             "messageExpression": (
-                f"'Last bucket in {NUM_SEQS_BUCKETS} must equal max_num_seqs (' + string(self.max_num_seqs) + "
-                f"'), got ' + string({_LAST_DECODE})"
+                f"'Last bucket in {NUM_SEQS_BUCKETS} must equal max_num_seqs (%d), got %d'"
+                f".format([self.max_num_seqs, {_LAST_DECODE}])"
             ),
             "fieldPath": f".{NUM_SEQS_BUCKETS}",
             "reason": "FieldValueInvalid",
@@ -230,7 +233,9 @@ def structural(node: Schema, defs: Mapping[str, Schema]) -> Schema:
             # An absent optional object still gets its inner defaults, so rules can read them.
             optional_object = name not in required and child.get("type") == "object" and "default" not in child
             if optional_object and "properties" in child and not child.get("required"):
-                child["default"] = {}
+                # Written out in full: the API server checks a default against the object's own
+                # rules without filling in the defaults inside it.
+                child["default"] = {k: v["default"] for k, v in child["properties"].items() if "default" in v}
     if isinstance(node.get("items"), dict):
         node["items"] = structural(node["items"], defs)
     if isinstance(node.get("additionalProperties"), dict):

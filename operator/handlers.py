@@ -75,7 +75,7 @@ def build_registry(
         )
         # Only the children the operator made are watched, filtered by the API server.
         settings.watching.label_selectors["apps", "deployments"] = plan.LABEL_SERVICE
-        settings.watching.label_selectors["", "pods"] = plan.LABEL_SERVICE
+        settings.watching.label_selectors["v1", "pods"] = plan.LABEL_SERVICE
         settings.watching.label_selectors["batch", "jobs"] = plan.LABEL_ARTIFACT
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
@@ -139,9 +139,7 @@ def build_registry(
         if service is not None:
             reconciler.reconcile_service(_namespaced(namespace), service)
 
-    @kopf.on.event(
-        "", "v1", "pods", labels={plan.LABEL_SERVICE: kopf.PRESENT}, when=_is_unschedulable, registry=registry
-    )
+    @kopf.on.event("v1", "pods", labels={plan.LABEL_SERVICE: kopf.PRESENT}, when=_is_unschedulable, registry=registry)
     def unschedulable_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
         reconciler.reconcile_service(_namespaced(namespace), labels[plan.LABEL_SERVICE])
 

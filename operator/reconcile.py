@@ -102,8 +102,6 @@ class Reconciler:
                 applied = self.kube.apply(obj)
                 if obj["kind"] == "Deployment":
                     deployment_body = applied
-            if deployment is None or deployment.artifact_hash != target.hash:
-                self.emit(body, Event("Normal", "RollingOut", f"rolling out revision {target.hash} ({target.name})"))
         elif decision.serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.replicas:
             # The serving revision's template stays as it is until the new artifact is Ready.
             deployment_body = self.kube.merge_patch(DEPLOYMENTS, namespace, name, {"spec": {"replicas": spec.replicas}})

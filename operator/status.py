@@ -17,7 +17,14 @@ CONDITION_TYPES = (VALIDATED, ARTIFACT_READY, AVAILABLE, READY)
 
 #: Reasons that mean something needs a human: posted as Warning events.
 WARNING_REASONS = frozenset(
-    {"InvalidBuckets", "InvalidSpec", "CompileFailed", "BlockedByFailedCompile", "InsufficientNeuronCapacity"}
+    {
+        "InvalidBuckets",
+        "InvalidSpec",
+        "CompileFailed",
+        "BlockedByFailedCompile",
+        "InsufficientNeuronCapacity",
+        "NoReplicasReady",
+    }
 )
 
 
@@ -62,12 +69,18 @@ def merge_conditions(previous: Sequence[api.Condition], updates: Iterable[api.Co
 
 
 def transitions(previous: Sequence[api.Condition], current: Sequence[api.Condition]) -> list[Event]:
-    """One event per condition whose status or reason changed; a reason already told is not told twice."""
+    """One event per condition whose status or reason changed; a reason already told is not told twice.
+
+    ``Available`` only speaks when it is lost after having held (an outage): while a
+    service starts, ``Ready`` tells the story.
+    """
     before = {c.type: (c.status, c.reason) for c in previous}
     events: list[Event] = []
     told: set[str] = set()
     for c in current:
         if before.get(c.type) == (c.status, c.reason) or c.reason in told:
+            continue
+        if c.type == AVAILABLE and not (before.get(c.type, ("",))[0] == "True" and c.status == "False"):
             continue
         told.add(c.reason)
         kind = "Warning" if c.reason in WARNING_REASONS else "Normal"

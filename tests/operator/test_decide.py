@@ -117,7 +117,7 @@ def test_first_compile() -> None:
     assert status.artifact == api.ArtifactStatusRef(name="model-new", hash="new", phase="Compiling")
     assert status.observed_generation == 4
     assert status.selector == "neuronfleet.io/service=svc"
-    assert [e.reason for e in events] == ["Valid", "Compiling", "WaitingForArtifact"]
+    assert [e.reason for e in events] == ["Valid", "Compiling"]
 
 
 def test_rolling_out_then_ready() -> None:
@@ -166,6 +166,13 @@ def test_unschedulable_pods_say_insufficient_neuron_capacity() -> None:
     assert condition(status, "Ready") == ("False", "InsufficientNeuronCapacity")
     assert condition(status, "Available") == ("False", "InsufficientNeuronCapacity")
     assert any(e.type == "Warning" and message in e.message for e in events)
+
+
+def test_losing_availability_is_a_warning_but_starting_up_is_not_noise() -> None:
+    serving, _ = status_of(NEW, deployment("new"))
+    down, events = status_of(NEW, deployment("new", ready=0, available=0), previous=serving, at=T1)
+    assert condition(down, "Available") == ("False", "NoReplicasReady")
+    assert ("Warning", "NoReplicasReady") in [(e.type, e.reason) for e in events]
 
 
 def test_transition_times_move_only_when_the_status_flips() -> None:
