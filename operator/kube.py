@@ -111,7 +111,7 @@ class Kube:
             )
         except kubernetes.client.ApiException as error:
             raise _api_error(int(error.status or 0), error.body) from None
-        data: bytes = response.read()  # type: ignore[no-untyped-call]
+        data: bytes = response.read()
         if not 200 <= response.status <= 299:
             raise _api_error(response.status, data)
         return json.loads(data) if data else {}

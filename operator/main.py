@@ -37,9 +37,9 @@ def load_configuration(kubeconfig: Path | None) -> kubernetes.client.Configurati
     """Client configuration: the given kubeconfig, else in-cluster, else ``$KUBECONFIG``/``~/.kube/config``."""
     configuration = kubernetes.client.Configuration()
     if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
     else:
-        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        kubernetes.config.load_kube_config(
             config_file=str(kubeconfig) if kubeconfig is not None else None, client_configuration=configuration
         )
     return configuration
