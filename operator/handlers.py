@@ -4,6 +4,7 @@
 - An artifact's creation or resume -> run its compile Job; its deletion -> its services.
 - A compile Job's events -> its artifact (which tells its services when it changes).
 - A serving Deployment's events, and a serving pod the scheduler cannot place -> its service.
+- A service's deletion -> drop its claims on artifacts (the garbage collector would, later).
 - A periodic resync reconciles everything, behind the watches.
 
 Status writes never wake a handler: services and artifacts are reconciled on
@@ -114,6 +115,13 @@ def build_registry(
             reconciler.reconcile_service(_namespaced(namespace), name)
         except RetryLater as error:
             raise _retrying(error) from None
+
+    @kopf.on.event(
+        api.GROUP, api.VERSION, SERVICES_NIS.plural, when=lambda type, **_: type == "DELETED", registry=registry
+    )
+    def service_deleted(body: kopf.Body, **_: Any) -> None:
+        # Its children go with it (owner references); its artifacts go now if nobody else uses them.
+        reconciler.forget_service(dict(body))
 
     @kopf.on.resume(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
     @kopf.on.create(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)

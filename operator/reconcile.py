@@ -123,6 +123,13 @@ class Reconciler:
         status, events = decide.service_status(given, previous, now())
         self._write_status(SERVICES_NIS, body, status, events)
 
+    def forget_service(self, service: Obj) -> None:
+        """A deleted service's claims on artifacts, dropped now (the garbage collector would, later)."""
+        meta = service["metadata"]
+        with self._locked("service", meta["namespace"], meta["name"]):
+            # By owner uid only: a new service of the same name keeps its ConfigMaps (the GC takes the old ones).
+            self._release(service, frozenset(), deleted=True)
+
     def _ensure_artifact(self, service: Obj, desired: Obj) -> Obj:
         """The artifact, created or with this service added to its owners (services share it)."""
         namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
@@ -159,7 +166,7 @@ class Reconciler:
             return shared
         raise RetryLater(f"{name} kept changing under concurrent updates")
 
-    def _release(self, service: Obj, keep: frozenset[str]) -> None:
+    def _release(self, service: Obj, keep: frozenset[str], *, deleted: bool = False) -> None:
         """Drop this service's claim on artifacts (and engine ConfigMaps) it no longer needs.
 
         An artifact no service owns any more is deleted; its files stay in the store,
@@ -179,18 +186,20 @@ class Reconciler:
                 if remaining:
                     patch = {"metadata": {"resourceVersion": art_meta["resourceVersion"], "ownerReferences": remaining}}
                     self.kube.merge_patch(ARTIFACTS, namespace, art_meta["name"], patch)
-                    self.emit(service, Event("Normal", "ArtifactReleased", f"no longer uses {art_meta['name']}"))
+                    event = Event("Normal", "ArtifactReleased", f"no longer uses {art_meta['name']}")
                 else:
                     self._delete_unowned(artifact)
-                    self.emit(
-                        service, Event("Normal", "ArtifactDeleted", f"deleted {art_meta['name']}: no service uses it")
-                    )
+                    event = Event("Normal", "ArtifactDeleted", f"deleted {art_meta['name']}: no service uses it")
+                if not deleted:
+                    self.emit(service, event)
             except ApiError as error:
                 if error.status != CONFLICT:
                     raise
                 log.info(
                     "artifact %s/%s changed while releasing it; the next pass retries", namespace, art_meta["name"]
                 )
+        if deleted:
+            return
         for configmap in self.kube.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}={name}"):
             if (configmap["metadata"].get("labels") or {}).get(plan.LABEL_ARTIFACT) not in keep:
                 self.kube.delete(CONFIGMAPS, namespace, configmap["metadata"]["name"])
