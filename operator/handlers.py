@@ -31,6 +31,8 @@ Obj = dict[str, Any]
 #: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix.
 ANNOTATION_PREFIX = "neuronfleet.io"
 FINALIZER = "neuronfleet.io/finalizer"
+#: Logged after each full resync.
+RESYNC_DONE = "resync done"
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +88,12 @@ def build_registry(
         while True:
             await asyncio.sleep(resync_seconds)
             try:
-                await asyncio.to_thread(reconciler.resync, namespaces)
+                count = await asyncio.to_thread(reconciler.resync, namespaces)
             except Exception:  # the loop must outlive any one failure; the next pass retries
                 log.exception("resync failed")
             else:
                 state["last_resync"] = datetime.datetime.now(datetime.UTC)
+                log.info("%s: %d objects reconciled", RESYNC_DONE, count)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(**_: Any) -> None:

@@ -293,22 +293,29 @@ class Reconciler:
             self.emit(body, event)
         return changed
 
-    def resync(self, namespaces: Sequence[str] | None) -> None:
-        """Reconcile everything in ``namespaces`` (all when ``None``): the safety net behind the watches."""
+    def resync(self, namespaces: Sequence[str] | None) -> int:
+        """Reconcile everything in ``namespaces`` (all when ``None``): the safety net behind the watches.
+
+        Returns how many objects it reconciled.
+        """
+        count = 0
         for namespace in namespaces if namespaces is not None else [None]:
             for artifact in self.kube.list(ARTIFACTS, namespace):
                 meta = artifact["metadata"]
-                self._safely(self.reconcile_artifact, meta["namespace"], meta["name"])
+                count += self._safely(self.reconcile_artifact, meta["namespace"], meta["name"])
             for service in self.kube.list(SERVICES_NIS, namespace):
                 meta = service["metadata"]
-                self._safely(self.reconcile_service, meta["namespace"], meta["name"])
+                count += self._safely(self.reconcile_service, meta["namespace"], meta["name"])
+        return count
 
     @staticmethod
-    def _safely(reconcile: Callable[[str, str], None], namespace: str, name: str) -> None:
+    def _safely(reconcile: Callable[[str, str], None], namespace: str, name: str) -> int:
         try:
             reconcile(namespace, name)
         except (ApiError, RetryLater) as error:
             log.warning("resync of %s/%s failed, retried next pass: %s", namespace, name, error)
+            return 0
+        return 1
 
 
 def _previous(model: type[M], body: Obj) -> M:

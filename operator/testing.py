@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.operator.api import API_VERSION
+from neuronfleet.operator.handlers import RESYNC_DONE
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
 
 Obj = dict[str, Any]
@@ -67,6 +68,10 @@ class OperatorProcess:
                 return bool(response.status == 200)
 
         wait_for(live, timeout=timeout, what="the operator's liveness endpoint")
+
+    def resyncs(self) -> int:
+        """Full resyncs this run has finished (from its log)."""
+        return self.log.read_text(errors="replace").count(RESYNC_DONE) if self.log.exists() else 0
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when its node dies."""

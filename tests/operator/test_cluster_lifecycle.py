@@ -109,6 +109,16 @@ def test_apply_compiles_then_rolls_out_on_trn2_nodes(
     assert nca["status"]["phase"] == "Ready"
     assert nca["status"]["location"] == f"s3://neuronfleet-test/neff/{artifact_hash(done)}"
 
+    # Settled: full resyncs after Ready write nothing (the operator's writes do not feed back).
+    def versions() -> list[str]:
+        kinds = (SERVICES_NIS, ARTIFACTS, DEPLOYMENTS, CONFIGMAPS)
+        return sorted(o["metadata"]["resourceVersion"] for kind in kinds for o in api.list(kind, namespace))
+
+    before, passes = versions(), operator.resyncs()
+    # The second pass from now started after this snapshot.
+    wait_for(operator.resyncs, lambda done: done >= passes + 2, what="two full resyncs", timeout=30)
+    assert versions() == before
+
     listing = cluster.kubectl("get", "nis,nca", "-n", namespace)
     described = cluster.kubectl("describe", "nis", "llama", "-n", namespace)
     print(f"$ kubectl get nis,nca\n{listing.stdout}\n$ kubectl describe nis llama\n{described.stdout}")
