@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
 
 #: Bumped when the hashed document changes shape, so old and new hashes never collide.
@@ -45,6 +46,15 @@ MODEL_URI_PATTERN = (
     r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]+|hf://([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*)$"
 )
 REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+
+
+def compiled_shapes(engine: EngineConfig) -> dict[str, Any]:
+    """The compile-relevant engine fields, with the bucket sets in force written out."""
+    return {
+        **{name: getattr(engine, name) for name in COMPILE_FIELDS},
+        NUM_BATCHED_TOKENS_BUCKETS: engine.effective_num_batched_tokens_buckets,
+        NUM_SEQS_BUCKETS: engine.effective_num_seqs_buckets,
+    }
 
 
 class ModelSource(BaseModel):
@@ -89,12 +99,7 @@ class CompileIdentity(BaseModel):
         The bucket sets are written out (an omitted list and the same list written
         by hand are one artifact) and non-compile settings are dropped.
         """
-        compiled = EngineConfig.model_validate(
-            {
-                **{name: getattr(engine, name) for name in COMPILE_FIELDS},
-                **engine.neuron_config(),
-            }
-        )
+        compiled = EngineConfig.model_validate(compiled_shapes(engine))
         return cls(model=model, engine=compiled, target=target, image=image)
 
     def document(self) -> dict[str, Any]:
@@ -102,10 +107,7 @@ class CompileIdentity(BaseModel):
         return {
             "schema": IDENTITY_SCHEMA,
             "model": {"uri": self.model.uri, "revision": self.model.revision},
-            "engine": {
-                **{name: getattr(self.engine, name) for name in COMPILE_FIELDS},
-                **self.engine.neuron_config(),
-            },
+            "engine": compiled_shapes(self.engine),
             "target": self.target,
             "image": self.image,
         }

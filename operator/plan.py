@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity
 from neuronfleet.operator import api
@@ -113,7 +114,12 @@ def artifact_labels(artifact_hash: str) -> dict[str, str]:
 
 def served_engine(engine: EngineConfig) -> EngineConfig:
     """The engine configuration with its bucket sets written out, as compiled."""
-    return engine.model_copy(update=engine.neuron_config())
+    return engine.model_copy(
+        update={
+            NUM_BATCHED_TOKENS_BUCKETS: engine.effective_num_batched_tokens_buckets,
+            NUM_SEQS_BUCKETS: engine.effective_num_seqs_buckets,
+        }
+    )
 
 
 def engine_yaml(engine: EngineConfig) -> str:
