@@ -20,10 +20,10 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup tools test lint typecheck unit lock crds clean
+.PHONY: help setup tools test lint typecheck unit lock crds clean bench bench-padding bench-scheduler
 
 help:  ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(UV):
 	@echo "==> bootstrapping uv $(UV_VERSION) into $(UV_HOME)"
@@ -50,7 +50,7 @@ lint: setup  ## ruff.
 
 typecheck: setup  ## mypy, strict.
 	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster
-	$(BIN)/mypy tests
+	$(BIN)/mypy tests bench
 
 unit: setup tools  ## pytest (the cluster tests start a local control plane).
 	$(BIN)/pytest
@@ -59,6 +59,14 @@ test: lint typecheck unit  ## Everything CI runs.
 
 crds: setup  ## Regenerate crds/ from the operator's API models.
 	$(BIN)/neuronfleet-operator crds --output crds
+
+bench: bench-padding bench-scheduler  ## Every benchmark; figures in bench/results/.
+
+bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
+	$(BIN)/python bench/padding_waste.py
+
+bench-scheduler: setup  ## schedule() cost: vLLM's scheduler vs the Neuron scheduler, by queue length.
+	VLLM_LOGGING_LEVEL=WARNING $(BIN)/python bench/scheduler_cost.py
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock

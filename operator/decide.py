@@ -53,6 +53,7 @@ class DeploymentView:
     """What a service needs to know of its Deployment."""
 
     artifact_hash: str | None
+    configmap: str | None
     replicas: int
     generation: int
     observed_generation: int
@@ -65,9 +66,15 @@ class DeploymentView:
     def of(cls, body: Obj) -> DeploymentView:
         """From a Deployment read from the API server."""
         status = body.get("status") or {}
-        labels = body["spec"]["template"]["metadata"].get("labels") or {}
+        template = body["spec"]["template"]
+        labels = template["metadata"].get("labels") or {}
+        volumes = template["spec"].get("volumes") or []
+        configmaps = [
+            v["configMap"]["name"] for v in volumes if v.get("name") == plan.CONFIG_VOLUME and "configMap" in v
+        ]
         return cls(
             artifact_hash=labels.get(plan.LABEL_ARTIFACT),
+            configmap=configmaps[0] if configmaps else None,
             replicas=int(body["spec"].get("replicas", 1)),
             generation=int(body["metadata"].get("generation", 0)),
             observed_generation=int(status.get("observedGeneration", 0)),
@@ -106,6 +113,8 @@ class Decision:
     serve: Serve
     #: Artifact hashes still needed; ``None`` while a rollout is in flight (release nothing).
     keep: frozenset[str] | None
+    #: Engine ConfigMaps still needed (with the one applied this pass), when ``keep`` is not ``None``.
+    keep_configmaps: frozenset[str]
     #: The artifact hash every replica ran at the last completed rollout.
     current_revision: str | None
 
@@ -119,11 +128,12 @@ def decide(target: ArtifactView, deployment: DeploymentView | None, current_revi
     else:
         serve = Serve.NOTHING
     if deployment is None:
-        return Decision(serve, frozenset({target.hash}), None)
+        return Decision(serve, frozenset({target.hash}), frozenset(), None)
+    in_use = frozenset({deployment.configmap} if deployment.configmap else ())
     if deployment.rolled_out and deployment.artifact_hash is not None:
         keep = frozenset({target.hash, deployment.artifact_hash})
-        return Decision(serve, keep, deployment.artifact_hash)
-    return Decision(serve, None, current_revision)
+        return Decision(serve, keep, in_use, deployment.artifact_hash)
+    return Decision(serve, None, in_use, current_revision)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ operator builds the same objects again.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ ENGINE_FILE = "engine.yaml"
 STORE_MOUNT = "/var/lib/neuronfleet/artifacts"
 HTTP_PORT = 8000
 ENGINE_COMMAND = "neuronfleet-engine"
+CONFIG_HASH_LENGTH = 10
+CONFIG_VOLUME = "config"
 #: Non-root user and group of the engine image.
 RUN_AS = 1000
 
@@ -80,9 +83,11 @@ def compile_job_name(artifact: str) -> str:
     return f"{artifact}-compile"
 
 
-def engine_configmap_name(service: str, artifact_hash: str) -> str:
-    """The engine configuration of one service at one artifact (old pods keep theirs during a rollout)."""
-    return f"{service}-engine-{artifact_hash}"
+def engine_configmap_name(service: str, engine: EngineConfig) -> str:
+    """Named by content: a changed configuration is a new ConfigMap, so the pods roll, and old pods
+    keep theirs during the rollout (serving-only settings, such as scheduler options, share an artifact)."""
+    digest = hashlib.sha256(engine_yaml(engine).encode()).hexdigest()[:CONFIG_HASH_LENGTH]
+    return f"{service}-engine-{digest}"
 
 
 def service_labels(service: str) -> dict[str, str]:
@@ -181,7 +186,7 @@ def _pod_metadata(labels: dict[str, str], annotations: dict[str, str]) -> Obj:
 
 def _config_volume(configmap: str) -> tuple[Obj, Obj]:
     return (
-        {"name": "config", "configMap": {"name": configmap}},
+        {"name": CONFIG_VOLUME, "configMap": {"name": configmap}},
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
     )
 
@@ -309,12 +314,12 @@ class ServedArtifact:
 
 
 def engine_configmap(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, artifact_hash: str) -> Obj:
-    """The engine configuration serving pods mount, one per artifact hash."""
+    """The engine configuration serving pods mount."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": engine_configmap_name(owner.name, artifact_hash),
+            "name": engine_configmap_name(owner.name, spec.engine),
             "namespace": namespace,
             "labels": {**service_labels(owner.name), LABEL_ARTIFACT: artifact_hash, **MANAGED_BY},
             "ownerReferences": [owner.reference()],
@@ -379,7 +384,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
         requests["cpu"] = spec.resources.cpu
     if spec.resources.memory is not None:
         requests["memory"] = limits["memory"] = spec.resources.memory
-    config_volume, config_mount = _config_volume(engine_configmap_name(owner.name, served.hash))
+    config_volume, config_mount = _config_volume(engine_configmap_name(owner.name, spec.engine))
     store_volumes, store_mounts = _store_volume(served.store, read_only=True)
     container: Obj = {
         "name": "engine",

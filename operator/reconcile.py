@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -94,6 +94,7 @@ class Reconciler:
         deployment = decide.DeploymentView.of(deployment_body) if deployment_body else None
         decision = decide.decide(target, deployment, previous.current_revision)
 
+        keep_configmaps = set(decision.keep_configmaps)
         if decision.serve is decide.Serve.TARGET:
             served = plan.ServedArtifact(
                 target.name, target.hash, api.parse_artifact_spec(artifact_body["spec"]).compile
@@ -102,6 +103,8 @@ class Reconciler:
                 applied = self.kube.apply(obj)
                 if obj["kind"] == "Deployment":
                     deployment_body = applied
+                elif obj["kind"] == "ConfigMap":
+                    keep_configmaps.add(obj["metadata"]["name"])
         elif decision.serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.replicas:
             # The serving revision's template stays as it is until the new artifact is Ready.
             deployment_body = self.kube.merge_patch(DEPLOYMENTS, namespace, name, {"spec": {"replicas": spec.replicas}})
@@ -109,7 +112,7 @@ class Reconciler:
             deployment = decide.DeploymentView.of(deployment_body)
 
         if decision.keep is not None:
-            self._release(body, decision.keep)
+            self._release(body, decision.keep, keep_configmaps)
         pods = self.kube.list(PODS, namespace, f"{plan.LABEL_SERVICE}={name}") if deployment is not None else []
         given = decide.ServiceStatusInput(
             name=name,
@@ -128,7 +131,7 @@ class Reconciler:
         meta = service["metadata"]
         with self._locked("service", meta["namespace"], meta["name"]):
             # By owner uid only: a new service of the same name keeps its ConfigMaps (the GC takes the old ones).
-            self._release(service, frozenset(), deleted=True)
+            self._release(service, frozenset(), frozenset(), deleted=True)
 
     def _ensure_artifact(self, service: Obj, desired: Obj) -> Obj:
         """The artifact, created or with this service added to its owners (services share it)."""
@@ -166,7 +169,9 @@ class Reconciler:
             return shared
         raise RetryLater(f"{name} kept changing under concurrent updates")
 
-    def _release(self, service: Obj, keep: frozenset[str], *, deleted: bool = False) -> None:
+    def _release(
+        self, service: Obj, keep: frozenset[str], keep_configmaps: Collection[str], *, deleted: bool = False
+    ) -> None:
         """Drop this service's claim on artifacts (and engine ConfigMaps) it no longer needs.
 
         An artifact no service owns any more is deleted; its files stay in the store,
@@ -201,7 +206,7 @@ class Reconciler:
         if deleted:
             return
         for configmap in self.kube.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}={name}"):
-            if (configmap["metadata"].get("labels") or {}).get(plan.LABEL_ARTIFACT) not in keep:
+            if configmap["metadata"]["name"] not in keep_configmaps:
                 self.kube.delete(CONFIGMAPS, namespace, configmap["metadata"]["name"])
 
     def _delete_unowned(self, artifact: Obj) -> None:

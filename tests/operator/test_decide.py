@@ -35,7 +35,8 @@ def artifact(phase: api.ArtifactPhase, reason: str | None = None, message: str |
 def deployment(artifact_hash: str = OLD, *, replicas: int = 2, ready: int = 2, **status: int) -> DeploymentView:
     values = {"total": replicas, "updated": replicas, "available": ready, "generation": 3, "observed_generation": 3}
     values.update(status)
-    return DeploymentView(artifact_hash=artifact_hash, replicas=replicas, ready=ready, **values)
+    configmap = f"svc-engine-{artifact_hash}"
+    return DeploymentView(artifact_hash=artifact_hash, configmap=configmap, replicas=replicas, ready=ready, **values)
 
 
 def status_of(
@@ -67,7 +68,8 @@ def condition(status: api.NeuronInferenceServiceStatus, type_: str) -> tuple[str
 
 
 def test_nothing_is_served_before_the_first_artifact_is_ready() -> None:
-    assert decide(artifact("Compiling"), None, None) == Decision(Serve.NOTHING, frozenset({"new"}), None)
+    decision = decide(artifact("Compiling"), None, None)
+    assert decision == Decision(Serve.NOTHING, frozenset({"new"}), frozenset(), None)
 
 
 def test_a_ready_artifact_is_rolled_out() -> None:
@@ -93,6 +95,7 @@ def test_nothing_is_released_while_a_rollout_is_in_flight() -> None:
 def test_a_finished_rollout_moves_the_current_revision() -> None:
     decision = decide(NEW, deployment("new"), OLD)
     assert decision.keep == frozenset({"new"})
+    assert decision.keep_configmaps == frozenset({"svc-engine-new"})
     assert decision.current_revision == "new"
 
 

@@ -120,7 +120,8 @@ def test_engine_config_map_holds_the_compiled_shapes() -> None:
     engine = EngineConfig.model_validate(yaml.safe_load(cm["data"]["engine.yaml"]))
     assert engine.num_seqs_buckets == [1, 2, 4, 6]
     assert engine.num_batched_tokens_buckets == [128, 256, 512, 1024, 2048, 4096]
-    assert cm["metadata"]["name"] == "llama-engine-abc"
+    assert cm["metadata"]["name"] == plan.engine_configmap_name("llama", s.engine)
+    assert cm["metadata"]["labels"][plan.LABEL_ARTIFACT] == "abc"
 
 
 def test_deployment_is_pinned_to_its_artifact() -> None:
@@ -134,7 +135,7 @@ def test_deployment_is_pinned_to_its_artifact() -> None:
     assert arg(c["args"], "--artifact-hash") == artifact.hash
     assert {"name": "NEURONFLEET_ARTIFACT_HASH", "value": artifact.hash} in c["env"]
     volumes = template["spec"]["volumes"]
-    assert {"name": "config", "configMap": {"name": f"llama-engine-{artifact.hash}"}} in volumes
+    assert {"name": "config", "configMap": {"name": plan.engine_configmap_name("llama", s.engine)}} in volumes
 
 
 def test_deployment_runs_on_neuron_nodes_with_derived_devices() -> None:
@@ -170,6 +171,17 @@ def test_serving_pods_run_restricted() -> None:
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
+
+
+def test_serving_only_engine_settings_roll_the_pods_but_share_the_artifact() -> None:
+    before = spec()
+    after = spec(engine={"scheduler": {"constant_cost_admission": True}})
+    assert after.identity().hash() == before.identity().hash()
+    a = plan.deployment(OWNER, NS, before, served(before))
+    b = plan.deployment(OWNER, NS, after, served(after))
+    assert a["spec"]["template"] != b["spec"]["template"]  # a new ConfigMap: the pods roll
+    engine = yaml.safe_load(plan.engine_configmap(OWNER, NS, after, "h")["data"]["engine.yaml"])
+    assert engine["scheduler"]["constant_cost_admission"] is True
 
 
 def test_replicas_change_only_the_replica_count() -> None:

@@ -1,0 +1,315 @@
+"""The Neuron scheduler: vLLM's scheduler with Neuron's batch shapes enforced.
+
+Neuron runs compiled graphs: a step is either one prefill chunk padded to a token
+bucket, or a batch of decodes padded to a batch bucket, never both. vLLM's
+scheduler mixes them freely. Rather than fork it, ``NeuronScheduler`` controls
+what the base scheduler sees: before each ``schedule()`` it moves every waiting
+request to a holdback queue and re-admits at most one prefill, hides running
+decodes while a prefill runs, and afterwards restores both queues, records the
+padded size of each scheduled request and checks that no batch is mixed.
+
+Use it with ``vllm serve ... --scheduler-cls
+neuronfleet.engine.scheduler.NeuronAsyncScheduler --additional-config
+'{"neuron_config": {"num_batched_tokens_buckets": [...], "num_seqs_buckets": [...]}}'``
+(``NeuronScheduler`` with ``--no-async-scheduling``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, deque
+from collections.abc import Mapping
+from typing import Any
+
+from vllm.logger import init_logger
+
+from neuronfleet.engine import vllm_compat
+from neuronfleet.engine.buckets import (
+    NUM_BATCHED_TOKENS_BUCKETS,
+    NUM_SEQS_BUCKETS,
+    effective_max_num_batched_tokens,
+    get_bucket_for_count,
+    get_default_num_batched_tokens_buckets,
+    get_default_num_seqs_buckets,
+    validate_num_batched_tokens_buckets,
+    validate_num_seqs_buckets,
+)
+from neuronfleet.engine.config import SchedulerOptions
+from neuronfleet.engine.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput
+
+logger = init_logger(__name__)
+
+
+class SchedulerState(enum.Enum):
+    """What the last non-empty step ran."""
+
+    IDLE = "IDLE"
+    ACTIVE_PREFILL = "ACTIVE_PREFILL"
+    ACTIVE_DECODE = "ACTIVE_DECODE"
+
+
+def read_neuron_config(additional_config: object) -> Mapping[str, Any]:
+    """The ``neuron_config`` section of vLLM's ``additional_config`` (empty when absent)."""
+    if not additional_config:
+        return {}
+    if not isinstance(additional_config, Mapping):
+        raise ValueError(f"additional_config must be a mapping, got {type(additional_config).__name__}")
+    section = additional_config.get("neuron_config") or {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"additional_config.neuron_config must be a mapping, got {type(section).__name__}")
+    return section
+
+
+class NeuronScheduler(Scheduler):
+    """vLLM's scheduler with prefill/decode separation, one prefill per step and bucket padding."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.policy != vllm_compat.SchedulingPolicy.FCFS:
+            raise ValueError(f"NeuronScheduler supports only the 'fcfs' scheduling policy, got {self.policy.value!r}")
+        self.max_num_seqs: int = self.scheduler_config.max_num_seqs
+        max_prefill_tokens = effective_max_num_batched_tokens(
+            self.scheduler_config.max_num_batched_tokens, self.max_model_len
+        )
+        neuron_config = read_neuron_config(self.vllm_config.additional_config)
+        prefill_buckets = neuron_config.get(NUM_BATCHED_TOKENS_BUCKETS)
+        decode_buckets = neuron_config.get(NUM_SEQS_BUCKETS)
+        self.num_batched_tokens_buckets: list[int] = (
+            get_default_num_batched_tokens_buckets(max_prefill_tokens)
+            if prefill_buckets is None
+            else validate_num_batched_tokens_buckets(prefill_buckets, max_prefill_tokens)
+        )
+        self.num_seqs_buckets: list[int] = (
+            get_default_num_seqs_buckets(self.max_num_seqs)
+            if decode_buckets is None
+            else validate_num_seqs_buckets(decode_buckets, self.max_num_seqs)
+        )
+        self.options = SchedulerOptions.model_validate(
+            {key: neuron_config[key] for key in SchedulerOptions.model_fields if key in neuron_config}
+        )
+        # Neuron compiles a prefill graph for one sequence.
+        self.max_prefills_per_batch = 1
+        self._num_admitted = 0
+        self._prefill_steps_with_decodes_waiting = 0
+        self.holdback_queue: deque[Request] = deque()
+        self.state = SchedulerState.IDLE
+        self.total_padding_tokens = 0
+        # Per bucket: padding tokens, and steps run (prefill buckets are token counts,
+        # decode buckets batch sizes). Read by the engine's metrics and the trace tool.
+        self.padding_tokens_by_bucket: Counter[int] = Counter()
+        self.prefill_steps_by_bucket: Counter[int] = Counter()
+        self.decode_steps_by_bucket: Counter[int] = Counter()
+        self.num_kv_deferred_admissions = 0
+        #: Decodes hidden from the base scheduler in the last step.
+        self.last_num_hidden_decodes = 0
+        self._max_kv_concurrent = self._compute_max_kv_concurrent()
+        self._usable_kv_blocks = (
+            vllm_compat.usable_kv_blocks(self) if self.options.kv_admission == "request_bound" else 0
+        )
+        self._warned_kv_saturated = False
+        logger.info(
+            "NeuronScheduler: prefill buckets %s, decode buckets %s, at most %d requests fit the KV cache "
+            "at max_model_len %d; %s",
+            self.num_batched_tokens_buckets,
+            self.num_seqs_buckets,
+            self._max_kv_concurrent,
+            self.max_model_len,
+            self.options,
+        )
+
+    def _compute_max_kv_concurrent(self) -> int:
+        """How many requests fit the KV cache if each grows to ``max_model_len``."""
+        max_concurrent = vllm_compat.max_full_length_requests(self)
+        if max_concurrent > 0:
+            return max_concurrent
+        logger.warning(
+            "The KV cache (%d blocks of %d tokens) cannot hold one request of max_model_len %d: a request "
+            "that long will need preemption, which Neuron does not support. Lower max_model_len.",
+            self.kv_cache_config.num_blocks,
+            self.block_size,
+            self.max_model_len,
+        )
+        return self.max_num_seqs
+
+    # Admission ------------------------------------------------------------------
+
+    @property
+    def at_capacity(self) -> bool:
+        """True when ``max_num_seqs`` requests are running (prefill or decode)."""
+        return len(self.running) >= self.max_num_seqs
+
+    @property
+    def has_prefill_in_running(self) -> bool:
+        """True while a request in ``running`` still has prompt tokens to compute."""
+        return any(self._is_prefill_request(request) for request in self.running)
+
+    def _is_prefill_request(self, request: Request) -> bool:
+        return bool(request.num_computed_tokens < request.num_prompt_tokens)
+
+    def can_schedule(self, request: Request) -> bool:
+        """Whether the request at the head of the waiting line may start its prefill now."""
+        if self.at_capacity:
+            return False
+        if self.has_prefill_in_running:
+            return False
+        if self._num_admitted >= self.max_prefills_per_batch:
+            return False
+        # Neuron cannot preempt: admit only what the KV cache can finish.
+        if not self._kv_admits(request):
+            self.num_kv_deferred_admissions += 1
+            if not self._warned_kv_saturated:
+                logger.warning(
+                    "Deferring prefills: %d running requests fill the KV cache (kv_admission=%s, "
+                    "max_model_len %d, max_num_seqs %d). Lower max_num_seqs or max_model_len, or give the "
+                    "KV cache more memory.",
+                    len(self.running),
+                    self.options.kv_admission,
+                    self.max_model_len,
+                    self.max_num_seqs,
+                )
+                self._warned_kv_saturated = True
+            return False
+        return True
+
+    def _kv_admits(self, request: Request) -> bool:
+        """Whether ``request`` and every running request can all reach their bound in the KV cache."""
+        if self.options.kv_admission == "max_model_len":
+            # Every running request may grow to max_model_len.
+            return len(self.running) < self._max_kv_concurrent
+        needed = sum(self._kv_blocks_bound(running) for running in self.running) + self._kv_blocks_bound(request)
+        return needed <= self._usable_kv_blocks
+
+    def _kv_blocks_bound(self, request: Request) -> int:
+        """The most KV blocks ``request`` can hold: prompt plus every token it may generate."""
+        tokens = min(self.max_model_len, request.num_prompt_tokens + request.max_tokens)
+        return -(-tokens // self.block_size)
+
+    # Scheduling -----------------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """One step: admit, separate prefill from decode, run the base scheduler, pad."""
+        decode_turn = self._decode_turn_due()
+        self._num_admitted = 0
+        if self.options.constant_cost_admission:
+            self._admit_in_place(decode_turn)
+        else:
+            self._admit_through_holdback(decode_turn)
+
+        # Step 3: a step runs prefill or decode, never both.
+        hidden: list[Request] = []
+        if self.has_prefill_in_running:
+            # A decode turn hides the prefill instead of the decodes for one step.
+            keep_prefill = not decode_turn
+            hidden = [r for r in self.running if self._is_prefill_request(r) != keep_prefill]
+            self.running = [r for r in self.running if self._is_prefill_request(r) == keep_prefill]
+        elif self._num_admitted > 0:
+            hidden = self.running
+            self.running = []
+        self.last_num_hidden_decodes = len(hidden) if not decode_turn else 0
+
+        # Step 4: the base scheduler checks len(running) against its limits; while
+        # requests are hidden their slots are not free.
+        limits = {name: getattr(self, name) for name in vllm_compat.hidden_limit_attributes}
+        for name, value in limits.items():
+            setattr(self, name, value - len(hidden))
+        if self.options.constant_cost_admission:
+            # The base scheduler admits from the head of the queue until this cap:
+            # exactly the requests admitted here.
+            vllm_compat.cap_admissions(self, self._num_admitted)
+        try:
+            scheduler_output = self._call_base_schedule(throttle_prefills)
+        finally:
+            for name, value in limits.items():
+                setattr(self, name, value)
+            # Step 5: restore every queue, also when the base scheduler raised.
+            self.running = self.running + hidden
+            while self.holdback_queue:
+                vllm_compat.requeue_waiting(self, self.holdback_queue.popleft())
+
+        # Steps 6-8: pad, verify, update the state machine.
+        prefill_ids = self._scheduled_prefill_ids(scheduler_output)
+        scheduler_output = self._apply_padding_and_log_stats(scheduler_output, prefill_ids)
+        self._update_state(scheduler_output, has_prefill=bool(prefill_ids))
+        self._count_decode_wait(decode_turn, has_prefill=bool(prefill_ids), num_hidden=len(hidden))
+        return scheduler_output
+
+    def _admit_through_holdback(self, decode_turn: bool) -> None:
+        """Steps 1-2 of the reference: hide every waiting request, re-admit from the head."""
+        self.holdback_queue.extend(vllm_compat.take_all_waiting(self))
+        # Stop at the first refusal to keep FIFO order.
+        while not decode_turn and self.holdback_queue and self.can_schedule(self.holdback_queue[0]):
+            vllm_compat.requeue_waiting(self, self.holdback_queue.popleft())
+            self._num_admitted += 1
+
+    def _admit_in_place(self, decode_turn: bool) -> None:
+        """Decide on the head of the waiting line without moving the queue (constant cost)."""
+        head = vllm_compat.peek_waiting(self)
+        if not decode_turn and head is not None and self.can_schedule(head):
+            self._num_admitted = 1
+
+    def _decode_turn_due(self) -> bool:
+        """True when decodes have waited ``max_consecutive_prefill_steps`` prefill steps."""
+        bound = self.options.max_consecutive_prefill_steps
+        return bound is not None and self._prefill_steps_with_decodes_waiting >= bound
+
+    def _count_decode_wait(self, decode_turn: bool, has_prefill: bool, num_hidden: int) -> None:
+        if decode_turn or not has_prefill:
+            self._prefill_steps_with_decodes_waiting = 0
+        elif num_hidden:
+            self._prefill_steps_with_decodes_waiting += 1
+
+    def _call_base_schedule(self, throttle_prefills: bool) -> SchedulerOutput:
+        return Scheduler.schedule(self, throttle_prefills)
+
+    def _scheduled_prefill_ids(self, scheduler_output: SchedulerOutput) -> set[str]:
+        """Ids of the scheduled requests that were in prefill when the step started."""
+        computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
+        return {
+            req_id
+            for req_id in scheduler_output.num_scheduled_tokens
+            if (request := self.requests.get(req_id)) is not None
+            and computed.get(req_id, request.num_computed_tokens) < request.num_prompt_tokens
+        }
+
+    def _calculate_padded_count(self, token_count: int) -> int:
+        """The prefill bucket a chunk of ``token_count`` tokens runs in (0 for none)."""
+        return get_bucket_for_count(token_count, self.num_batched_tokens_buckets)
+
+    def _apply_padding_and_log_stats(self, scheduler_output: SchedulerOutput, prefill_ids: set[str]) -> SchedulerOutput:
+        """Record each request's padded size beside its actual count; refuse mixed batches."""
+        num_decodes = len(scheduler_output.num_scheduled_tokens) - len(prefill_ids)
+        if prefill_ids and num_decodes:
+            raise RuntimeError(
+                f"Neuron constraint violated: Mixed prefill ({len(prefill_ids)}) and decode ({num_decodes}) "
+                "in the same batch. Neuron runs prefill and decode as separate compiled graphs."
+            )
+        padded: dict[str, int] = {}
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            if req_id in prefill_ids:
+                bucket = self._calculate_padded_count(num_tokens)
+                padded[req_id] = bucket
+                self.total_padding_tokens += bucket - num_tokens
+                self.padding_tokens_by_bucket[bucket] += bucket - num_tokens
+                self.prefill_steps_by_bucket[bucket] += 1
+            else:
+                padded[req_id] = num_tokens
+        if num_decodes:
+            self.decode_steps_by_bucket[get_bucket_for_count(num_decodes, self.num_seqs_buckets)] += 1
+        vllm_compat.set_padded_counts(scheduler_output, padded)
+        if padded:
+            logger.debug("Neuron step: actual %s, padded %s", scheduler_output.num_scheduled_tokens, padded)
+        return scheduler_output
+
+    def _update_state(self, scheduler_output: SchedulerOutput, has_prefill: bool) -> None:
+        """IDLE with nothing queued; else what this step ran; an empty step changes nothing."""
+        if vllm_compat.waiting_count(self) == 0 and not self.running:
+            self.state = SchedulerState.IDLE
+        elif scheduler_output.num_scheduled_tokens:
+            self.state = SchedulerState.ACTIVE_PREFILL if has_prefill else SchedulerState.ACTIVE_DECODE
+
+
+class NeuronAsyncScheduler(NeuronScheduler, AsyncScheduler):
+    """``NeuronScheduler`` for vLLM's async scheduling (two steps in flight, the default)."""
+
+    def _call_base_schedule(self, throttle_prefills: bool) -> SchedulerOutput:
+        return AsyncScheduler.schedule(self, throttle_prefills)
