@@ -224,6 +224,36 @@ def test_bucket_change_compiles_while_the_old_revision_serves_then_surges(
     )
 
 
+def test_a_serving_only_change_rolls_the_pods_without_a_compile(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
+) -> None:
+    services.create("llama", spec(replicas=1))
+    artifact = artifact_hash(ready(services, "llama"))
+    (old_config,) = api.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}=llama")
+    old_pods = {p["metadata"]["name"] for p in serving_pods(api, namespace, "llama")}
+
+    services.patch_spec("llama", {"engine": {"scheduler": {"constant_cost_admission": True}}})
+    done = wait_for(
+        lambda: (services.get("llama"), serving_pods(api, namespace, "llama")),
+        lambda seen: (
+            phase_of(seen[0]) == "Ready"
+            and observed(seen[0])
+            and {p["metadata"]["name"] for p in seen[1]}.isdisjoint(old_pods)
+        ),
+        what="new pods with the new engine configuration",
+        show=lambda seen: (phase_of(seen[0]), [p["metadata"]["name"] for p in seen[1]]),
+    )
+    assert artifact_hash(done[0]) == artifact
+    assert len(compile_jobs(api, namespace)) == 1, "a serving-only change recompiled"
+    (new_config,) = wait_for(
+        lambda: api.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}=llama"),
+        lambda configs: len(configs) == 1 and configs[0]["metadata"]["name"] != old_config["metadata"]["name"],
+        what="the old engine ConfigMap to be removed after the rollout",
+        show=lambda configs: [c["metadata"]["name"] for c in configs],
+    )
+    assert "constant_cost_admission: true" in new_config["data"]["engine.yaml"]
+
+
 def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
     services: Services, operator: OperatorProcess, api: Kube, namespace: str, cluster: LocalCluster
 ) -> None:
