@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup tools test lint typecheck unit lock clean bench bench-padding bench-scheduler
+.PHONY: help setup tools test lint typecheck unit lock crds clean bench bench-padding bench-scheduler
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ unit: setup tools  ## pytest (the cluster tests start a local control plane).
 	$(BIN)/pytest
 
 test: lint typecheck unit  ## Everything CI runs.
+
+crds: setup  ## Regenerate crds/ from the operator's API models.
+	$(BIN)/neuronfleet-operator crds --output crds
 
 bench: bench-padding bench-scheduler  ## Every benchmark; figures in bench/results/.
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-# `cluster`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use.
-pytest_plugins = ["neuronfleet.devcluster.pytest_plugin"]
+# `cluster`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use;
+# `crds`, `api`, `operator` and `services`: the operator's CRDs installed, the operator running.
+pytest_plugins = ["neuronfleet.devcluster.pytest_plugin", "neuronfleet.operator.pytest_plugin"]
 
 #: The installed console scripts sit beside the interpreter running the tests.
 SCRIPTS = Path(sys.executable).parent
