@@ -19,13 +19,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.engine.virtual_clock import Timeline, percentile
-
 from neuronfleet.engine.config import EngineConfig, SchedulerOptions
 from neuronfleet.engine.cost_model import CostModel, get_instance_type
 from neuronfleet.engine.model_shapes import get_shape
 from neuronfleet.engine.offline import run_scenario
 from neuronfleet.engine.scenarios import Scenario, ScenarioRequest
+from neuronfleet.engine.virtual_clock import Timeline, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_stalls.json"
 BOUNDS: list[int | None] = [None, 4, 2, 1]
