@@ -54,7 +54,7 @@ class Timeline:
 
     def inter_token_latencies(self, req_ids: Sequence[str]) -> list[float]:
         """Every gap between consecutive tokens of the given requests."""
-        gaps = []
+        gaps: list[float] = []
         for req_id in req_ids:
             times = self.token_times[req_id]
             gaps.extend(later - earlier for earlier, later in itertools.pairwise(times))
