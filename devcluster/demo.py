@@ -143,6 +143,9 @@ class Demo:
 
         name = self._apply(cluster, service, workdir)
         self._watch(cluster, name)
+        refused = [line for line in operator.log.read_text(errors="replace").splitlines() if "Forbidden" in line]
+        if refused:
+            raise DemoError(f"the chart's RBAC refused the operator {len(refused)} times; first: {refused[0]}")
         engine = self._start_engine(cluster, service, teardown) if self.options.engine else None
         self._instructions(cluster, name, operator.log, engine)
         if self.options.exit_when_ready:
