@@ -127,6 +127,10 @@ def demo(
     engine: Annotated[
         bool, typer.Option("--engine/--no-engine", help="Start one engine on the simulated device once Ready.")
     ] = True,
+    pace: Annotated[
+        bool,
+        typer.Option("--pace/--no-pace", help="Slow the fake kubelet down so each stage stays on screen a while."),
+    ] = True,
 ) -> None:
     """A local control plane, the Helm chart, the operator under its RBAC, a service live to Ready."""
     # Imported here: `cluster` commands stay quick and need neither the operator nor rich's live view.
@@ -137,7 +141,7 @@ def demo(
         chosen = example if example is not None else checkout() / DEFAULT_EXAMPLE
         if not chosen.is_file():
             fail(f"example {chosen} does not exist")
-        Demo(out, Options(example=chosen, name=name, exit_when_ready=exit_when_ready, engine=engine)).run()
+        Demo(out, Options(example=chosen, name=name, exit_when_ready=exit_when_ready, engine=engine, pace=pace)).run()
     except DemoError as error:
         fail(str(error), EXIT_FAILED)
     except ToolsMissingError as error:

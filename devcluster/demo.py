@@ -87,6 +87,7 @@ class Options:
     name: str = "demo"
     exit_when_ready: bool = False
     engine: bool = True
+    pace: bool = True
 
 
 def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -183,12 +184,13 @@ class Demo:
         if done.returncode != 0:
             raise DemoError(f"kubectl create namespace {NAMESPACE}: {done.stderr.strip()}")
         manifest = workdir / self.options.example.name
-        manifest.write_text(yaml.safe_dump(paced(service), sort_keys=False))
+        manifest.write_text(yaml.safe_dump(paced(service) if self.options.pace else service, sort_keys=False))
         try:
             shown = self.options.example.resolve().relative_to(Path.cwd())
         except ValueError:
             shown = self.options.example
-        self.say(f"kubectl apply --server-side -n {NAMESPACE} -f {shown}  (paced for the fake kubelet)")
+        pace = "  (paced for the fake kubelet)" if self.options.pace else ""
+        self.say(f"kubectl apply --server-side -n {NAMESPACE} -f {shown}{pace}")
         applied = cluster.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", str(manifest))
         if applied.returncode != 0:
             raise DemoError(f"kubectl apply: {applied.stderr.strip()}")

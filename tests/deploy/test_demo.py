@@ -79,7 +79,14 @@ def test_pacing_touches_only_pod_annotations() -> None:
 def test_demo_reaches_ready_and_tears_down() -> None:
     name = f"demo-test-{os.getpid()}"
     ran = subprocess.run(
-        [str(Path(sys.executable).parent / "neuronfleet-dev"), "demo", "--exit-when-ready", "--name", name],
+        [
+            str(Path(sys.executable).parent / "neuronfleet-dev"),
+            "demo",
+            "--exit-when-ready",
+            "--no-pace",
+            "--name",
+            name,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
