@@ -8,6 +8,7 @@ starting an engine; nothing else here changes when it arrives.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from neuronfleet.devcluster.processes import ProcessRecord, is_alive, spawn, sto
 
 #: The installed console scripts sit beside the running interpreter.
 SCRIPTS = Path(sys.executable).parent
-ENGINE = SCRIPTS / "neuronfleet-engine"
+#: Overrides which ``neuronfleet-engine`` the demo starts (another checkout's, say).
+ENGINE_ENV = "NEURONFLEET_DEMO_ENGINE"
 #: vLLM's start on the simulated device: loading, profiling, the first graphs.
 START_TIMEOUT = 300.0
 
@@ -32,17 +34,22 @@ class EngineError(RuntimeError):
     """The engine did not start, or did not answer."""
 
 
+def engine_program() -> Path:
+    """The ``neuronfleet-engine`` to start: this build's, unless ``$NEURONFLEET_DEMO_ENGINE`` names another."""
+    return Path(os.environ.get(ENGINE_ENV) or SCRIPTS / "neuronfleet-engine")
+
+
 def supports_sim() -> bool:
     """Whether this build's engine serves on the simulated device (``serve --device sim``)."""
     try:
         shown = subprocess.run(
-            [str(ENGINE), "serve", "--help"],
+            [str(engine_program()), "serve", "--help"],
             capture_output=True,
             text=True,
             timeout=60,
             stdin=subprocess.DEVNULL,
             check=False,
-            env={"PATH": str(SCRIPTS), "COLUMNS": "200", "NO_COLOR": "1"},
+            env={"PATH": str(engine_program().parent), "COLUMNS": "200", "NO_COLOR": "1"},
         )
     except (OSError, subprocess.SubprocessError):
         return False
@@ -87,7 +94,7 @@ class SimEngine:
         config = self.workdir / "engine.yaml"
         config.write_text(yaml.safe_dump(self.engine, sort_keys=False))
         argv = [
-            str(ENGINE),
+            str(engine_program()),
             "serve",
             "--device",
             "sim",
@@ -110,10 +117,20 @@ class SimEngine:
         deadline = time.monotonic() + START_TIMEOUT
         while not self._lists_model():
             if not self._alive():
-                raise EngineError(f"the engine exited; its log: {self.log}")
+                raise EngineError(f"the engine exited; the end of its log:\n{self.tail()}")
             if time.monotonic() > deadline:
-                raise EngineError(f"the engine did not list {self.served_name} within {START_TIMEOUT:g} s: {self.log}")
+                raise EngineError(
+                    f"the engine did not list {self.served_name} within {START_TIMEOUT:g} s; "
+                    f"the end of its log:\n{self.tail()}"
+                )
             time.sleep(1)
+
+    def tail(self, lines: int = 15) -> str:
+        """The end of its log (the log goes with the cluster's directory at teardown)."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
 
     def _alive(self) -> bool:
         return self.record is not None and is_alive(self.record.pid, self.record.start_ticks)
