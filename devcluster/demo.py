@@ -30,6 +30,8 @@ from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
+from neuronfleet.operator.testing import OperatorProcess
 
 Obj = dict[str, Any]
 
@@ -103,9 +105,9 @@ class Demo:
         self.root = checkout()
         self.started = time.monotonic()
 
-    def say(self, message: str, style: str = "") -> None:
+    def say(self, message: str) -> None:
         """A timeline line: seconds since the start, then the message."""
-        self.console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/]  {message}", style=style, highlight=False)
+        self.console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/]  {message}", highlight=False)
 
     def run(self) -> None:
         """Set up, watch the service to Ready, report, then tear down (on Ctrl-C, or at once)."""
@@ -124,16 +126,13 @@ class Demo:
         self.say(f"starting the local control plane {self.options.name!r} (etcd, API server, KWOK nodes) ...")
         cluster = LocalCluster.start(self.options.name, owner_pid=os.getpid())
         teardown.callback(self._stop_cluster, cluster)
-        nodes = cluster.kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type", "--no-headers")
+        nodes = cluster.kubectl("get", "nodes", "--no-headers")
         self.say(f"cluster up at {cluster.server}: {len(nodes.stdout.splitlines())} fake nodes (trn2, inf2, CPU)")
 
         self._install_chart(cluster)
         workdir = cluster.state.workdir / "demo"
         workdir.mkdir(exist_ok=True)
         kubeconfig = service_account_kubeconfig(cluster, OPERATOR_NAMESPACE, RELEASE, workdir / "operator.kubeconfig")
-        # Imported here: the operator's packages load only when the demo runs.
-        from neuronfleet.operator.testing import OperatorProcess
-
         operator = OperatorProcess(kubeconfig, [], workdir, resync_seconds=30)
         operator.start(wait_for)
         teardown.callback(operator.stop)
@@ -197,18 +196,14 @@ class Demo:
         return str(service["metadata"]["name"])
 
     @contextlib.contextmanager
-    def _client(self, cluster: LocalCluster) -> Iterator[Any]:
-        from neuronfleet.operator.kube import Kube
-
+    def _client(self, cluster: LocalCluster) -> Iterator[Kube]:
         client = cluster.api_client()
         try:
             yield Kube(client)
         finally:
             client.close()
 
-    def _observe(self, kube: Any, name: str) -> tuple[Obj | None, Obj | None, list[Obj]]:
-        from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
-
+    def _observe(self, kube: Kube, name: str) -> tuple[Obj | None, Obj | None, list[Obj]]:
         service = kube.get(SERVICES_NIS, NAMESPACE, name)
         artifact_name = (((service or {}).get("status") or {}).get("artifact") or {}).get("name")
         artifact = kube.get(ARTIFACTS, NAMESPACE, artifact_name) if artifact_name else None
@@ -272,7 +267,9 @@ class Demo:
         self.say(f"engine up at {engine.url}; {prompt!r} -> {answer!r}")
         return engine
 
-    def _instructions(self, cluster: LocalCluster, name: str, operator_log: Path, engine: Any) -> None:
+    def _instructions(
+        self, cluster: LocalCluster, name: str, operator_log: Path, engine: sim_engine.SimEngine | None
+    ) -> None:
         kubectl = f"kubectl --kubeconfig {cluster.kubeconfig}"
         lines = [
             "",

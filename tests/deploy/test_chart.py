@@ -212,8 +212,12 @@ NEURONFLEET_METRICS = {
     "neuronfleet:kv_admission_deferrals_total",
 }
 #: Compile Jobs, from kube-state-metrics (the operator itself exports no metrics).
-KUBE_STATE_METRICS = {"kube_job_status_start_time", "kube_job_status_completion_time", "kube_job_status_active"}
-KUBE_STATE_METRICS |= {"kube_job_status_failed"}
+KUBE_STATE_METRICS = {
+    "kube_job_status_start_time",
+    "kube_job_status_completion_time",
+    "kube_job_status_active",
+    "kube_job_status_failed",
+}
 
 
 def test_dashboard_plots_what_the_engine_exports(render: Render) -> None:
