@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup tools test lint typecheck unit lock crds clean bench bench-padding bench-scheduler
+.PHONY: help setup tools demo test lint typecheck unit lock crds clean bench bench-padding bench-scheduler
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -44,6 +44,10 @@ setup: $(VENV)/.synced  ## Create or update the virtual environment.
 tools:  ## Build etcd, Kubernetes, kwok, helm (first time ~20 min; cached in ~/.cache/neuronfleet/kube-tools).
 	tools/kube/build.sh
 
+# DEMO_ARGS=--exit-when-ready stops once the service is Ready (what the test runs).
+demo: setup tools  ## The local control plane, the Helm chart, a service live to Ready; Ctrl-C tears it down.
+	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
+
 lint: setup  ## ruff.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -57,8 +61,9 @@ unit: setup tools  ## pytest (the cluster tests start a local control plane).
 
 test: lint typecheck unit  ## Everything CI runs.
 
-crds: setup  ## Regenerate crds/ from the operator's API models.
+crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's API models.
 	$(BIN)/neuronfleet-operator crds --output crds
+	$(BIN)/neuronfleet-operator crds --output charts/neuronfleet/crds
 
 bench: bench-padding bench-scheduler  ## Every benchmark; figures in bench/results/.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -111,3 +112,42 @@ def reap() -> None:
     except ClusterError as error:
         fail(str(error), EXIT_FAILED)
     out.print(f"reaped: {', '.join(names)}" if names else "nothing to reap", markup=False)
+
+
+@app.command()
+def demo(
+    example: Annotated[
+        Path | None,
+        typer.Option(help="The NeuronInferenceService to apply. Default: examples/llama-3.1-8b-inf2.yaml."),
+    ] = None,
+    name: Name = "demo",
+    exit_when_ready: Annotated[
+        bool, typer.Option("--exit-when-ready", help="Tear down as soon as the service is Ready.")
+    ] = False,
+    engine: Annotated[
+        bool, typer.Option("--engine/--no-engine", help="Start one engine on the simulated device once Ready.")
+    ] = True,
+    pace: Annotated[
+        bool,
+        typer.Option("--pace/--no-pace", help="Slow the fake kubelet down so each stage stays on screen a while."),
+    ] = True,
+) -> None:
+    """A local control plane, the Helm chart, the operator under its RBAC, a service live to Ready."""
+    # Imported here: `cluster` commands stay quick and need neither the operator nor rich's live view.
+    from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, Demo, DemoError, Options, checkout
+
+    _check_name(name)
+    try:
+        chosen = example if example is not None else checkout() / DEFAULT_EXAMPLE
+        if not chosen.is_file():
+            fail(f"example {chosen} does not exist")
+        Demo(out, Options(example=chosen, name=name, exit_when_ready=exit_when_ready, engine=engine, pace=pace)).run()
+    except DemoError as error:
+        fail(str(error), EXIT_FAILED)
+    except ToolsMissingError as error:
+        fail(str(error))
+    except ClusterError as error:
+        fail(str(error), EXIT_FAILED)
+    except KeyboardInterrupt:
+        err.print("interrupted: torn down", markup=False)
+        raise typer.Exit(130) from None

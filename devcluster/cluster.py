@@ -245,6 +245,30 @@ class LocalCluster:
             check=False,
         )
 
+    def helm(self, *args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+        """Run the pinned helm against this cluster as admin (output captured, status not checked).
+
+        Helm keeps its caches and repository list in the cluster's directory, never in the user's home.
+        """
+        home = self.state.workdir / "helm"
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            # client-go's discovery cache goes under $HOME/.kube: keep it in the cluster's directory too.
+            "HOME": str(home),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+        return subprocess.run(
+            [str(self.state.tools / "helm"), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            env=env,
+        )
+
 
 def _etcd_healthy(port: int) -> bool:
     try:

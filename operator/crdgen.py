@@ -141,6 +141,17 @@ KINDS = [
         ),
         columns=[
             _column("Model", ".spec.model.uri", description="The model served."),
+            _column(
+                "Buckets",
+                f".spec.engine.{NUM_BATCHED_TOKENS_BUCKETS}",
+                description="Prefill token buckets (none: the engine's defaults).",
+            ),
+            _column(
+                "Decode",
+                f".spec.engine.{NUM_SEQS_BUCKETS}",
+                description="Decode batch buckets (none: the engine's defaults).",
+                priority=1,
+            ),
             _column("Instance", ".spec.instanceType", priority=1),
             _column("TP", ".spec.engine.tensor_parallel_size", "integer", "Tensor parallelism.", priority=1),
             _column("Phase", ".status.phase"),

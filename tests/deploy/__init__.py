@@ -1,0 +1,1 @@
+"""Shipping: the Dockerfile, the Helm chart under RBAC, Argo CD, examples, kubectl, the demo."""

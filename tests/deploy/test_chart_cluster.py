@@ -1,0 +1,241 @@
+"""The chart on the local control plane: installed with helm, the operator run with the chart's
+ServiceAccount token (not admin) takes a service to Ready; then what users see with kubectl.
+
+The release lives in a namespace that enforces the restricted Pod Security Standard, and the chart
+binds its role only there (watchNamespaces), so the operator has nothing but what the chart grants.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.credentials import service_account_kubeconfig
+from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.operator.kube import ARTIFACTS, Kube
+from neuronfleet.operator.testing import OperatorProcess, Services
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "neuronfleet"
+EXAMPLE = ROOT / "examples" / "llama-3.1-8b-inf2.yaml"
+RELEASE = "neuronfleet"
+
+Obj = dict[str, Any]
+Health = Callable[[str, Obj], dict[str, str]]
+
+
+@dataclass
+class Release:
+    """The chart installed in one namespace, its operator running with the chart's credentials."""
+
+    cluster: LocalCluster
+    namespace: str
+    kubeconfig: Path
+    operator: OperatorProcess
+    notes: str
+
+    @property
+    def identity(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{RELEASE}"
+
+    def kubectl(self, *args: str, as_operator: bool = False) -> subprocess.CompletedProcess[str]:
+        """kubectl in the release's namespace, as admin or with the operator's credentials."""
+        if not as_operator:
+            return self.cluster.kubectl("--namespace", self.namespace, *args)
+        return subprocess.run(
+            [str(self.cluster.state.tools / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"{result.args}: {result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def release(cluster: LocalCluster, crds: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    namespace = f"chart-{uuid.uuid4().hex[:8]}"
+    ok(cluster.kubectl("create", "namespace", namespace))
+    ok(cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"))
+    installed = cluster.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--set",
+        f"watchNamespaces={{{namespace}}}",
+        "--set",
+        "resyncSeconds=5",
+        "--wait",
+        "--timeout=90s",
+    )
+    ok(installed)
+    workdir = tmp_path_factory.mktemp("release")
+    kubeconfig = service_account_kubeconfig(cluster, namespace, RELEASE, workdir / "operator.kubeconfig")
+    operator = OperatorProcess(kubeconfig, [namespace], workdir, resync_seconds=5)
+    operator.start(wait_for)
+    try:
+        yield Release(cluster, namespace, kubeconfig, operator, installed.stdout)
+    finally:
+        operator.stop()
+        print(f"--- operator log ---\n{operator.tail(60)}")
+        cluster.helm("uninstall", RELEASE, "--namespace", namespace)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def ready_service(release: Release, kube: Any) -> Obj:
+    """The 8B example, applied as a user would, taken to Ready by the operator under the chart's RBAC."""
+    ok(release.kubectl("apply", "--server-side", "-f", str(EXAMPLE)))
+    name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+    return Services(Kube(kube), release.namespace, wait_for).wait_ready(name, timeout=90)
+
+
+def test_operator_reaches_ready_with_only_the_charts_rights(release: Release, ready_service: Obj) -> None:
+    assert ready_service["status"]["readyReplicas"] == ready_service["spec"]["replicas"] == 2
+    whoami = ok(release.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", as_operator=True))
+    assert whoami == release.identity
+    # A verb the chart forgot shows up as a 403 somewhere, even where the operator carries on.
+    log = release.operator.log.read_text(errors="replace")
+    assert not re.search(r"forbidden|\b403\b", log, re.IGNORECASE), release.operator.tail(60)
+
+
+def can_i(release: Release, verb: str, resource: str, namespace: str | None = None) -> bool:
+    where = ["--namespace", namespace or release.namespace]
+    answer = release.kubectl("auth", "can-i", verb, resource, *where, as_operator=True)
+    return answer.stdout.strip() == "yes"
+
+
+def test_service_account_has_the_documented_rights_and_no_more(release: Release) -> None:
+    allowed = [
+        ("patch", "neuroninferenceservices.neuronfleet.io"),
+        ("patch", "neuroninferenceservices.neuronfleet.io/status"),
+        ("delete", "neuroncompiledartifacts.neuronfleet.io"),
+        ("create", "jobs.batch"),
+        ("delete", "configmaps"),
+        ("create", "events"),
+    ]
+    denied = [
+        ("update", "neuroninferenceservices.neuronfleet.io"),
+        ("delete", "neuroninferenceservices.neuronfleet.io"),
+        ("delete", "deployments.apps"),
+        ("delete", "jobs.batch"),
+        ("get", "secrets"),
+        ("create", "pods"),
+        ("get", "configmaps"),
+        ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ]
+    assert [(v, r) for v, r in allowed if not can_i(release, v, r)] == []
+    assert [(v, r) for v, r in denied if can_i(release, v, r)] == []
+    # Bound to the watched namespace only.
+    assert not can_i(release, "list", "neuroninferenceservices.neuronfleet.io", "default")
+
+
+def test_operator_pod_passes_the_restricted_pod_security_standard(release: Release) -> None:
+    deployment = yaml.safe_load(ok(release.kubectl("get", "deployment", RELEASE, "-o", "yaml")))
+    # Admission would have refused the pod in this namespace (ReplicaSet FailedCreate) had it broken a rule.
+    assert deployment["status"].get("availableReplicas") == 1
+    labels = yaml.safe_load(ok(release.kubectl("get", "namespace", release.namespace, "-o", "yaml")))
+    assert labels["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_install_notes_tell_how_to_upgrade_the_crds(release: Release) -> None:
+    assert "kubectl apply --server-side -f crds/" in release.notes
+    assert f"the namespaces {release.namespace}" in release.notes
+
+
+def test_rendered_manifests_pass_server_side_dry_run(release: Release, tmp_path: Path) -> None:
+    """What `helm template` renders, with every option this cluster has the APIs for, is valid Kubernetes."""
+    rendered = release.cluster.helm(
+        "template",
+        "dryrun",
+        str(CHART),
+        "--namespace",
+        release.namespace,
+        "--set",
+        f"watchNamespaces={{{release.namespace}}}",
+        "--set",
+        "dashboard.enabled=true",
+        "--set",
+        "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::123456789012:role/neuronfleet",
+        "--set",
+        "verbose=true",
+    )
+    path = tmp_path / "rendered.yaml"
+    path.write_text(ok(rendered))
+    applied = ok(release.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-f", str(path)))
+    kinds = {line.split("/")[0] for line in applied.splitlines()}
+    assert kinds >= {
+        "serviceaccount",
+        "clusterrole.rbac.authorization.k8s.io",
+        "clusterrolebinding.rbac.authorization.k8s.io",
+        "rolebinding.rbac.authorization.k8s.io",
+        "deployment.apps",
+        "configmap",
+    }, applied
+    assert all(line.endswith("(server dry run)") for line in applied.splitlines()), applied
+
+
+def test_get_nis_shows_model_buckets_phase_and_replicas(release: Release, ready_service: Obj) -> None:
+    table = ok(release.kubectl("get", "nis"))
+    header, row = table.splitlines()
+    assert header.split() == ["NAME", "MODEL", "BUCKETS", "PHASE", "READY", "DESIRED", "ARTIFACT", "AGE"]
+    name, model, buckets, phase, ready, desired, artifact, _age = row.split()
+    assert (name, model) == (ready_service["metadata"]["name"], "hf://meta-llama/Llama-3.1-8B-Instruct")
+    assert buckets == "[256,512,1024,2048,4096]"
+    assert (phase, ready, desired) == ("Ready", "2", "2")
+    assert artifact == ready_service["status"]["artifact"]["name"]
+    wide = ok(release.kubectl("get", "nis", "-o", "wide")).splitlines()[0].split()
+    assert {"DECODE", "INSTANCE", "TP", "REVISION"} <= set(wide)
+
+
+def test_get_neuron_lists_both_kinds(release: Release, ready_service: Obj) -> None:
+    listed = ok(release.kubectl("get", "neuron", "-o", "name")).split()
+    assert f"neuroninferenceservice.neuronfleet.io/{ready_service['metadata']['name']}" in listed
+    assert f"neuroncompiledartifact.neuronfleet.io/{ready_service['status']['artifact']['name']}" in listed
+
+
+def test_describe_tells_the_story_in_events(release: Release, ready_service: Obj) -> None:
+    described = ok(release.kubectl("describe", "nis", ready_service["metadata"]["name"]))
+    events = described.split("Events:", 1)[1]
+    reasons = [r for r in ("ArtifactCreated", "Compiling", "Compiled", "RollingOut", "Ready") if r in events]
+    assert reasons == ["ArtifactCreated", "Compiling", "Compiled", "RollingOut", "Ready"], events
+    positions = [events.index(f" {r} ") for r in ("ArtifactCreated", "Compiled", "Ready")]
+    assert positions == sorted(positions), f"events out of order:\n{events}"
+    artifact = ok(release.kubectl("describe", "nca", ready_service["status"]["artifact"]["name"]))
+    assert "CompileStarted" in artifact
+    assert "compiled 9 buckets" in artifact
+
+
+def test_explain_describes_every_engine_field(release: Release) -> None:
+    explained = ok(release.kubectl("explain", "nis.spec.engine"))
+    fields = re.findall(r"^  (\w+)\s+<", explained.split("FIELDS:", 1)[1], re.MULTILINE)
+    assert sorted(fields) == sorted(EngineConfig.model_fields)
+    for name, info in EngineConfig.model_fields.items():
+        assert info.description, name
+        # kubectl wraps long lines: compare the words.
+        assert " ".join(info.description.split()[:6]) in " ".join(explained.split()), name
+
+
+def test_argo_cd_health_of_the_live_objects(
+    release: Release, ready_service: Obj, kube: Any, argo_health: Health
+) -> None:
+    assert argo_health("NeuronInferenceService", ready_service)["status"] == "Healthy"
+    artifact = Kube(kube).get(ARTIFACTS, release.namespace, ready_service["status"]["artifact"]["name"])
+    assert artifact is not None
+    assert argo_health("NeuronCompiledArtifact", artifact)["status"] == "Healthy"
