@@ -464,3 +464,279 @@ def print_recommendation(source: str, result: Recommendation, configured: Bucket
     for note in notes:
         out.print(f"note: {note}", markup=False)
     out.print(yaml_line)
+
+
+# Serving and compiling ----------------------------------------------------------------
+
+DEVICE_HELP = "neuron (a Neuron host with the vLLM Neuron plugin) or sim (the simulated Neuron device)."
+DEFAULT_MODEL = "hf://neuronfleet/tiny"
+#: Exit status when the compiled artifact to serve is missing or incomplete.
+EXIT_NO_ARTIFACT = 3
+
+DeviceOption = Annotated[str, typer.Option("--device", envvar="NEURONFLEET_DEVICE", help=DEVICE_HELP)]
+ModelOption = Annotated[
+    str, typer.Option("--model", help="The model: hf://org/name or s3://bucket/path (sim: picks the shape).")
+]
+RevisionOption = Annotated[str, typer.Option("--revision", help="Model revision (part of the artifact identity).")]
+TargetOption = Annotated[str, typer.Option("--target", help="Neuron target: trn2 or inf2 (trn1: neuron device only).")]
+ImageOption = Annotated[
+    str | None,
+    typer.Option("--engine-image", help="Engine image (part of the artifact identity). Default: this version's."),
+]
+StoreOption = Annotated[
+    str | None, typer.Option("--artifact-store", help="Directory holding compiled artifacts, one per hash.")
+]
+HashOption = Annotated[
+    str | None,
+    typer.Option("--artifact-hash", help="The artifact's identity hash; checked against the one computed."),
+]
+ShapeOption = Annotated[
+    str | None, typer.Option("--shape", help="Simulated model shape (tiny, llama-3.1-8b, llama-3.1-70b).")
+]
+InstanceOption = Annotated[
+    str | None, typer.Option("--instance-type", help="Instance type the simulated device stands for.")
+]
+ClockOption = Annotated[
+    str, typer.Option("--clock", help="Simulated time: real (sleep each step) or virtual (count only).")
+]
+
+
+def default_image() -> str:
+    """The engine image of this version, as the identity's default."""
+    from importlib.metadata import version
+
+    return f"neuronfleet/engine:{version('neuronfleet')}"
+
+
+def check_device(device: str) -> str:
+    """``sim`` or ``neuron``; anything else is bad input."""
+    if device not in ("sim", "neuron"):
+        fail(f"--device must be sim or neuron, got {device!r}")
+    return device
+
+
+def compile_identity(engine: EngineConfig, model: str, revision: str, target: str, image: str | None) -> Any:
+    """The artifact identity of serving ``model`` with ``engine``: the operator's function."""
+    from neuronfleet.engine.identity import CompileIdentity, ModelSource
+
+    try:
+        return CompileIdentity.of(ModelSource(uri=model, revision=revision), engine, target, image or default_image())  # type: ignore[arg-type]
+    except ValidationError as error:
+        for line in format_validation_errors(error):
+            err.print(line, markup=False)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def sim_settings(model: str, target: str, shape: str | None, instance_type: str | None, clock: str) -> Any:
+    """The simulated device's settings, checked: shape, an instance of the target's family, clock."""
+    from neuronfleet.engine.cost_model import INSTANCE_TYPES
+    from neuronfleet.engine.model_shapes import SHAPES
+    from neuronfleet.engine.serve import shape_for_model
+    from neuronfleet.engine.sim_settings import SimSettings
+
+    shape = shape or shape_for_model(model)
+    if shape not in SHAPES:
+        fail(f"unknown --shape {shape!r}; known: {', '.join(SHAPES)}")
+    if target not in ("trn2", "inf2"):
+        fail(f"the simulated device models trn2 and inf2, not --target {target}")
+    instance_type = instance_type or f"{target}.48xlarge"
+    instance = INSTANCE_TYPES.get(instance_type)
+    if instance is None:
+        fail(f"unknown --instance-type {instance_type!r}; known: {', '.join(INSTANCE_TYPES)}")
+    if instance.family != target:
+        fail(f"--instance-type {instance_type} is not a {target} instance")
+    if clock not in ("real", "virtual"):
+        fail(f"--clock must be real or virtual, got {clock!r}")
+    return SimSettings(shape=shape, instance_type=instance_type, clock=clock)
+
+
+def run_compile(
+    engine: EngineConfig, identity: Any, store: str, device: str, settings: Any, *, quiet: bool = False
+) -> tuple[Any, int]:
+    """Compile the artifact into ``store`` (sim: simulated per-bucket time, with a progress bar)."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from neuronfleet.engine.artifacts import ArtifactError, BucketEntry, compile_artifact
+    from neuronfleet.engine.cost_model import CostModel, get_instance_type
+    from neuronfleet.engine.model_shapes import get_shape
+
+    if device == "neuron":
+        from neuronfleet.engine.neuron_compile import neuron_compile_bucket
+
+        compile_bucket = neuron_compile_bucket(engine, identity, store)
+    else:
+        cost = CostModel(
+            get_instance_type(settings.instance_type), get_shape(settings.shape), engine.tensor_parallel_size
+        )
+
+        def compile_bucket(entry: BucketEntry) -> float:
+            seconds = cost.compile_seconds(entry.size)
+            if settings.clock == "real":
+                time.sleep(seconds)
+            return seconds
+
+    total = len(engine.effective_num_batched_tokens_buckets) + len(engine.effective_num_seqs_buckets)
+    progress = Progress(
+        TextColumn("compiling {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+        transient=False,
+    )
+    with progress:
+        task = progress.add_task(f"artifact {identity.hash()}", total=total)
+
+        def on_bucket(entry: BucketEntry, done: int, _total: int) -> None:
+            progress.update(task, completed=done, description=f"artifact {identity.hash()}: {entry.kind} {entry.size}")
+
+        try:
+            return compile_artifact(store, identity, device, compile_bucket, on_bucket)  # type: ignore[arg-type]
+        except ArtifactError as error:
+            fail(str(error))
+
+
+@app.command("compile")
+def compile_command(
+    config: ConfigOption = None,
+    model: ModelOption = DEFAULT_MODEL,
+    revision: RevisionOption = "main",
+    target: TargetOption = "trn2",
+    engine_image: ImageOption = None,
+    artifact_store: StoreOption = None,
+    artifact_hash: HashOption = None,
+    device: DeviceOption = "neuron",
+    shape: ShapeOption = None,
+    instance_type: InstanceOption = None,
+    clock: ClockOption = "real",
+) -> None:
+    """Compile every bucket's graph into the artifact store; a complete artifact is not compiled again."""
+    device = check_device(device)
+    engine = load_config(config, None, None, None, None, None)
+    if artifact_store is None:
+        fail("--artifact-store is required: the directory that holds compiled artifacts")
+    identity = compile_identity(engine, model, revision, target, engine_image)
+    if artifact_hash is not None and artifact_hash != identity.hash():
+        fail(f"--artifact-hash {artifact_hash} does not match the artifact identity computed here ({identity.hash()})")
+    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else None
+    manifest, compiled = run_compile(engine, identity, artifact_store, device, settings)
+    where = f"{artifact_store.rstrip('/')}/{manifest.hash}"
+    if compiled:
+        out.print(
+            f"compiled {compiled} of {len(manifest.buckets)} graphs: artifact {manifest.hash} complete at {where}"
+        )
+    else:
+        out.print(f"artifact {manifest.hash} already complete at {where}: nothing to compile")
+
+
+@app.command(
+    "serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}, no_args_is_help=False
+)
+def serve_command(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    device: DeviceOption = "neuron",
+    model: ModelOption = DEFAULT_MODEL,
+    revision: RevisionOption = "main",
+    target: TargetOption = "trn2",
+    engine_image: ImageOption = None,
+    artifact_store: StoreOption = None,
+    artifact_hash: HashOption = None,
+    compile_on_start: Annotated[
+        bool, typer.Option("--compile-on-start", help="Compile a missing or incomplete artifact instead of refusing.")
+    ] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    drain_timeout: Annotated[
+        int, typer.Option("--drain-timeout", help="Seconds in-flight requests may finish in after SIGTERM.")
+    ] = 30,
+    async_scheduling: Annotated[
+        bool,
+        typer.Option(
+            "--async-scheduling/--no-async-scheduling", help="NeuronAsyncScheduler (default) or NeuronScheduler."
+        ),
+    ] = True,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="Model name clients use. Default: from --model.")
+    ] = None,
+    shape: ShapeOption = None,
+    instance_type: InstanceOption = None,
+    clock: ClockOption = "real",
+) -> None:
+    """Serve the OpenAI-compatible API with vLLM and the Neuron scheduler. Arguments after -- go to vLLM."""
+    from neuronfleet.engine.artifacts import ArtifactError, artifact_dir, load_for_serving
+    from neuronfleet.engine.serve import ServeRequest, exec_vllm_serve, served_name
+
+    device = check_device(device)
+    engine = load_config(config, None, None, None, None, None)
+    if not 1 <= port <= 65535:
+        fail(f"--port must be 1-65535, got {port}")
+    if drain_timeout < 0:
+        fail(f"--drain-timeout must not be negative, got {drain_timeout}")
+    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else None
+    if device == "neuron" and not neuron_plugin_installed():
+        fail("--device neuron needs the vLLM Neuron platform plugin (vllm-neuron), which is not installed here")
+    directory = None
+    if artifact_store is not None:
+        identity = compile_identity(engine, model, revision, target, engine_image)
+        wanted = artifact_hash or identity.hash()
+        try:
+            directory = artifact_dir(artifact_store, wanted)
+            try:
+                load_for_serving(
+                    directory, engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets
+                )
+            except ArtifactError:
+                if not compile_on_start:
+                    raise
+                if wanted != identity.hash():
+                    fail(f"cannot compile artifact {wanted}: the identity computed here is {identity.hash()}")
+                run_compile(engine, identity, artifact_store, device, settings)
+        except ArtifactError as error:
+            err.print(f"error: {error}", markup=False)
+            raise typer.Exit(EXIT_NO_ARTIFACT) from None
+    elif artifact_hash is not None:
+        fail("--artifact-hash needs --artifact-store")
+    elif device == "neuron":
+        fail("--device neuron needs --artifact-store: compile with `neuronfleet-engine compile` first")
+    model_to_load = model.removeprefix("hf://")
+    if device == "sim":
+        from neuronfleet.engine.model_dir import model_dir
+
+        assert settings is not None
+        try:
+            model_to_load = str(model_dir(settings.shape, engine.max_model_len))
+        except ValueError as error:
+            fail(str(error))
+    request = ServeRequest(
+        engine=engine,
+        device=device,  # type: ignore[arg-type]
+        model_uri=model,
+        model=model_to_load,
+        served_model_name=served_model_name or served_name(model),
+        host=host,
+        port=port,
+        drain_timeout=drain_timeout,
+        async_scheduling=async_scheduling,
+        artifact_dir=directory,
+        sim=settings if settings is not None else sim_settings_default(),
+        extra_args=tuple(ctx.args),
+    )
+    exec_vllm_serve(request)
+
+
+def sim_settings_default() -> Any:
+    """Settings of a simulated device that is not used (neuron device)."""
+    from neuronfleet.engine.sim_settings import SimSettings
+
+    return SimSettings()
+
+
+def neuron_plugin_installed() -> bool:
+    """Whether a Neuron platform plugin for vLLM is installed (its package is importable)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm_neuron") is not None

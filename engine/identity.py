@@ -1,0 +1,118 @@
+"""The compiled-artifact identity: what a compiled artifact depends on, and its hash.
+
+The operator names, shares and pins artifacts by this hash, and the engine's
+``compile`` command computes it again to check that it builds what it was asked
+for, so both sides call :meth:`CompileIdentity.hash` here. It depends on pydantic
+alone.
+
+Only compile-relevant inputs take part: the model and its revision, the shapes
+(limits and bucket sets, as compiled: defaults written out), tensor parallelism,
+dtype, the Neuron target and the engine image (which fixes the compiler version).
+Replicas, resources and rollout settings never change the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.engine.config import EngineConfig
+
+#: Bumped when the hashed document changes shape, so old and new hashes never collide.
+IDENTITY_SCHEMA = 1
+
+#: Hex digits of the SHA-256 kept: 64 bits, short enough for a label value and a name.
+IDENTITY_HASH_LENGTH = 16
+
+#: The ``EngineConfig`` fields a compiled graph depends on, besides the bucket sets.
+#: A field added to ``EngineConfig`` later stays out of the hash unless it is listed here.
+COMPILE_FIELDS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "block_size",
+    "tensor_parallel_size",
+    "dtype",
+)
+
+#: Neuron compiler targets: the instance family a graph is compiled for.
+NeuronTarget = Literal["trn1", "trn2", "inf2"]
+
+MODEL_URI_PATTERN = (
+    r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]+|hf://([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*)$"
+)
+REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+
+
+def compiled_shapes(engine: EngineConfig) -> dict[str, Any]:
+    """The compile-relevant engine fields, with the bucket sets in force written out."""
+    return {
+        **{name: getattr(engine, name) for name in COMPILE_FIELDS},
+        NUM_BATCHED_TOKENS_BUCKETS: engine.effective_num_batched_tokens_buckets,
+        NUM_SEQS_BUCKETS: engine.effective_num_seqs_buckets,
+    }
+
+
+class ModelSource(BaseModel):
+    """Where the weights come from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str = Field(
+        pattern=MODEL_URI_PATTERN,
+        max_length=512,
+        description="The model: hf://org/name on the Hugging Face Hub, or s3://bucket/path to a model directory.",
+    )
+    revision: str = Field(
+        "main",
+        min_length=1,
+        max_length=128,
+        pattern=REVISION_PATTERN,
+        description="Branch, tag or commit. Pin a commit: the compiled artifact is named by it, not by the weights.",
+    )
+
+
+class CompileIdentity(BaseModel):
+    """Everything a compiled artifact depends on; two equal identities share one artifact."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSource = Field(description="The weights compiled.")
+    engine: EngineConfig = Field(
+        description="The compiled limits and shapes, with the bucket sets written out in full.",
+    )
+    target: NeuronTarget = Field(description="The Neuron instance family the graphs are compiled for.")
+    image: str = Field(
+        min_length=1,
+        max_length=512,
+        description="The engine image that compiles and serves; it fixes the Neuron SDK and compiler version.",
+    )
+
+    @classmethod
+    def of(cls, model: ModelSource, engine: EngineConfig, target: NeuronTarget, image: str) -> CompileIdentity:
+        """The identity of serving ``model`` with ``engine``, normalized.
+
+        The bucket sets are written out (an omitted list and the same list written
+        by hand are one artifact) and non-compile settings are dropped.
+        """
+        compiled = EngineConfig.model_validate(compiled_shapes(engine))
+        return cls(model=model, engine=compiled, target=target, image=image)
+
+    def document(self) -> dict[str, Any]:
+        """The hashed document: the compile-relevant fields only, in a fixed shape."""
+        return {
+            "schema": IDENTITY_SCHEMA,
+            "model": {"uri": self.model.uri, "revision": self.model.revision},
+            "engine": compiled_shapes(self.engine),
+            "target": self.target,
+            "image": self.image,
+        }
+
+    def hash(self) -> str:
+        """The artifact's content hash: hex SHA-256 of the canonical JSON document, truncated."""
+        canonical = json.dumps(self.document(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:IDENTITY_HASH_LENGTH]
