@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from neuronfleet.engine.cost_model import CostModel
 from neuronfleet.engine.identity import CompileIdentity
 
 MANIFEST = "manifest.json"
@@ -136,6 +138,24 @@ def compile_lock(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def simulated_compiler(cost: CostModel, *, sleep: bool) -> Callable[[BucketEntry], float]:
+    """Compile one bucket on the simulated device: take (or, with ``sleep=False``, only count) its time."""
+
+    def compile_bucket(entry: BucketEntry) -> float:
+        seconds = cost.compile_seconds(entry.size)
+        if sleep:
+            time.sleep(seconds)
+        return seconds
+
+    return compile_bucket
+
+
+def is_complete(store: str, artifact_hash: str) -> bool:
+    """Whether the store already holds the complete artifact."""
+    manifest = read_manifest(artifact_dir(store, artifact_hash))
+    return manifest is not None and manifest.complete
 
 
 def compile_artifact(

@@ -35,8 +35,6 @@ class ServeRequest:
 
     engine: EngineConfig
     device: Device
-    #: Model URI (``hf://org/name`` or ``s3://...``) as the operator gives it.
-    model_uri: str
     #: What vLLM loads: a local directory (sim) or a Hugging Face id / local path (neuron).
     model: str
     served_model_name: str

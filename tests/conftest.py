@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from engine_server import ServerPool
 
 #: The installed console scripts sit beside the interpreter running the tests.
 SCRIPTS = Path(sys.executable).parent
@@ -30,3 +31,11 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+    """Start ``neuronfleet-engine serve`` subprocesses; all are stopped when the module is done."""
+    pool = ServerPool(lambda: tmp_path_factory.mktemp("serve"))
+    yield pool
+    pool.stop_all()
