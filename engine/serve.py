@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -27,6 +28,30 @@ Device = Literal["sim", "neuron"]
 SIM_EXECUTOR_CLS = "neuronfleet.engine.sim_executor.SimNeuronExecutor"
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
 NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
+
+
+#: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.readiness``), for ``VLLM_PLUGINS``.
+READY_PLUGIN = "neuronfleet_ready"
+_VLLM_GROUPS = (
+    "vllm.platform_plugins",
+    "vllm.general_plugins",
+    "vllm.stat_logger_plugins",
+    "vllm.io_processor_plugins",
+)
+
+
+def plugin_allowlist(current: str | None) -> str:
+    """``VLLM_PLUGINS`` that adds ``/ready`` and keeps every other plugin vLLM would load.
+
+    Naming any plugin in ``VLLM_PLUGINS`` restricts every group to the names
+    listed, so the installed platform and general plugins are listed too (the
+    Neuron plugin among them on a Neuron host). Other endpoint plugins stay off.
+    """
+    if current is not None:
+        names = [name for name in current.split(",") if name]
+    else:
+        names = sorted({plugin.name for group in _VLLM_GROUPS for plugin in entry_points(group=group)})
+    return ",".join([*names, READY_PLUGIN] if READY_PLUGIN not in names else names)
 
 
 @dataclass(frozen=True)
@@ -113,6 +138,7 @@ def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, 
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
     # The engine core writes the neuronfleet: metrics; the API server's /metrics collects them.
+    env["VLLM_PLUGINS"] = plugin_allowlist(env.get("VLLM_PLUGINS"))
     if "PROMETHEUS_MULTIPROC_DIR" not in env:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(request.port))
     if request.device == "sim":

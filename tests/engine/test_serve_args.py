@@ -12,6 +12,7 @@ from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.serve import (
     SIM_EXECUTOR_CLS,
     ServeRequest,
+    plugin_allowlist,
     serve_environment,
     served_name,
     shape_for_model,
@@ -103,8 +104,16 @@ def test_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     neuron = serve_environment(request(device="neuron", port=8124), {"NEURONFLEET_DEVICE": "sim"})
     assert "NEURONFLEET_DEVICE" not in neuron
     assert neuron["NEURON_LIBTORCH_REMOTE_CACHE"] == "/store/abc/neff"
-    mine = serve_environment(request(port=8125), {"PROMETHEUS_MULTIPROC_DIR": "/mine"})
+    mine = serve_environment(request(port=8125), {"PROMETHEUS_MULTIPROC_DIR": "/mine", "VLLM_PLUGINS": "a"})
     assert mine["PROMETHEUS_MULTIPROC_DIR"] == "/mine"
+    assert mine["VLLM_PLUGINS"] == "a,neuronfleet_ready"
+
+
+def test_the_plugin_allowlist_keeps_every_installed_plugin() -> None:
+    # Naming one plugin in VLLM_PLUGINS turns off every unnamed one, in every group.
+    names = plugin_allowlist(None).split(",")
+    assert {"neuronfleet_sim", "neuronfleet", "neuronfleet_ready"} <= set(names)
+    assert plugin_allowlist("neuronfleet_ready") == "neuronfleet_ready"
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,17 @@ def completion(server: EngineServer, text: str, max_tokens: int, **extra: Any) -
     return result
 
 
+def test_ready_names_the_model_and_the_artifact_loaded(server: EngineServer) -> None:
+    response = server.request("/ready")
+    assert response.status == 200
+    assert response.json() == {
+        "status": "ready",
+        "model": MODEL,
+        "device": "sim",
+        "artifact": server.extra["artifact"],
+    }
+
+
 def test_models_and_health(server: EngineServer) -> None:
     assert server.request("/health").status == 200
     models = server.request("/v1/models").json()
