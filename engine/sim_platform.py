@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import torch
+from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from neuronfleet.engine.sim_settings import DEVICE_ENV
@@ -62,6 +63,22 @@ class SimNeuronPlatform(Platform):
     def is_pin_memory_available(cls) -> bool:
         """Host memory is not pinned for a host device."""
         return False
+
+    @classmethod
+    def validate_request(cls, processed_inputs: Any, params: Any) -> None:
+        """Refuse what the simulated device cannot produce: it has no logits, so no logprobs or grammars."""
+        for name in (
+            "logprobs",
+            "prompt_logprobs",
+            "logprob_token_ids",
+            "prompt_logprob_token_ids",
+            "structured_outputs",
+        ):
+            if getattr(params, name, None) is not None:
+                raise VLLMValidationError(
+                    f"{name} is not supported by the simulated Neuron device (it samples without logits)",
+                    parameter=name,
+                )
 
     @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:

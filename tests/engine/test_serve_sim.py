@@ -222,6 +222,12 @@ def test_malformed_json_is_a_400_and_the_server_stays_up(server: EngineServer) -
     assert completion(server, prompt(3), 2)["usage"]["completion_tokens"] == 2
 
 
+def test_logprobs_are_refused_with_a_400(server: EngineServer) -> None:
+    response = server.post("/v1/completions", {"model": MODEL, "prompt": prompt(3), "max_tokens": 2, "logprobs": 1})
+    assert response.status == 400
+    assert response.json()["error"]["message"].startswith("logprobs is not supported by the simulated Neuron device")
+
+
 def test_served_from_the_compiled_artifact(server: EngineServer) -> None:
     log = server.log.read_text()
     assert f"Loaded compiled artifact {server.extra['artifact']}" in log
