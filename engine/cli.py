@@ -739,6 +739,7 @@ def serve_command(
             device=chosen,
             model=model_to_load,
             served_model_name=served_model_name or served_name(model),
+            revision=revision,
             host=host,
             port=port,
             drain_timeout=drain_timeout,

@@ -63,6 +63,8 @@ class ServeRequest:
     #: What vLLM loads: a local directory (sim) or a Hugging Face id / local path (neuron).
     model: str
     served_model_name: str
+    #: The model revision vLLM loads (neuron device; the simulated model directory has none).
+    revision: str | None
     host: str
     port: int
     drain_timeout: int
@@ -105,6 +107,8 @@ def vllm_serve_argv(request: ServeRequest) -> list[str]:
         )
         args = replace_additional_config(args, {SETTINGS_KEY: sim.model_dump(mode="json")})
         args += ["--distributed-executor-backend", SIM_EXECUTOR_CLS]
+    elif request.revision is not None:
+        args += ["--revision", request.revision]
     return [
         request.model,
         "--served-model-name",

@@ -201,11 +201,13 @@ class SimNeuronExecutor(Executor):
         kwargs: dict[str, Any] | None = None,
         non_block: bool = False,
     ) -> list[Any] | Future[list[Any]]:
-        """Call ``method`` on the worker (on the device thread when ``non_block``)."""
-        call = lambda: [run_method(self.worker, method, args, kwargs or {})]  # noqa: E731
-        if non_block:
-            return self._device_thread.submit(call)
-        return self._device_thread.submit(call).result(timeout)
+        """Call ``method`` on the worker, on the device thread behind any queued step."""
+
+        def call() -> list[Any]:
+            return [run_method(self.worker, method, args, kwargs or {})]
+
+        future = self._device_thread.submit(call)
+        return future if non_block else future.result(timeout)
 
     def execute_model(  # type: ignore[override]
         self, scheduler_output: SchedulerOutput, non_block: bool = False

@@ -150,13 +150,16 @@ class ServerPool:
         """``neuronfleet-engine serve ARGS`` on a free port, ready unless ``wait`` is false."""
         port = free_port()
         log = self.logs() / "serve.log"
+        # The engine's metrics files go to the test's directory, not the host's temporary one.
+        metrics = log.parent / "metrics"
+        metrics.mkdir()
         with log.open("wb") as output:
             process = subprocess.Popen(
                 [str(SCRIPTS / "neuronfleet-engine"), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
-                env=engine_env(),
+                env={**engine_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics)},
                 cwd=log.parent,
                 # Signals reach this process alone, as in a container.
                 start_new_session=True,

@@ -30,6 +30,7 @@ def request(**changes: Any) -> ServeRequest:
         device="sim",
         model="/models/llama",
         served_model_name="meta-llama/Llama-3.1-8B",
+        revision="0e9e39f",
         host="127.0.0.1",
         port=8000,
         drain_timeout=45,
@@ -64,6 +65,8 @@ def test_sim_arguments() -> None:
     assert (args["--max-num-seqs"], args["--max-num-batched-tokens"], args["--max-model-len"]) == ("8", "4096", "8192")
     assert args["--tensor-parallel-size"] == "8"
     assert "--no-async-scheduling" not in args
+    # The simulated model directory has no revisions.
+    assert "--revision" not in args
     assert json.loads(args["--additional-config"] or "") == {
         "neuron_config": {
             "num_batched_tokens_buckets": [128, 256, 512, 1024, 2048, 4096],
@@ -88,6 +91,7 @@ def test_neuron_device_leaves_execution_to_vllm_and_its_plugin() -> None:
     argv = vllm_serve_argv(request(device="neuron", extra_args=("--enable-prefix-caching",)))
     args = options(argv)
     assert "--distributed-executor-backend" not in args
+    assert args["--revision"] == "0e9e39f"
     assert "neuronfleet_sim" not in json.loads(args["--additional-config"] or "")
     assert argv[-1] == "--enable-prefix-caching"
 

@@ -2,11 +2,13 @@
 
 The simulated device stands for Llama 3.1 8B on one Inferentia2 chip with the
 real clock, so each decode step takes the cost model's ~27 ms and a 150-token
-reply is still streaming when the signal arrives.
+reply is still streaming when the signal arrives. The server compiles its
+artifact on start (``--compile-on-start``) into an empty store.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -23,14 +25,15 @@ MAX_TOKENS = 150
 
 @pytest.fixture(scope="module")
 def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> EngineServer:
+    directory = tmp_path_factory.mktemp("engine")
     config = write_engine_config(
-        tmp_path_factory.mktemp("engine"),
+        directory,
         max_num_seqs=4,
         max_num_batched_tokens=512,
         max_model_len=1024,
         tensor_parallel_size=2,
     )
-    return servers.start(
+    server = servers.start(
         "--config",
         str(config),
         "--device",
@@ -43,7 +46,27 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
         "inf2.xlarge",
         "--drain-timeout",
         "60",
+        "--artifact-store",
+        str(directory / "store"),
+        "--compile-on-start",
     )
+    server.extra["store"] = directory / "store"
+    return server
+
+
+def test_the_artifact_was_compiled_on_start(server: EngineServer) -> None:
+    ready = server.request("/ready").json()
+    assert ready["model"] == MODEL
+    manifest = json.loads((server.extra["store"] / ready["artifact"] / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert [(entry["kind"], entry["size"]) for entry in manifest["buckets"]] == [
+        ("prefill", 128),
+        ("prefill", 256),
+        ("prefill", 512),
+        ("decode", 1),
+        ("decode", 2),
+        ("decode", 4),
+    ]
 
 
 def test_the_simulated_decode_step_is_slow_enough_to_interrupt() -> None:
