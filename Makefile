@@ -17,8 +17,10 @@ export UV_PYTHON ?= python3.11
 # `operator/` in the working directory must never shadow the standard library's `operator`.
 export PYTHONSAFEPATH := 1
 export HF_HUB_OFFLINE := 1
+# tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
+export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup test lint typecheck unit lock clean bench-padding
+.PHONY: help setup tools test lint typecheck unit lock crds clean bench bench-padding bench-scheduler
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -38,21 +40,33 @@ setup: $(VENV)/.synced  ## Create or update the virtual environment.
 	@# The project itself is an editable link tree: refresh it so new modules are seen.
 	$(UV) sync --locked --all-extras --reinstall-package neuronfleet --quiet
 
+# Pins live in tools/kube/go.mod; the script skips the build when this version set is already cached.
+tools:  ## Build etcd, Kubernetes, kwok, helm (first time ~20 min; cached in ~/.cache/neuronfleet/kube-tools).
+	tools/kube/build.sh
+
 lint: setup  ## ruff.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: setup  ## mypy, strict.
-	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator
+	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster
 	$(BIN)/mypy tests bench
 
-unit: setup  ## pytest.
+unit: setup tools  ## pytest (the cluster tests start a local control plane).
 	$(BIN)/pytest
 
 test: lint typecheck unit  ## Everything CI runs.
 
+crds: setup  ## Regenerate crds/ from the operator's API models.
+	$(BIN)/neuronfleet-operator crds --output crds
+
+bench: bench-padding bench-scheduler  ## Every benchmark; figures in bench/results/.
+
 bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
 	$(BIN)/python bench/padding_waste.py
+
+bench-scheduler: setup  ## schedule() cost: vLLM's scheduler vs the Neuron scheduler, by queue length.
+	VLLM_LOGGING_LEVEL=WARNING $(BIN)/python bench/scheduler_cost.py
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock

@@ -31,6 +31,44 @@ ASYNC_SCHEDULER_CLS = "neuronfleet.engine.scheduler.NeuronAsyncScheduler"
 SYNC_SCHEDULER_CLS = "neuronfleet.engine.scheduler.NeuronScheduler"
 
 
+KvAdmission = Literal["max_model_len", "request_bound"]
+
+
+class SchedulerOptions(BaseModel):
+    """Departures from the reference Neuron scheduler, each measured in ``bench/``.
+
+    Every option keeps the reference guarantees: no mixed batches, at most one
+    prefill per step, no preemption.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    constant_cost_admission: bool = Field(
+        False,
+        description=(
+            "Admit from the head of the waiting queue in place instead of moving the whole queue through "
+            "the holdback queue every step: the same FIFO order, at a cost independent of the queue length."
+        ),
+    )
+    max_consecutive_prefill_steps: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description=(
+            "After this many prefill steps in a row while decodes wait, run one decode step. "
+            "Bounds the inter-token stall of running requests during long prompts. Unset: no bound."
+        ),
+    )
+    kv_admission: KvAdmission = Field(
+        "max_model_len",
+        description=(
+            "max_model_len: admit while every running request could grow to max_model_len (reference). "
+            "request_bound: admit while the requests' own bounds, min(max_model_len, prompt + max_tokens), "
+            "fit the KV cache."
+        ),
+    )
+
+
 class EngineConfig(BaseModel):
     """Limits and compiled bucket sets of one serving engine."""
 
@@ -59,6 +97,9 @@ class EngineConfig(BaseModel):
     block_size: int = Field(32, ge=1, le=1024, description="KV cache block size in tokens.")
     tensor_parallel_size: int = Field(1, ge=1, le=128, description="NeuronCores (logical) one replica shards over.")
     dtype: Dtype = Field("bfloat16", description="Weight and activation data type.")
+    scheduler: SchedulerOptions = Field(
+        default_factory=SchedulerOptions, description="Neuron scheduler options beyond the reference behaviour."
+    )
 
     @field_validator(NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS, mode="before")
     @classmethod
@@ -116,11 +157,12 @@ class EngineConfig(BaseModel):
             return list(self.num_seqs_buckets)
         return get_default_num_seqs_buckets(self.max_num_seqs)
 
-    def neuron_config(self) -> dict[str, list[int]]:
+    def neuron_config(self) -> dict[str, Any]:
         """What the scheduler reads from ``additional_config["neuron_config"]``."""
         return {
             NUM_BATCHED_TOKENS_BUCKETS: self.effective_num_batched_tokens_buckets,
             NUM_SEQS_BUCKETS: self.effective_num_seqs_buckets,
+            **self.scheduler.model_dump(),
         }
 
     def vllm_serve_args(self, *, async_scheduling: bool = True) -> list[str]:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -31,6 +32,8 @@ from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.model_shapes import TINY_VOCAB_SIZE, tiny_llama_config
 from neuronfleet.engine.scenarios import Scenario, prompt_token_ids
 from neuronfleet.engine.scheduler import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
+
+AnyScheduler = TypeVar("AnyScheduler", bound=vllm_compat.Scheduler)
 
 
 def tiny_model_dir(max_model_len: int) -> Path:
@@ -92,7 +95,7 @@ def build_scheduler(
     return construct_scheduler(cls, vllm_config, num_kv_blocks=num_kv_blocks)
 
 
-def construct_scheduler(cls: type[NeuronScheduler], vllm_config: VllmConfig, *, num_kv_blocks: int) -> NeuronScheduler:
+def construct_scheduler(cls: type[AnyScheduler], vllm_config: VllmConfig, *, num_kv_blocks: int) -> AnyScheduler:
     """Construct ``cls`` as vLLM's engine core does, over a KV cache of one full-attention group."""
     block_size = vllm_config.cache_config.block_size
     vllm_config.cache_config.num_gpu_blocks = num_kv_blocks
@@ -112,6 +115,22 @@ def construct_scheduler(cls: type[NeuronScheduler], vllm_config: VllmConfig, *, 
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=block_size,
         log_stats=False,
+    )
+
+
+def stand_in_device_output(output: vllm_compat.SchedulerOutput, prompt_lens: Mapping[str, int]) -> ModelRunnerOutput:
+    """What the stand-in device returns for ``output``: one token per request that reaches its prompt's end."""
+    computed = vllm_compat.pre_increment_computed_tokens(output)
+    req_ids = list(output.num_scheduled_tokens)
+    sampled: list[list[int]] = []
+    for req_id in req_ids:
+        end = computed[req_id] + output.num_scheduled_tokens[req_id]
+        # A chunk that stops inside the prompt samples nothing.
+        sampled.append([sampled_token(req_id, end)] if end >= prompt_lens[req_id] else [])
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
+        sampled_token_ids=sampled,
     )
 
 
@@ -248,18 +267,8 @@ class OfflineEngine:
 
     def _complete(self, output: vllm_compat.SchedulerOutput) -> None:
         """Feed the stand-in device's result of ``output`` back to the scheduler."""
-        computed = vllm_compat.pre_increment_computed_tokens(output)
-        req_ids = list(output.num_scheduled_tokens)
-        sampled: list[list[int]] = []
-        for req_id in req_ids:
-            end = computed[req_id] + output.num_scheduled_tokens[req_id]
-            # A chunk that stops inside the prompt samples nothing.
-            sampled.append([sampled_token(req_id, end)] if end >= self.progress[req_id].prompt_len else [])
-        runner_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
+        prompt_lens = {req_id: progress.prompt_len for req_id, progress in self.progress.items()}
+        runner_output = stand_in_device_output(output, prompt_lens)
         for engine_outputs in self.scheduler.update_from_output(output, runner_output).values():
             for item in engine_outputs.outputs:
                 progress = self.progress[item.request_id]

@@ -34,6 +34,7 @@ from neuronfleet.engine.buckets import (
     validate_num_batched_tokens_buckets,
     validate_num_seqs_buckets,
 )
+from neuronfleet.engine.config import SchedulerOptions
 from neuronfleet.engine.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput
 
 logger = init_logger(__name__)
@@ -87,8 +88,13 @@ class NeuronScheduler(Scheduler):
             if decode_buckets is None
             else validate_num_seqs_buckets(decode_buckets, self.max_num_seqs)
         )
+        self.options = SchedulerOptions.model_validate(
+            {key: neuron_config[key] for key in SchedulerOptions.model_fields if key in neuron_config}
+        )
         # Neuron compiles a prefill graph for one sequence.
         self.max_prefills_per_batch = 1
+        self._num_admitted = 0
+        self._prefill_steps_with_decodes_waiting = 0
         self.holdback_queue: deque[Request] = deque()
         self.state = SchedulerState.IDLE
         self.total_padding_tokens = 0
@@ -101,14 +107,18 @@ class NeuronScheduler(Scheduler):
         #: Decodes hidden from the base scheduler in the last step.
         self.last_num_hidden_decodes = 0
         self._max_kv_concurrent = self._compute_max_kv_concurrent()
+        self._usable_kv_blocks = (
+            vllm_compat.usable_kv_blocks(self) if self.options.kv_admission == "request_bound" else 0
+        )
         self._warned_kv_saturated = False
         logger.info(
             "NeuronScheduler: prefill buckets %s, decode buckets %s, at most %d requests fit the KV cache "
-            "at max_model_len %d",
+            "at max_model_len %d; %s",
             self.num_batched_tokens_buckets,
             self.num_seqs_buckets,
             self._max_kv_concurrent,
             self.max_model_len,
+            self.options,
         )
 
     def _compute_max_kv_concurrent(self) -> int:
@@ -141,22 +151,23 @@ class NeuronScheduler(Scheduler):
         return bool(request.num_computed_tokens < request.num_prompt_tokens)
 
     def can_schedule(self, request: Request) -> bool:
-        """Whether the request at the head of the holdback queue may start its prefill now."""
+        """Whether the request at the head of the waiting line may start its prefill now."""
         if self.at_capacity:
             return False
         if self.has_prefill_in_running:
             return False
-        if vllm_compat.waiting_count(self) >= self.max_prefills_per_batch:
+        if self._num_admitted >= self.max_prefills_per_batch:
             return False
-        # Every running request may grow to max_model_len, and Neuron cannot preempt:
-        # a prefill admitted past this point could starve the decodes of KV blocks.
-        if len(self.running) >= self._max_kv_concurrent:
+        # Neuron cannot preempt: admit only what the KV cache can finish.
+        if not self._kv_admits(request):
             self.num_kv_deferred_admissions += 1
             if not self._warned_kv_saturated:
                 logger.warning(
-                    "Deferring prefills: %d running requests fill the KV cache at max_model_len %d "
-                    "(max_num_seqs is %d). Lower max_num_seqs or max_model_len, or give the KV cache more memory.",
+                    "Deferring prefills: %d running requests fill the KV cache (kv_admission=%s, "
+                    "max_model_len %d, max_num_seqs %d). Lower max_num_seqs or max_model_len, or give the "
+                    "KV cache more memory.",
                     len(self.running),
+                    self.options.kv_admission,
                     self.max_model_len,
                     self.max_num_seqs,
                 )
@@ -164,36 +175,57 @@ class NeuronScheduler(Scheduler):
             return False
         return True
 
+    def _kv_admits(self, request: Request) -> bool:
+        """Whether ``request`` and every running request can all reach their bound in the KV cache."""
+        if self.options.kv_admission == "max_model_len":
+            # Every running request may grow to max_model_len.
+            return len(self.running) < self._max_kv_concurrent
+        needed = sum(self._kv_blocks_bound(running) for running in self.running) + self._kv_blocks_bound(request)
+        return needed <= self._usable_kv_blocks
+
+    def _kv_blocks_bound(self, request: Request) -> int:
+        """The most KV blocks ``request`` can hold: prompt plus every token it may generate."""
+        tokens = min(self.max_model_len, request.num_prompt_tokens + request.max_tokens)
+        return -(-tokens // self.block_size)
+
     # Scheduling -----------------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """One step: admit, separate prefill from decode, run the base scheduler, pad."""
-        # Step 1: hold back every waiting request, so the base scheduler sees none.
-        self.holdback_queue.extend(vllm_compat.take_all_waiting(self))
-        # Step 2: re-admit from the head; stop at the first refusal to keep FIFO order.
-        while self.holdback_queue and self.can_schedule(self.holdback_queue[0]):
-            vllm_compat.requeue_waiting(self, self.holdback_queue.popleft())
+        decode_turn = self._decode_turn_due()
+        self._num_admitted = 0
+        if self.options.constant_cost_admission:
+            self._admit_in_place(decode_turn)
+        else:
+            self._admit_through_holdback(decode_turn)
 
         # Step 3: a step runs prefill or decode, never both.
         hidden: list[Request] = []
         if self.has_prefill_in_running:
-            hidden = [request for request in self.running if not self._is_prefill_request(request)]
-            self.running = [request for request in self.running if self._is_prefill_request(request)]
-        elif vllm_compat.waiting_count(self) > 0:
+            # A decode turn hides the prefill instead of the decodes for one step.
+            keep_prefill = not decode_turn
+            hidden = [r for r in self.running if self._is_prefill_request(r) != keep_prefill]
+            self.running = [r for r in self.running if self._is_prefill_request(r) == keep_prefill]
+        elif self._num_admitted > 0:
             hidden = self.running
             self.running = []
-        self.last_num_hidden_decodes = len(hidden)
+        self.last_num_hidden_decodes = len(hidden) if not decode_turn else 0
 
         # Step 4: the base scheduler checks len(running) against its limits; while
-        # decodes are hidden their slots are not free.
-        for limit in vllm_compat.hidden_limit_attributes:
-            setattr(self, limit, getattr(self, limit) - len(hidden))
+        # requests are hidden their slots are not free.
+        limits = {name: getattr(self, name) for name in vllm_compat.hidden_limit_attributes}
+        for name, value in limits.items():
+            setattr(self, name, value - len(hidden))
+        if self.options.constant_cost_admission:
+            # The base scheduler admits from the head of the queue until this cap:
+            # exactly the requests admitted here.
+            vllm_compat.cap_admissions(self, self._num_admitted)
         try:
             scheduler_output = self._call_base_schedule(throttle_prefills)
         finally:
-            for limit in vllm_compat.hidden_limit_attributes:
-                setattr(self, limit, getattr(self, limit) + len(hidden))
-            # Step 5: restore both queues, also when the base scheduler raised.
+            for name, value in limits.items():
+                setattr(self, name, value)
+            # Step 5: restore every queue, also when the base scheduler raised.
             self.running = self.running + hidden
             while self.holdback_queue:
                 vllm_compat.requeue_waiting(self, self.holdback_queue.popleft())
@@ -202,9 +234,35 @@ class NeuronScheduler(Scheduler):
         prefill_ids = self._scheduled_prefill_ids(scheduler_output)
         scheduler_output = self._apply_padding_and_log_stats(scheduler_output, prefill_ids)
         self._update_state(scheduler_output, has_prefill=bool(prefill_ids))
+        self._count_decode_wait(decode_turn, has_prefill=bool(prefill_ids), num_hidden=len(hidden))
         for observer in self.step_observers:
             observer(self, scheduler_output)
         return scheduler_output
+
+    def _admit_through_holdback(self, decode_turn: bool) -> None:
+        """Steps 1-2 of the reference: hide every waiting request, re-admit from the head."""
+        self.holdback_queue.extend(vllm_compat.take_all_waiting(self))
+        # Stop at the first refusal to keep FIFO order.
+        while not decode_turn and self.holdback_queue and self.can_schedule(self.holdback_queue[0]):
+            vllm_compat.requeue_waiting(self, self.holdback_queue.popleft())
+            self._num_admitted += 1
+
+    def _admit_in_place(self, decode_turn: bool) -> None:
+        """Decide on the head of the waiting line without moving the queue (constant cost)."""
+        head = vllm_compat.peek_waiting(self)
+        if not decode_turn and head is not None and self.can_schedule(head):
+            self._num_admitted = 1
+
+    def _decode_turn_due(self) -> bool:
+        """True when decodes have waited ``max_consecutive_prefill_steps`` prefill steps."""
+        bound = self.options.max_consecutive_prefill_steps
+        return bound is not None and self._prefill_steps_with_decodes_waiting >= bound
+
+    def _count_decode_wait(self, decode_turn: bool, has_prefill: bool, num_hidden: int) -> None:
+        if decode_turn or not has_prefill:
+            self._prefill_steps_with_decodes_waiting = 0
+        elif num_hidden:
+            self._prefill_steps_with_decodes_waiting += 1
 
     def _call_base_schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         return Scheduler.schedule(self, throttle_prefills)

@@ -23,13 +23,16 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "SchedulingPolicy",
+    "cap_admissions",
     "hidden_limit_attributes",
     "max_full_length_requests",
     "padded_counts",
+    "peek_waiting",
     "pre_increment_computed_tokens",
     "requeue_waiting",
     "set_padded_counts",
     "take_all_waiting",
+    "usable_kv_blocks",
     "waiting_count",
 ]
 
@@ -61,6 +64,26 @@ def requeue_waiting(scheduler: Scheduler, request: Request) -> None:
         scheduler.waiting.add_request(request)
 
 
+def peek_waiting(scheduler: Scheduler) -> Request | None:
+    """The request the base scheduler would try to admit first, if any."""
+    for queue in (scheduler.kv_holding_waiting, scheduler.waiting):
+        if queue:
+            request: Request = queue.peek_request()
+            return request
+    return None
+
+
+def cap_admissions(scheduler: Scheduler, num_admissions: int) -> None:
+    """Let the base scheduler admit at most ``num_admissions`` waiting requests this step.
+
+    Its admission loop stops once the running requests (and paused streaming
+    sessions, which hold slots) reach ``max_num_active_reqs``, before looking at
+    the next waiting request: a cap costs nothing per waiting request.
+    """
+    in_use = len(scheduler.running) + scheduler.num_waiting_for_streaming_input
+    scheduler.max_num_active_reqs = min(scheduler.max_num_active_reqs, in_use + num_admissions)
+
+
 def waiting_count(scheduler: Scheduler) -> int:
     """Requests the base scheduler would consider admitting this step."""
     return len(scheduler.waiting) + len(scheduler.kv_holding_waiting)
@@ -76,6 +99,14 @@ def pre_increment_computed_tokens(output: SchedulerOutput) -> dict[str, int]:
     cached = output.scheduled_cached_reqs
     computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
     return computed
+
+
+def usable_kv_blocks(scheduler: Scheduler) -> int:
+    """KV blocks requests can hold: all but the null block 0 the block pool reserves."""
+    if len(scheduler.kv_cache_config.kv_cache_groups) > 1:
+        # Per-request bounds below count one group's blocks; several groups share one pool.
+        raise ValueError("kv_admission=request_bound supports models with one KV cache group")
+    return int(scheduler.kv_cache_config.num_blocks) - 1
 
 
 def max_full_length_requests(scheduler: Scheduler) -> int:

@@ -1,1 +1,5 @@
 """The neuronfleet Kubernetes operator."""
+
+from importlib.metadata import version
+
+__version__ = version("neuronfleet")

@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 from engine_server import ServerPool
 
+# `cluster`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use;
+# `crds`, `api`, `operator` and `services`: the operator's CRDs installed, the operator running.
+pytest_plugins = ["neuronfleet.devcluster.pytest_plugin", "neuronfleet.operator.pytest_plugin"]
+
 #: The installed console scripts sit beside the interpreter running the tests.
 SCRIPTS = Path(sys.executable).parent
 

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.config import EngineConfig, SchedulerOptions
 from neuronfleet.engine.offline import OfflineEngine, StepRecord, run_scenario
 from neuronfleet.engine.scenarios import Scenario, ScenarioRequest
 
+OPTION_SETS = {
+    "reference": SchedulerOptions(),
+    "constant-cost": SchedulerOptions(constant_cost_admission=True),
+    "bounded-stalls": SchedulerOptions(max_consecutive_prefill_steps=2),
+    "request-bound": SchedulerOptions(kv_admission="request_bound"),
+    "all": SchedulerOptions(
+        constant_cost_admission=True, max_consecutive_prefill_steps=1, kv_admission="request_bound"
+    ),
+}
+
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> Scenario:
+def scenarios(draw: st.DrawFn, options: SchedulerOptions) -> Scenario:
     block_size = draw(st.sampled_from([8, 16, 32]))
     max_model_len = draw(st.sampled_from([256, 512, 1024, 2048]))
     max_num_batched_tokens = draw(st.sampled_from([128, 256, 512, 1024, 4096]))
@@ -27,6 +38,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         block_size=block_size,
         num_batched_tokens_buckets=[*sorted(inner), limit],
         num_seqs_buckets=draw(st.sampled_from([None, [max_num_seqs]])),
+        scheduler=options,
     )
     blocks_per_request = -(-max_model_len // block_size)
     # vLLM refuses to start unless one full-length request fits (block 0 is reserved);
@@ -81,9 +93,15 @@ def check_step(engine: OfflineEngine, record: StepRecord | None, in_flight_befor
     assert not record.preempted, f"preempted: {record.preempted}"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario=scenarios(), async_scheduling=st.booleans())
-def test_random_workloads_keep_every_invariant(scenario: Scenario, async_scheduling: bool) -> None:
+@pytest.mark.parametrize("options", OPTION_SETS.values(), ids=OPTION_SETS.keys())
+def test_random_workloads_keep_every_invariant(options: SchedulerOptions) -> None:
+    run_random_workloads(options)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), async_scheduling=st.booleans())
+def run_random_workloads(options: SchedulerOptions, data: st.DataObject, async_scheduling: bool) -> None:
+    scenario = data.draw(scenarios(options))
     engine = run_scenario(scenario, async_scheduling=async_scheduling, after_step=check_step, max_iterations=20_000)
     for request in scenario.requests:
         progress = engine.progress[request.req_id]

@@ -68,10 +68,7 @@ def test_sim_arguments() -> None:
     # The simulated model directory has no revisions.
     assert "--revision" not in args
     assert json.loads(args["--additional-config"] or "") == {
-        "neuron_config": {
-            "num_batched_tokens_buckets": [128, 256, 512, 1024, 2048, 4096],
-            "num_seqs_buckets": [1, 2, 4, 8],
-        },
+        "neuron_config": ENGINE.neuron_config(),
         "neuronfleet_sim": {
             "shape": "llama-3.1-8b",
             "instance_type": "trn2.48xlarge",
@@ -79,6 +76,7 @@ def test_sim_arguments() -> None:
             "artifact_dir": "/store/abc",
         },
     }
+    assert ENGINE.neuron_config()["num_batched_tokens_buckets"] == [128, 256, 512, 1024, 2048, 4096]
 
 
 def test_no_async_scheduling_selects_the_sync_scheduler() -> None:

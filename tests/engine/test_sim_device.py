@@ -115,7 +115,7 @@ def test_a_decode_batch_above_the_compiled_sizes_is_refused() -> None:
 def test_a_step_mixing_prefill_and_decode_is_refused() -> None:
     # vLLM's own scheduler mixes them; the Neuron scheduler never does.
     scheduler = construct_scheduler(
-        vllm_compat.Scheduler,  # type: ignore[arg-type]
+        vllm_compat.Scheduler,
         build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False).vllm_config,
         num_kv_blocks=512,
     )

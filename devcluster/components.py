@@ -1,0 +1,152 @@
+"""The control-plane components: their certificates, kubeconfigs and command lines."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from neuronfleet.devcluster import kwok, pki
+from neuronfleet.devcluster.fleet import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+from neuronfleet.devcluster.tools import KubeTools
+
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+
+#: Components in start order; stopped all at once.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _write_kubeconfig(path: Path, server: str, ca: Path, user: pki.KeyPair) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority-data": _b64(ca)}}],
+        "users": [
+            {"name": "user", "user": {"client-certificate-data": _b64(user.cert), "client-key-data": _b64(user.key)}}
+        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The certificates and kubeconfigs in one cluster's working directory."""
+
+    workdir: Path
+    ca: Path
+    serving: pki.KeyPair
+    service_account: pki.KeyPair
+    kubeconfigs: dict[str, Path]
+
+    @classmethod
+    def create(cls, workdir: Path, server: str) -> Layout:
+        """Issue the CA, the serving cert, one client identity per component, and their kubeconfigs."""
+        pki_dir = workdir / "pki"
+        pki_dir.mkdir()
+        ca = pki.CertificateAuthority(pki_dir)
+        serving = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            server_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            server_ips=("127.0.0.1", "10.96.0.1"),
+        )
+        # Each component gets the identity its bootstrap RBAC roles expect; KWOK, playing every
+        # kubelet at once, fits no node identity and runs as an admin.
+        identities = {
+            "admin": ("neuronfleet-admin", "system:masters"),
+            "kube-controller-manager": ("system:kube-controller-manager", None),
+            "kube-scheduler": ("system:kube-scheduler", None),
+            "kwok": ("kwok-controller", "system:masters"),
+        }
+        kubeconfigs = {
+            who: _write_kubeconfig(
+                workdir / f"{who}.kubeconfig", server, ca.cert, ca.issue(who, cn, organization=organization)
+            )
+            for who, (cn, organization) in identities.items()
+        }
+        return cls(workdir, ca.cert, serving, pki.service_account_keys(pki_dir), kubeconfigs)
+
+
+def argv(name: str, tools: KubeTools, layout: Layout, ports: dict[str, int]) -> list[str]:
+    """The command line of component ``name``: loopback only, files under the layout's directory."""
+    binary = str(tools.path(name))
+    work = layout.workdir
+    etcd = f"http://127.0.0.1:{ports['etcd']}"
+    peer = f"http://127.0.0.1:{ports['etcd-peer']}"
+    if name == "etcd":
+        return [
+            binary,
+            "--name=local",
+            f"--data-dir={work / 'etcd'}",
+            f"--listen-client-urls={etcd}",
+            f"--advertise-client-urls={etcd}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=local={peer}",
+            "--unsafe-no-fsync",  # throwaway data: durability only costs time
+            "--log-level=warn",
+        ]
+    if name == "kube-apiserver":
+        return [
+            binary,
+            f"--etcd-servers={etcd}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['kube-apiserver']}",
+            f"--cert-dir={work / 'kube-apiserver'}",
+            f"--tls-cert-file={layout.serving.cert}",
+            f"--tls-private-key-file={layout.serving.key}",
+            f"--client-ca-file={layout.ca}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            f"--service-account-issuer=https://127.0.0.1:{ports['kube-apiserver']}",
+            f"--service-account-key-file={layout.service_account.cert}",
+            f"--service-account-signing-key-file={layout.service_account.key}",
+            # Endpoints may not point at loopback, and no pod could reach this server anyway.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+        ]
+    if name in ("kube-controller-manager", "kube-scheduler"):
+        kubeconfig = layout.kubeconfigs[name]
+        argv = [
+            binary,
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports[name]}",  # serves /healthz, which says when it is up
+            f"--cert-dir={work / name}",
+            "--profiling=false",
+        ]
+        if name == "kube-controller-manager":
+            argv += [
+                f"--root-ca-file={layout.ca}",
+                f"--service-account-private-key-file={layout.service_account.key}",
+                "--use-service-account-credentials=true",
+            ]
+        return argv
+    if name == "kwok":
+        return [
+            binary,
+            f"--kubeconfig={layout.kubeconfigs['kwok']}",
+            f"--config={kwok.write_config(work / 'kwok-stages.yaml')}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
+            f"--cidr={POD_CIDR}",
+            # KWOK renews each node's Lease, so the node lifecycle controller keeps them Ready.
+            "--node-lease-duration-seconds=40",
+        ]
+    raise ValueError(f"unknown component {name!r}")

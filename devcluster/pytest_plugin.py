@@ -1,0 +1,92 @@
+"""pytest fixtures for tests against a real local control plane.
+
+Enable with ``pytest_plugins = ["neuronfleet.devcluster.pytest_plugin"]`` in a ``conftest.py``. The cluster
+starts on first use, once per session; a cluster left by a crashed earlier run is reaped first. The
+``kubernetes`` package is imported only by tests that use the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
+from neuronfleet.devcluster.waiting import WaitFor, wait_for
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    """One local cluster for the whole session, owned by this process and stopped at the end."""
+    reap_orphans()
+    local = LocalCluster.start(f"pytest-{os.getpid()}", owner_pid=os.getpid())
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster) -> Iterator[ApiClient]:
+    """A ``kubernetes`` API client authenticated as the cluster admin."""
+    client = cluster.api_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def core(kube: ApiClient) -> CoreV1Api:
+    """The core API group (pods, nodes, namespaces, ...) as admin."""
+    from kubernetes.client import CoreV1Api
+
+    return CoreV1Api(kube)
+
+
+@pytest.fixture
+def apps(kube: ApiClient) -> AppsV1Api:
+    """The apps API group (Deployments, ReplicaSets, ...) as admin."""
+    from kubernetes.client import AppsV1Api
+
+    return AppsV1Api(kube)
+
+
+@pytest.fixture
+def batch(kube: ApiClient) -> BatchV1Api:
+    """The batch API group (Jobs) as admin."""
+    from kubernetes.client import BatchV1Api
+
+    return BatchV1Api(kube)
+
+
+@pytest.fixture
+def namespace(kube: ApiClient) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting for it to go)."""
+    from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
+
+    core = CoreV1Api(kube)
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(V1Namespace(metadata=V1ObjectMeta(name=name)))
+    # Pods are refused until the controller manager has made the namespace's default ServiceAccount.
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout=30,
+        what=f"ServiceAccount default in namespace {name}",
+    )
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture(name="wait_for")
+def wait_for_fixture() -> WaitFor:
+    """:func:`neuronfleet.devcluster.waiting.wait_for`: poll with a bounded timeout, report what was seen."""
+    return wait_for

@@ -1,0 +1,86 @@
+"""Where the pinned control-plane binaries live (built by ``tools/kube/build.sh``, run by ``make tools``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Overrides the bin dir; otherwise ``build.sh --print-bin-dir`` says where the pinned build lives.
+TOOLS_ENV = "NEURONFLEET_KUBE_TOOLS"
+
+#: Every binary the build script produces.
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+
+
+class ToolsMissingError(RuntimeError):
+    """The binaries are not built (or not where the pins say)."""
+
+
+def _build_script() -> Path | None:
+    # The package is installed as a link tree into the checkout: resolve back to the source folder.
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        script = parent / "tools" / "kube" / "build.sh"
+        if script.is_file():
+            return script
+    return None
+
+
+def go_module() -> Path:
+    """The ``go.mod`` that pins the tools' versions."""
+    script = _build_script()
+    if script is None:
+        raise ToolsMissingError("tools/kube/build.sh not found: run from a neuronfleet checkout")
+    return script.parent / "go.mod"
+
+
+def pinned_version(module: str) -> str:
+    """The version ``tools/kube/go.mod`` pins for ``module`` (e.g. ``k8s.io/kubernetes`` -> ``v1.37.2``)."""
+    text = go_module().read_text()
+    match = re.search(rf"^\s*{re.escape(module)} (v\S+)", text, flags=re.MULTILINE)
+    if match is None:
+        raise ToolsMissingError(f"{module} is not pinned in {go_module()}")
+    return match.group(1)
+
+
+def bin_dir() -> Path:
+    """The directory the pinned binaries are (or will be) built into."""
+    override = os.environ.get(TOOLS_ENV)
+    if override:
+        return Path(override)
+    script = _build_script()
+    if script is None:
+        raise ToolsMissingError(f"tools/kube/build.sh not found: set {TOOLS_ENV} to a directory holding {BINARIES}")
+    try:
+        result = subprocess.run(
+            ["bash", str(script), "--print-bin-dir"], capture_output=True, text=True, check=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ToolsMissingError(f"{script} --print-bin-dir failed (is Go 1.26+ installed?): {error}") from error
+    return Path(result.stdout.strip())
+
+
+@dataclass(frozen=True)
+class KubeTools:
+    """Paths to the pinned binaries."""
+
+    directory: Path
+
+    @classmethod
+    def locate(cls) -> KubeTools:
+        """Find the built tools, or explain in one line how to build them."""
+        directory = bin_dir()
+        missing = [name for name in BINARIES if not (directory / name).is_file()]
+        if missing:
+            raise ToolsMissingError(
+                f"kube tools not built in {directory} (missing {', '.join(missing)}): run `make tools` "
+                "(once per machine, ~20 min on 2 cores)"
+            )
+        return cls(directory)
+
+    def path(self, name: str) -> Path:
+        """The path of one binary."""
+        return self.directory / name

@@ -1,0 +1,68 @@
+"""A virtual clock for offline scheduler runs: each step lasts what the cost model says.
+
+A synchronous engine runs one step at a time, so the clock is the sum of step
+times. Requests arrive at the clock's value when they are added; a prefill that
+finishes its prompt emits the first token, each decode one more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.engine.cost_model import CostModel
+from neuronfleet.engine.offline import OfflineEngine, StepRecord
+
+
+@dataclass
+class Timeline:
+    """Token times of every request, on a virtual clock driven by ``cost``."""
+
+    cost: CostModel
+    num_seqs_buckets: Sequence[int]
+    clock: float = 0.0
+    arrival: dict[str, float] = field(default_factory=dict)
+    token_times: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    decode_batch_sizes: list[int] = field(default_factory=list)
+
+    def after_step(self, engine: OfflineEngine, record: StepRecord | None, in_flight_before: int) -> None:
+        """``run_scenario``'s hook: advance the clock by the step and stamp its tokens."""
+        for req_id in engine.progress:
+            self.arrival.setdefault(req_id, self.clock)
+        if record is None or not record.scheduled:
+            return
+        if record.is_prefill:
+            (item,) = record.scheduled
+            self.clock += self.cost.prefill_seconds(item.num_tokens_padded, item.computed_before)
+            if item.computed_before + item.num_tokens >= engine.progress[item.req_id].prompt_len:
+                self.token_times[item.req_id].append(self.clock)
+            return
+        batch = len(record.scheduled)
+        context = sum(item.computed_before + 1 for item in record.scheduled)
+        self.clock += self.cost.decode_seconds(get_bucket_for_count(batch, self.num_seqs_buckets), context)
+        self.decode_batch_sizes.append(batch)
+        for item in record.scheduled:
+            self.token_times[item.req_id].append(self.clock)
+
+    def ttft(self, req_id: str) -> float:
+        """Seconds from arrival to first token."""
+        return self.token_times[req_id][0] - self.arrival[req_id]
+
+    def inter_token_latencies(self, req_ids: Sequence[str]) -> list[float]:
+        """Every gap between consecutive tokens of the given requests."""
+        gaps: list[float] = []
+        for req_id in req_ids:
+            times = self.token_times[req_id]
+            gaps.extend(later - earlier for earlier, later in itertools.pairwise(times))
+        return gaps
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, round(q) - 1))]

@@ -1,0 +1,269 @@
+"""Pure rollout decisions and service status: what was observed in, what to do and say out.
+
+The rules:
+
+- Serving objects are rendered for the target artifact only once it is Ready.
+  Until then an existing Deployment keeps its pod template (its revision keeps
+  serving) and only its replica count follows the spec.
+- Artifacts a service no longer needs are released only when its Deployment is
+  fully rolled out, so pods of the old revision never lose their artifact.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.status import (
+    ARTIFACT_READY,
+    AVAILABLE,
+    READY,
+    VALIDATED,
+    Event,
+    condition,
+    merge_conditions,
+    transitions,
+)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ArtifactView:
+    """What a service needs to know of an artifact."""
+
+    name: str
+    hash: str
+    phase: api.ArtifactPhase
+    reason: str | None = None
+    message: str | None = None
+
+    @classmethod
+    def of(cls, body: Obj, artifact_hash: str) -> ArtifactView:
+        """From a NeuronCompiledArtifact read from the API server."""
+        status = api.NeuronCompiledArtifactStatus.model_validate(body.get("status") or {})
+        return cls(body["metadata"]["name"], artifact_hash, status.phase, status.reason, status.message)
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """What a service needs to know of its Deployment."""
+
+    artifact_hash: str | None
+    configmap: str | None
+    replicas: int
+    generation: int
+    observed_generation: int
+    total: int
+    updated: int
+    ready: int
+    available: int
+
+    @classmethod
+    def of(cls, body: Obj) -> DeploymentView:
+        """From a Deployment read from the API server."""
+        status = body.get("status") or {}
+        template = body["spec"]["template"]
+        labels = template["metadata"].get("labels") or {}
+        volumes = template["spec"].get("volumes") or []
+        configmaps = [
+            v["configMap"]["name"] for v in volumes if v.get("name") == plan.CONFIG_VOLUME and "configMap" in v
+        ]
+        return cls(
+            artifact_hash=labels.get(plan.LABEL_ARTIFACT),
+            configmap=configmaps[0] if configmaps else None,
+            replicas=int(body["spec"].get("replicas", 1)),
+            generation=int(body["metadata"].get("generation", 0)),
+            observed_generation=int(status.get("observedGeneration", 0)),
+            total=int(status.get("replicas") or 0),
+            updated=int(status.get("updatedReplicas") or 0),
+            ready=int(status.get("readyReplicas") or 0),
+            available=int(status.get("availableReplicas") or 0),
+        )
+
+    @property
+    def rolled_out(self) -> bool:
+        """Every replica runs the template, is available, and no old replica is left (``kubectl rollout status``)."""
+        return (
+            self.observed_generation >= self.generation
+            and self.updated >= self.replicas
+            and self.total <= self.updated
+            and self.available >= self.updated
+        )
+
+
+class Serve(Enum):
+    """What to do with the serving objects."""
+
+    #: Apply ConfigMap, Deployment, Service and PDB for the target artifact.
+    TARGET = "target"
+    #: Keep the Deployment's pod template (the serving revision); only follow the replica count.
+    KEEP = "keep"
+    #: Nothing to serve yet.
+    NOTHING = "nothing"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do for a valid service."""
+
+    serve: Serve
+    #: Artifact hashes still needed; ``None`` while a rollout is in flight (release nothing).
+    keep: frozenset[str] | None
+    #: Engine ConfigMaps still needed (with the one applied this pass), when ``keep`` is not ``None``.
+    keep_configmaps: frozenset[str]
+    #: The artifact hash every replica ran at the last completed rollout.
+    current_revision: str | None
+
+
+def decide(target: ArtifactView, deployment: DeploymentView | None, current_revision: str | None) -> Decision:
+    """Serve the target when it is Ready, else keep what serves; release only after a finished rollout."""
+    if target.phase == "Ready":
+        serve = Serve.TARGET
+    elif deployment is not None:
+        serve = Serve.KEEP
+    else:
+        serve = Serve.NOTHING
+    if deployment is None:
+        return Decision(serve, frozenset({target.hash}), frozenset(), None)
+    in_use = frozenset({deployment.configmap} if deployment.configmap else ())
+    if deployment.rolled_out and deployment.artifact_hash is not None:
+        keep = frozenset({target.hash, deployment.artifact_hash})
+        return Decision(serve, keep, in_use, deployment.artifact_hash)
+    return Decision(serve, None, in_use, current_revision)
+
+
+@dataclass(frozen=True)
+class ServiceStatusInput:
+    """Everything the status of a valid service is computed from."""
+
+    name: str
+    generation: int
+    spec: api.NeuronInferenceServiceSpec
+    target: ArtifactView
+    deployment: DeploymentView | None
+    unschedulable: tuple[str, ...]
+    decision: Decision
+
+
+def _artifact_condition(target: ArtifactView) -> tuple[bool, str, str]:
+    if target.phase == "Ready":
+        return True, "Compiled", f"{target.name} is compiled"
+    if target.phase == "Failed":
+        return False, "CompileFailed", f"{target.name}: {target.reason}: {target.message}"
+    return False, "Compiling", f"{target.name}: {target.message or target.reason or 'waiting for the compile Job'}"
+
+
+def _available_condition(given: ServiceStatusInput) -> tuple[bool, str, str]:
+    deployment, spec = given.deployment, given.spec
+    if deployment is None:
+        if given.target.phase == "Failed":
+            return False, "CompileFailed", "nothing to serve: the compile failed"
+        return False, "WaitingForArtifact", f"no replicas until {given.target.name} is compiled"
+    if spec.replicas == 0:
+        return True, "ScaledToZero", "0 replicas requested"
+    if deployment.ready > 0:
+        return True, "MinimumReplicasAvailable", f"{deployment.ready}/{spec.replicas} replicas ready"
+    if given.unschedulable:
+        return False, "InsufficientNeuronCapacity", given.unschedulable[0]
+    return False, "NoReplicasReady", f"0/{spec.replicas} replicas ready"
+
+
+def _ready_condition(given: ServiceStatusInput) -> tuple[bool, str, str]:
+    target, deployment, spec = given.target, given.deployment, given.spec
+    serving = deployment.artifact_hash if deployment is not None and deployment.ready > 0 else None
+    if target.phase == "Failed":
+        failure = f"compile of {target.name} failed: {target.reason}: {target.message}"
+        if serving is not None and serving != target.hash:
+            return False, "BlockedByFailedCompile", f"{failure}; revision {serving} keeps serving"
+        return False, "CompileFailed", failure
+    if target.phase != "Ready":
+        if serving is not None and serving != target.hash:
+            return False, "Compiling", f"{target.name} is compiling; revision {serving} keeps serving"
+        return False, "Compiling", f"{target.name} is compiling"
+    if given.unschedulable:
+        return False, "InsufficientNeuronCapacity", given.unschedulable[0]
+    if (
+        deployment is not None
+        and deployment.rolled_out
+        and deployment.artifact_hash == target.hash
+        and deployment.replicas == spec.replicas
+        and deployment.ready >= spec.replicas
+    ):
+        return True, "Ready", f"{spec.replicas}/{spec.replicas} replicas ready at revision {target.hash}"
+    updated = deployment.updated if deployment is not None and deployment.artifact_hash == target.hash else 0
+    ready = deployment.ready if deployment is not None else 0
+    return False, "RollingOut", f"{updated}/{spec.replicas} replicas at revision {target.hash}, {ready} ready"
+
+
+_PHASES: dict[str, api.ServicePhase] = {
+    "Ready": "Ready",
+    "Compiling": "Compiling",
+    "CompileFailed": "CompileFailed",
+    "BlockedByFailedCompile": "Blocked",
+    "InsufficientNeuronCapacity": "Unschedulable",
+    "RollingOut": "RollingOut",
+}
+
+
+def service_status(
+    given: ServiceStatusInput, previous: api.NeuronInferenceServiceStatus, at: datetime.datetime
+) -> tuple[api.NeuronInferenceServiceStatus, list[Event]]:
+    """The status of a valid service, and the events its transitions call for."""
+    generation = given.generation
+    ready = _ready_condition(given)
+    updates = [
+        condition(VALIDATED, True, "Valid", "the spec passed validation", generation, at),
+        condition(ARTIFACT_READY, *_artifact_condition(given.target), generation, at),
+        condition(AVAILABLE, *_available_condition(given), generation, at),
+        condition(READY, *ready, generation, at),
+    ]
+    conditions = merge_conditions(previous.conditions, updates)
+    deployment = given.deployment
+    status = api.NeuronInferenceServiceStatus(
+        phase=_PHASES[ready[1]],
+        conditions=conditions,
+        observed_generation=generation,
+        artifact=api.ArtifactStatusRef(name=given.target.name, hash=given.target.hash, phase=given.target.phase),
+        replicas=deployment.total if deployment else 0,
+        ready_replicas=deployment.ready if deployment else 0,
+        updated_replicas=deployment.updated if deployment and deployment.artifact_hash == given.target.hash else 0,
+        current_revision=given.decision.current_revision,
+        target_revision=given.target.hash,
+        selector=",".join(f"{k}={v}" for k, v in plan.service_labels(given.name).items()),
+    )
+    return status, transitions(previous.conditions, conditions)
+
+
+def invalid_status(
+    message: str,
+    reason: str,
+    generation: int,
+    previous: api.NeuronInferenceServiceStatus,
+    at: datetime.datetime,
+) -> tuple[api.NeuronInferenceServiceStatus, list[Event]]:
+    """Validated=False with the exact validation message; what serves (if anything) is left alone."""
+    updates = [
+        condition(VALIDATED, False, reason, message, generation, at),
+        condition(READY, False, reason, message, generation, at),
+    ]
+    conditions = merge_conditions(previous.conditions, updates)
+    status = previous.model_copy(
+        update={"phase": "Invalid", "conditions": conditions, "observed_generation": generation}
+    )
+    return status, transitions(previous.conditions, conditions)
+
+
+def unschedulable_messages(pods: list[Obj]) -> tuple[str, ...]:
+    """The scheduler's reasons for serving pods it cannot place (not enough Neuron devices or nodes)."""
+    messages = []
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        for c in pod.get("status", {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                messages.append(f"pod {pod['metadata']['name']} unschedulable: {c.get('message', '')}".strip())
+    return tuple(sorted(messages))

@@ -1,0 +1,223 @@
+"""A thin, dict-in dict-out Kubernetes client over the official client's transport.
+
+The plan builds plain dicts; this sends them as they are (including server-side
+apply) and returns plain dicts, so no model classes stand between the plan and
+the API server. Authentication and TLS are the official client's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+
+from neuronfleet.operator import api
+from neuronfleet.operator.plan import FIELD_MANAGER
+from neuronfleet.operator.status import Event
+
+Obj = dict[str, Any]
+
+log = logging.getLogger(__name__)
+
+#: Seconds to wait for one API request.
+REQUEST_TIMEOUT = 30
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A namespaced API resource."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        """``group/version``, or ``v1`` for the core group."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        """The REST path of a collection (all namespaces for ``None``), or of one object (and a subresource)."""
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}" if namespace is not None else f"{root}/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+        if subresource is not None:
+            path += f"/{subresource}"
+        return path
+
+
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
+SERVICES = Resource("", "v1", "services", "Service")
+PODS = Resource("", "v1", "pods", "Pod")
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+JOBS = Resource("batch", "v1", "jobs", "Job")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
+SERVICES_NIS = Resource(api.GROUP, api.VERSION, "neuroninferenceservices", "NeuronInferenceService")
+ARTIFACTS = Resource(api.GROUP, api.VERSION, "neuroncompiledartifacts", "NeuronCompiledArtifact")
+
+BY_KIND = {r.kind: r for r in (CONFIGMAPS, SERVICES, PODS, DEPLOYMENTS, JOBS, PDBS, SERVICES_NIS, ARTIFACTS)}
+
+
+class ApiError(Exception):
+    """A request the API server refused."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+NOT_FOUND, CONFLICT = 404, 409
+
+
+class Kube:
+    """Requests to one API server, as plain dicts."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self._client = client
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Obj | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        """One request; raises :class:`ApiError` unless it succeeds."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        method, url, headers, payload, _ = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._client.call_api(
+                method, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT
+            )
+        except kubernetes.client.ApiException as error:
+            raise _api_error(int(error.status or 0), error.body) from None
+        data: bytes = response.read()
+        if not 200 <= response.status <= 299:
+            raise _api_error(response.status, data)
+        return json.loads(data) if data else {}
+
+    def get(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        """The object, or ``None`` when it does not exist."""
+        try:
+            return self.request("GET", resource.path(namespace, name))
+        except ApiError as error:
+            if error.status == NOT_FOUND:
+                return None
+            raise
+
+    def list(self, resource: Resource, namespace: str | None, labels: str | None = None) -> list[Obj]:
+        """Objects in a namespace (all for ``None``), optionally by label selector."""
+        query = [("labelSelector", labels)] if labels else []
+        items: list[Obj] = self.request("GET", resource.path(namespace), query=query).get("items", [])
+        return items
+
+    def create(self, body: Obj) -> Obj:
+        """Create an object; :class:`ApiError` 409 when it exists."""
+        resource = BY_KIND[body["kind"]]
+        return self.request("POST", resource.path(body["metadata"]["namespace"]), body=body)
+
+    def apply(self, body: Obj) -> Obj:
+        """Server-side apply as the operator's field manager: the same intent twice changes nothing."""
+        resource = BY_KIND[body["kind"]]
+        meta = body["metadata"]
+        return self.request(
+            "PATCH",
+            resource.path(meta["namespace"], meta["name"]),
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
+    def merge_patch(
+        self, resource: Resource, namespace: str, name: str, patch: Obj, subresource: str | None = None
+    ) -> Obj:
+        """A JSON merge patch (with ``metadata.resourceVersion`` in it, an optimistic-locked one)."""
+        return self.request(
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+
+    def delete(self, resource: Resource, namespace: str, name: str) -> bool:
+        """Delete with background propagation; ``False`` when it was already gone."""
+        try:
+            self.request(
+                "DELETE",
+                resource.path(namespace, name),
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
+            )
+        except ApiError as error:
+            if error.status == NOT_FOUND:
+                return False
+            raise
+        return True
+
+
+class EventRecorder:
+    """Posts core/v1 Events (what ``kubectl describe`` shows); best effort, never raises."""
+
+    def __init__(self, kube: Kube, component: str = FIELD_MANAGER) -> None:
+        self.kube = kube
+        self.component = component
+        self.instance = socket.gethostname()
+
+    def __call__(self, body: Obj, event: Event) -> None:
+        """Record ``event`` (type, reason, message) about ``body``."""
+        meta = body["metadata"]
+        at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        record = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance,
+            "firstTimestamp": at,
+            "lastTimestamp": at,
+            "count": 1,
+        }
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=record)
+        except ApiError as error:
+            log.warning("could not post event %s on %s/%s: %s", event.reason, meta["namespace"], meta["name"], error)
+
+
+def _api_error(status: int, data: str | bytes | None) -> ApiError:
+    try:
+        parsed = json.loads(data or b"{}")
+    except ValueError:
+        parsed = {}
+    if not isinstance(parsed, dict):
+        parsed = {}
+    return ApiError(status, str(parsed.get("reason", "")), str(parsed.get("message", data or "")))

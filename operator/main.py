@@ -1,0 +1,144 @@
+"""``neuronfleet-operator``: run the operator, or write its CRDs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import kopf
+import kubernetes
+import typer
+from rich.console import Console
+
+from neuronfleet.operator import crdgen
+from neuronfleet.operator.handlers import build_registry
+from neuronfleet.operator.kube import EventRecorder, Kube
+from neuronfleet.operator.reconcile import Reconciler
+
+#: Exit status for bad input (a missing kubeconfig, CRDs out of date).
+EXIT_INVALID = 2
+
+app = typer.Typer(help="The neuronfleet Kubernetes operator.", no_args_is_help=True, pretty_exceptions_enable=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Print one line to stderr and exit with the invalid-input status."""
+    err.print(f"error: {message}", markup=False)
+    raise typer.Exit(EXIT_INVALID)
+
+
+def load_configuration(kubeconfig: Path | None) -> kubernetes.client.Configuration:
+    """Client configuration: the given kubeconfig, else in-cluster, else ``$KUBECONFIG``/``~/.kube/config``."""
+    configuration = kubernetes.client.Configuration()
+    if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    else:
+        kubernetes.config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig is not None else None, client_configuration=configuration
+        )
+    return configuration
+
+
+def connection_info(configuration: kubernetes.client.Configuration) -> kopf.ConnectionInfo:
+    """The same credentials for kopf's watches as for the reconciler's requests."""
+    header = configuration.get_api_key_with_prefix("BearerToken") or configuration.get_api_key_with_prefix(
+        "authorization"
+    )
+    scheme, token = None, None
+    if header:
+        parts = header.split(" ", 1)
+        scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+async def operate(
+    configuration: kubernetes.client.Configuration,
+    namespaces: Sequence[str] | None,
+    *,
+    resync_seconds: float = 60.0,
+    liveness: str | None = None,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+) -> None:
+    """Run the operator until ``stop_flag`` is set (or a signal, in the main thread)."""
+    kube = Kube(kubernetes.client.ApiClient(configuration))
+    reconciler = Reconciler(kube, EventRecorder(kube))
+    registry = build_registry(reconciler, namespaces, resync_seconds)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(configuration)
+
+    await kopf.operator(
+        registry=registry,
+        standalone=True,
+        clusterwide=namespaces is None,
+        namespaces=list(namespaces or ()),
+        liveness_endpoint=liveness,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+@app.command()
+def run(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch this namespace (repeatable). Default: all namespaces."),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="Kubeconfig file. Default: in-cluster, else $KUBECONFIG.", show_default=False)
+    ] = None,
+    liveness: Annotated[
+        str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.", show_default=False)
+    ] = None,
+    resync_seconds: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 60.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Run the operator."""
+    if kubeconfig is not None and not kubeconfig.is_file():
+        fail(f"kubeconfig {kubeconfig} does not exist")
+    try:
+        configuration = load_configuration(kubeconfig)
+    except kubernetes.config.ConfigException as error:
+        fail(f"cannot load Kubernetes credentials: {error}")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(operate(configuration, namespace or None, resync_seconds=resync_seconds, liveness=liveness))
+
+
+@app.command()
+def crds(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Directory to write the CRDs into.")] = Path("crds"),
+    check: Annotated[bool, typer.Option(help="Write nothing; exit 2 if the files differ from the models.")] = False,
+) -> None:
+    """Write the CustomResourceDefinitions generated from the API models."""
+    stale = []
+    for name, text in crdgen.files().items():
+        path = output / name
+        current = path.read_text() if path.is_file() else None
+        if current == text:
+            continue
+        stale.append(str(path))
+        if not check:
+            output.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if check and stale:
+        fail(f"out of date (run `neuronfleet-operator crds`): {', '.join(stale)}")
+    for written in stale:
+        out.print(f"wrote {written}")

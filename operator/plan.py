@@ -1,0 +1,489 @@
+"""Pure planning: a spec in, the Kubernetes objects it wants out.
+
+Nothing here talks to the API server. Every object is built whole, with a
+deterministic name, so applying it twice changes nothing and a restarted
+operator builds the same objects again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.operator import api
+from neuronfleet.operator.instances import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
+
+Obj = dict[str, Any]
+
+LABEL_SERVICE = "neuronfleet.io/service"
+LABEL_ARTIFACT = "neuronfleet.io/artifact"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "neuronfleet-operator"}
+#: The field manager of the operator's server-side applies.
+FIELD_MANAGER = "neuronfleet-operator"
+
+CONFIG_DIR = "/etc/neuronfleet"
+ENGINE_FILE = "engine.yaml"
+STORE_MOUNT = "/var/lib/neuronfleet/artifacts"
+HTTP_PORT = 8000
+ENGINE_COMMAND = "neuronfleet-engine"
+CONFIG_HASH_LENGTH = 10
+CONFIG_VOLUME = "config"
+#: Non-root user and group of the engine image.
+RUN_AS = 1000
+
+
+@dataclass(frozen=True)
+class Owner:
+    """An object that owns others: enough to write an owner reference."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def reference(self, *, controller: bool = True) -> Obj:
+        """The owner reference; a controller reference unless several owners share the dependent."""
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": controller,
+            "blockOwnerDeletion": controller,
+        }
+
+    @classmethod
+    def of(cls, body: Obj) -> Owner:
+        """The owner described by an object read from the API server."""
+        meta = body["metadata"]
+        return cls(body["apiVersion"], body["kind"], meta["name"], meta["uid"])
+
+
+def _slug(text: str, limit: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
+    return slug if slug and slug[0].isalpha() else f"m-{slug}".strip("-")[:limit]
+
+
+def artifact_name(identity: CompileIdentity) -> str:
+    """``<model>-<hash>``: readable, unique per identity, short enough for the Job's name."""
+    model = identity.model.uri.rstrip("/").rsplit("/", 1)[-1]
+    return f"{_slug(model, 30)}-{identity.hash()}"
+
+
+def compile_job_name(artifact: str) -> str:
+    """The one compile Job of an artifact."""
+    return f"{artifact}-compile"
+
+
+def engine_configmap_name(service: str, engine: EngineConfig) -> str:
+    """Named by content: a changed configuration is a new ConfigMap, so the pods roll, and old pods
+    keep theirs during the rollout (serving-only settings, such as scheduler options, share an artifact)."""
+    digest = hashlib.sha256(engine_yaml(engine).encode()).hexdigest()[:CONFIG_HASH_LENGTH]
+    return f"{service}-engine-{digest}"
+
+
+def service_labels(service: str) -> dict[str, str]:
+    """Labels on every object a service owns; the serving pods' selector."""
+    return {LABEL_SERVICE: service}
+
+
+def serving_labels(service: str, artifact_hash: str) -> dict[str, str]:
+    """Labels of serving pods: pinned to the artifact they load."""
+    return {
+        "app.kubernetes.io/name": "neuronfleet-engine",
+        "app.kubernetes.io/instance": service,
+        LABEL_COMPONENT: "serving",
+        **MANAGED_BY,
+        **service_labels(service),
+        LABEL_ARTIFACT: artifact_hash,
+    }
+
+
+def artifact_labels(artifact_hash: str) -> dict[str, str]:
+    """Labels of an artifact and its compile objects."""
+    return {
+        "app.kubernetes.io/name": "neuronfleet-compile",
+        LABEL_COMPONENT: "compile",
+        **MANAGED_BY,
+        LABEL_ARTIFACT: artifact_hash,
+    }
+
+
+def served_engine(engine: EngineConfig) -> EngineConfig:
+    """The engine configuration with its bucket sets written out, as compiled."""
+    return engine.model_copy(
+        update={
+            NUM_BATCHED_TOKENS_BUCKETS: engine.effective_num_batched_tokens_buckets,
+            NUM_SEQS_BUCKETS: engine.effective_num_seqs_buckets,
+        }
+    )
+
+
+def engine_yaml(engine: EngineConfig) -> str:
+    """``engine.yaml`` as mounted into compile and serving pods."""
+    return yaml.safe_dump(served_engine(engine).model_dump(mode="json"), sort_keys=False)
+
+
+# Store
+
+
+def store_path(settings: api.CompileSettings) -> str:
+    """The store root as pods see it: the mounted claim's directory, or the S3 prefix."""
+    if settings.store_kind == "s3":
+        return settings.artifact_store.rstrip("/")
+    return f"{STORE_MOUNT}/{settings.store_subpath}".rstrip("/")
+
+
+def store_location(settings: api.CompileSettings, artifact_hash: str) -> str:
+    """Where one artifact lives, as a URI (for status)."""
+    return f"{settings.artifact_store.rstrip('/')}/{artifact_hash}"
+
+
+def _store_volume(settings: api.CompileSettings, *, read_only: bool) -> tuple[list[Obj], list[Obj]]:
+    """Volumes and mounts for a ``pvc://`` store; none for S3."""
+    if settings.store_claim is None:
+        return [], []
+    volume = {
+        "name": "artifacts",
+        "persistentVolumeClaim": {"claimName": settings.store_claim, "readOnly": read_only},
+    }
+    mount = {"name": "artifacts", "mountPath": STORE_MOUNT, "readOnly": read_only}
+    return [volume], [mount]
+
+
+def _pod_security() -> Obj:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> Obj:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _pod_metadata(labels: dict[str, str], annotations: dict[str, str]) -> Obj:
+    meta: Obj = {"labels": labels}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def _config_volume(configmap: str) -> tuple[Obj, Obj]:
+    return (
+        {"name": CONFIG_VOLUME, "configMap": {"name": configmap}},
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+    )
+
+
+# Artifact and compile Job
+
+
+def artifact(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec) -> Obj:
+    """The NeuronCompiledArtifact a service needs, owned (not controlled) by it: services share it."""
+    identity = spec.identity()
+    artifact_spec = api.NeuronCompiledArtifactSpec(
+        model=identity.model,
+        engine=identity.engine,
+        target=identity.target,
+        image=identity.image,
+        compile=spec.compile,
+    )
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "NeuronCompiledArtifact",
+        "metadata": {
+            "name": artifact_name(identity),
+            "namespace": namespace,
+            "labels": artifact_labels(identity.hash()),
+            "ownerReferences": [owner.reference(controller=False)],
+        },
+        "spec": artifact_spec.model_dump(mode="json", exclude_none=True),
+    }
+
+
+def artifact_configmap(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSpec) -> Obj:
+    """The engine configuration the compile Job reads."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": owner.name,
+            "namespace": namespace,
+            "labels": artifact_labels(spec.hash()),
+            "ownerReferences": [owner.reference()],
+        },
+        "data": {ENGINE_FILE: engine_yaml(spec.engine)},
+    }
+
+
+def compile_args(spec: api.NeuronCompiledArtifactSpec) -> list[str]:
+    """The engine's compile command: it recomputes the hash and refuses a mismatch."""
+    return [
+        "compile",
+        "--config",
+        f"{CONFIG_DIR}/{ENGINE_FILE}",
+        "--model",
+        spec.model.uri,
+        "--revision",
+        spec.model.revision,
+        "--target",
+        spec.target,
+        "--engine-image",
+        spec.image,
+        "--artifact-store",
+        store_path(spec.compile),
+        "--artifact-hash",
+        spec.hash(),
+    ]
+
+
+def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSpec) -> Obj:
+    """The artifact's one compile Job: on CPU nodes, with a deadline and retries."""
+    settings = spec.compile
+    labels = artifact_labels(spec.hash())
+    config_volume, config_mount = _config_volume(owner.name)
+    store_volumes, store_mounts = _store_volume(settings, read_only=False)
+    resources = {"cpu": settings.resources.cpu, "memory": settings.resources.memory}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": compile_job_name(owner.name),
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "backoffLimit": settings.backoff_limit,
+            "activeDeadlineSeconds": settings.timeout_seconds,
+            "template": {
+                "metadata": _pod_metadata(labels, settings.pod_annotations),
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "nodeSelector": dict(settings.node_selector),
+                    "tolerations": [t.model_dump(mode="json", exclude_none=True) for t in settings.tolerations],
+                    "securityContext": _pod_security(),
+                    "containers": [
+                        {
+                            "name": "compile",
+                            "image": spec.image,
+                            "command": [ENGINE_COMMAND],
+                            "args": compile_args(spec),
+                            "env": [{"name": "HOME", "value": "/tmp"}],
+                            "resources": {"requests": resources, "limits": resources},
+                            "securityContext": _container_security(),
+                            # The compiler's last lines become the artifact's failure message.
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
+                            "volumeMounts": [config_mount, *store_mounts, {"name": "tmp", "mountPath": "/tmp"}],
+                        }
+                    ],
+                    "volumes": [config_volume, *store_volumes, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+# Serving objects
+
+
+@dataclass(frozen=True)
+class ServedArtifact:
+    """The artifact serving pods load: its hash and the store it was compiled into."""
+
+    name: str
+    hash: str
+    store: api.CompileSettings
+
+
+def engine_configmap(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, artifact_hash: str) -> Obj:
+    """The engine configuration serving pods mount."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": engine_configmap_name(owner.name, spec.engine),
+            "namespace": namespace,
+            "labels": {**service_labels(owner.name), LABEL_ARTIFACT: artifact_hash, **MANAGED_BY},
+            "ownerReferences": [owner.reference()],
+        },
+        "data": {ENGINE_FILE: engine_yaml(spec.engine)},
+    }
+
+
+def serve_args(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> list[str]:
+    """The engine's serve command, pinned to one artifact."""
+    return [
+        "serve",
+        "--config",
+        f"{CONFIG_DIR}/{ENGINE_FILE}",
+        "--model",
+        spec.model.uri,
+        "--revision",
+        spec.model.revision,
+        "--artifact-store",
+        store_path(served.store),
+        "--artifact-hash",
+        served.hash,
+        "--port",
+        str(HTTP_PORT),
+        "--drain-timeout",
+        str(spec.drain.drain_timeout_seconds),
+    ]
+
+
+def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
+    period = 10
+    return {
+        # Loading weights and NEFFs takes minutes: the startup probe holds the others off until then.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": -(-spec.rollout.startup_timeout_seconds // period),
+        },
+        # Model-aware readiness: the model is listed only once it is loaded.
+        "readinessProbe": {
+            "httpGet": {"path": "/v1/models", "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 15,
+            "timeoutSeconds": 5,
+            "failureThreshold": 4,
+        },
+    }
+
+
+def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> Obj:
+    """The serving Deployment: Neuron nodes, pinned to one artifact, surge-first, draining on stop."""
+    devices = str(spec.neuron_devices)
+    requests: Obj = {NEURON_DEVICE_RESOURCE: devices}
+    limits: Obj = {NEURON_DEVICE_RESOURCE: devices}
+    if spec.resources.cpu is not None:
+        requests["cpu"] = spec.resources.cpu
+    if spec.resources.memory is not None:
+        requests["memory"] = limits["memory"] = spec.resources.memory
+    config_volume, config_mount = _config_volume(engine_configmap_name(owner.name, spec.engine))
+    store_volumes, store_mounts = _store_volume(served.store, read_only=True)
+    container: Obj = {
+        "name": "engine",
+        "image": spec.image,
+        "command": [ENGINE_COMMAND],
+        "args": serve_args(spec, served),
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "NEURONFLEET_ARTIFACT_HASH", "value": served.hash},
+        ],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "resources": {"requests": requests, "limits": limits},
+        **_probes(spec),
+        "securityContext": _container_security(),
+        "volumeMounts": [config_mount, *store_mounts, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if spec.drain.pre_stop_seconds:
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": spec.drain.pre_stop_seconds}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": owner.name,
+            "namespace": namespace,
+            "labels": {**service_labels(owner.name), **MANAGED_BY},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": service_labels(owner.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxSurge": spec.rollout.max_surge,
+                    "maxUnavailable": spec.rollout.max_unavailable,
+                },
+            },
+            "progressDeadlineSeconds": spec.rollout.startup_timeout_seconds + 600,
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": _pod_metadata(serving_labels(owner.name, served.hash), spec.pod_annotations),
+                "spec": {
+                    "nodeSelector": {INSTANCE_TYPE_LABEL: spec.instance_type},
+                    "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    "terminationGracePeriodSeconds": spec.drain.grace_seconds,
+                    "automountServiceAccountToken": False,
+                    "securityContext": _pod_security(),
+                    "containers": [container],
+                    "volumes": [config_volume, *store_volumes, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def service(owner: Owner, namespace: str) -> Obj:
+    """The Service in front of the ready serving pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": owner.name,
+            "namespace": namespace,
+            "labels": {**service_labels(owner.name), **MANAGED_BY},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "selector": service_labels(owner.name),
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def disruption_budget(owner: Owner, namespace: str) -> Obj:
+    """Voluntary evictions (node drains) take one replica at a time; stuck unready pods never block them."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": owner.name,
+            "namespace": namespace,
+            "labels": {**service_labels(owner.name), **MANAGED_BY},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": service_labels(owner.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def serving_objects(
+    owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact
+) -> list[Obj]:
+    """Everything a service serves with, in apply order (the config before the pods that mount it)."""
+    return [
+        engine_configmap(owner, namespace, spec, served.hash),
+        deployment(owner, namespace, spec, served),
+        service(owner, namespace),
+        disruption_budget(owner, namespace),
+    ]

@@ -1,0 +1,331 @@
+"""Level-triggered reconciliation: read, plan, apply, write status. The only I/O besides kopf.
+
+Both reconcilers start from what is in the cluster now, not from the event that
+woke them, so any trigger (a spec change, a child's event, a restart, the
+periodic resync) converges to the same state, and running one twice does nothing
+the second time: children are server-side applied or created under
+deterministic names, and status is written only when it changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from neuronfleet.operator import api, decide, plan
+from neuronfleet.operator.kube import (
+    ARTIFACTS,
+    CONFIGMAPS,
+    CONFLICT,
+    DEPLOYMENTS,
+    JOBS,
+    PODS,
+    SERVICES_NIS,
+    ApiError,
+    Kube,
+    Resource,
+)
+from neuronfleet.operator.status import Event, artifact_status, now
+
+Obj = dict[str, Any]
+M = TypeVar("M", bound=api.K8sModel)
+Emit = Callable[[Obj, Event], None]
+
+log = logging.getLogger(__name__)
+
+#: Label the Job controller puts on a Job's pods.
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+#: Optimistic-concurrency retries for ownerReference updates racing another service.
+CONFLICT_RETRIES = 5
+
+
+class RetryLater(Exception):
+    """The cluster is mid-change (e.g. an object is being deleted); try again."""
+
+
+class Reconciler:
+    """Reconciles services and artifacts; safe to call from many threads."""
+
+    def __init__(self, kube: Kube, emit: Emit) -> None:
+        self.kube = kube
+        self.emit = emit
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[str, str, str], threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def _locked(self, kind: str, namespace: str, name: str) -> Iterator[None]:
+        # One reconcile per object at a time: triggers from several watches may overlap.
+        with self._guard:
+            lock = self._locks.setdefault((kind, namespace, name), threading.Lock())
+        with lock:
+            yield
+
+    # Services
+
+    def reconcile_service(self, namespace: str, name: str) -> None:
+        """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
+        with self._locked("service", namespace, name):
+            body = self.kube.get(SERVICES_NIS, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            self._reconcile_service(body)
+
+    def _reconcile_service(self, body: Obj) -> None:
+        meta = body["metadata"]
+        namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation", 1))
+        previous = _previous(api.NeuronInferenceServiceStatus, body)
+        try:
+            spec = api.parse_service_spec(body.get("spec") or {})
+        except ValidationError as error:
+            reason = "InvalidBuckets" if api.is_bucket_error(error) else "InvalidSpec"
+            status, events = decide.invalid_status(api.describe_errors(error), reason, generation, previous, now())
+            self._write_status(SERVICES_NIS, body, status, events)
+            return
+        owner = plan.Owner.of(body)
+        identity = spec.identity()
+        artifact_body = self._ensure_artifact(body, plan.artifact(owner, namespace, spec))
+        target = decide.ArtifactView.of(artifact_body, identity.hash())
+        deployment_body = self.kube.get(DEPLOYMENTS, namespace, name)
+        deployment = decide.DeploymentView.of(deployment_body) if deployment_body else None
+        decision = decide.decide(target, deployment, previous.current_revision)
+
+        keep_configmaps = set(decision.keep_configmaps)
+        if decision.serve is decide.Serve.TARGET:
+            served = plan.ServedArtifact(
+                target.name, target.hash, api.parse_artifact_spec(artifact_body["spec"]).compile
+            )
+            for obj in plan.serving_objects(owner, namespace, spec, served):
+                applied = self.kube.apply(obj)
+                if obj["kind"] == "Deployment":
+                    deployment_body = applied
+                elif obj["kind"] == "ConfigMap":
+                    keep_configmaps.add(obj["metadata"]["name"])
+        elif decision.serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.replicas:
+            # The serving revision's template stays as it is until the new artifact is Ready.
+            deployment_body = self.kube.merge_patch(DEPLOYMENTS, namespace, name, {"spec": {"replicas": spec.replicas}})
+        if deployment_body is not None:
+            deployment = decide.DeploymentView.of(deployment_body)
+
+        if decision.keep is not None:
+            self._release(body, decision.keep, keep_configmaps)
+        pods = self.kube.list(PODS, namespace, f"{plan.LABEL_SERVICE}={name}") if deployment is not None else []
+        given = decide.ServiceStatusInput(
+            name=name,
+            generation=generation,
+            spec=spec,
+            target=target,
+            deployment=deployment,
+            unschedulable=decide.unschedulable_messages(pods),
+            decision=decision,
+        )
+        status, events = decide.service_status(given, previous, now())
+        self._write_status(SERVICES_NIS, body, status, events)
+
+    def forget_service(self, service: Obj) -> None:
+        """A deleted service's claims on artifacts, dropped now (the garbage collector would, later)."""
+        meta = service["metadata"]
+        with self._locked("service", meta["namespace"], meta["name"]):
+            # By owner uid only: a new service of the same name keeps its ConfigMaps (the GC takes the old ones).
+            self._release(service, frozenset(), frozenset(), deleted=True)
+
+    def _ensure_artifact(self, service: Obj, desired: Obj) -> Obj:
+        """The artifact, created or with this service added to its owners (services share it)."""
+        namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+        uid = service["metadata"]["uid"]
+        for _ in range(CONFLICT_RETRIES):
+            existing = self.kube.get(ARTIFACTS, namespace, name)
+            if existing is None:
+                try:
+                    created = self.kube.create(desired)
+                except ApiError as error:
+                    if error.status == CONFLICT:
+                        continue
+                    raise
+                self.emit(service, Event("Normal", "ArtifactCreated", f"created {name} to compile"))
+                return created
+            if existing["metadata"].get("deletionTimestamp"):
+                raise RetryLater(f"{name} is being deleted")
+            refs = existing["metadata"].get("ownerReferences") or []
+            if any(ref.get("uid") == uid for ref in refs):
+                return existing
+            patch = {
+                "metadata": {
+                    "resourceVersion": existing["metadata"]["resourceVersion"],
+                    "ownerReferences": [*refs, *desired["metadata"]["ownerReferences"]],
+                }
+            }
+            try:
+                shared = self.kube.merge_patch(ARTIFACTS, namespace, name, patch)
+            except ApiError as error:
+                if error.status == CONFLICT:
+                    continue
+                raise
+            self.emit(service, Event("Normal", "ArtifactShared", f"using existing artifact {name}"))
+            return shared
+        raise RetryLater(f"{name} kept changing under concurrent updates")
+
+    def _release(
+        self, service: Obj, keep: frozenset[str], keep_configmaps: Collection[str], *, deleted: bool = False
+    ) -> None:
+        """Drop this service's claim on artifacts (and engine ConfigMaps) it no longer needs.
+
+        An artifact no service owns any more is deleted; its files stay in the store,
+        so compiling the same identity again finds them.
+        """
+        meta = service["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        for artifact in self.kube.list(ARTIFACTS, namespace):
+            art_meta = artifact["metadata"]
+            refs = art_meta.get("ownerReferences") or []
+            if (art_meta.get("labels") or {}).get(plan.LABEL_ARTIFACT) in keep or all(
+                r.get("uid") != uid for r in refs
+            ):
+                continue
+            remaining = [r for r in refs if r.get("uid") != uid]
+            try:
+                if remaining:
+                    patch = {"metadata": {"resourceVersion": art_meta["resourceVersion"], "ownerReferences": remaining}}
+                    self.kube.merge_patch(ARTIFACTS, namespace, art_meta["name"], patch)
+                    event = Event("Normal", "ArtifactReleased", f"no longer uses {art_meta['name']}")
+                else:
+                    self._delete_unowned(artifact)
+                    event = Event("Normal", "ArtifactDeleted", f"deleted {art_meta['name']}: no service uses it")
+                if not deleted:
+                    self.emit(service, event)
+            except ApiError as error:
+                if error.status != CONFLICT:
+                    raise
+                log.info(
+                    "artifact %s/%s changed while releasing it; the next pass retries", namespace, art_meta["name"]
+                )
+        if deleted:
+            return
+        for configmap in self.kube.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}={name}"):
+            if configmap["metadata"]["name"] not in keep_configmaps:
+                self.kube.delete(CONFIGMAPS, namespace, configmap["metadata"]["name"])
+
+    def _delete_unowned(self, artifact: Obj) -> None:
+        # The precondition fails (409) if another service claimed it meanwhile.
+        meta = artifact["metadata"]
+        self.kube.request(
+            "DELETE",
+            ARTIFACTS.path(meta["namespace"], meta["name"]),
+            body={
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Background",
+                "preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]},
+            },
+        )
+
+    # Artifacts
+
+    def reconcile_artifact(self, namespace: str, name: str) -> None:
+        """Run an artifact's compile Job once and mirror it into the artifact's status; tell its services."""
+        with self._locked("artifact", namespace, name):
+            body = self.kube.get(ARTIFACTS, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            changed = self._reconcile_artifact(body)
+        if changed:
+            self.notify_owners(body)
+
+    def _reconcile_artifact(self, body: Obj) -> bool:
+        meta = body["metadata"]
+        namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation", 1))
+        previous = _previous(api.NeuronCompiledArtifactStatus, body)
+        try:
+            spec = api.parse_artifact_spec(body.get("spec") or {})
+        except ValidationError as error:
+            status = api.NeuronCompiledArtifactStatus(
+                phase="Failed", reason="InvalidSpec", message=api.describe_errors(error), observed_generation=generation
+            )
+            return self._write_status(ARTIFACTS, body, status, self._artifact_events(previous, status))
+        owner = plan.Owner.of(body)
+        self.kube.apply(plan.artifact_configmap(owner, namespace, spec))
+        job_name = plan.compile_job_name(name)
+        job = self.kube.get(JOBS, namespace, job_name)
+        if job is not None and job["metadata"].get("deletionTimestamp"):
+            return False  # a retry was asked for: its deletion event brings us back
+        if job is None and previous.phase != "Ready":
+            try:
+                job = self.kube.create(plan.compile_job(owner, namespace, spec))
+            except ApiError as error:
+                if error.status != CONFLICT:
+                    raise
+                job = self.kube.get(JOBS, namespace, job_name)
+            else:
+                self.emit(body, Event("Normal", "CompileStarted", f"started compile Job {job_name}"))
+        pods = self.kube.list(PODS, namespace, f"{JOB_NAME_LABEL}={job_name}") if job is not None else []
+        status = artifact_status(spec, job, pods, previous, generation)
+        return self._write_status(ARTIFACTS, body, status, self._artifact_events(previous, status))
+
+    @staticmethod
+    def _artifact_events(
+        previous: api.NeuronCompiledArtifactStatus, status: api.NeuronCompiledArtifactStatus
+    ) -> list[Event]:
+        if previous.phase == status.phase and previous.observed_generation is not None:
+            return []
+        if status.phase == "Failed":
+            return [Event("Warning", "CompileFailed", f"{status.reason}: {status.message}")]
+        reason = {"Ready": "Compiled", "Compiling": "Compiling", "Pending": "Pending"}[status.phase]
+        return [Event("Normal", reason, status.message or status.reason or status.phase)]
+
+    def notify_owners(self, artifact: Obj) -> None:
+        """Reconcile the services that use an artifact (after it changed or went away)."""
+        namespace = artifact["metadata"]["namespace"]
+        for ref in artifact["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") == SERVICES_NIS.kind:
+                self.reconcile_service(namespace, ref["name"])
+
+    # Shared
+
+    def _write_status(self, resource: Resource, body: Obj, status: api.K8sModel, events: Sequence[Event]) -> bool:
+        """Write status if it changed (so the operator's own writes settle), then post the events."""
+        new = status.model_dump(mode="json", exclude_none=True)
+        old = body.get("status") or {}
+        changed = new != old
+        if changed:
+            patch = {**{key: None for key in old if key not in new}, **new}
+            meta = body["metadata"]
+            self.kube.merge_patch(resource, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
+        for event in events:
+            self.emit(body, event)
+        return changed
+
+    def resync(self, namespaces: Sequence[str] | None) -> int:
+        """Reconcile everything in ``namespaces`` (all when ``None``): the safety net behind the watches.
+
+        Returns how many objects it reconciled.
+        """
+        count = 0
+        for namespace in namespaces if namespaces is not None else [None]:
+            for artifact in self.kube.list(ARTIFACTS, namespace):
+                meta = artifact["metadata"]
+                count += self._safely(self.reconcile_artifact, meta["namespace"], meta["name"])
+            for service in self.kube.list(SERVICES_NIS, namespace):
+                meta = service["metadata"]
+                count += self._safely(self.reconcile_service, meta["namespace"], meta["name"])
+        return count
+
+    @staticmethod
+    def _safely(reconcile: Callable[[str, str], None], namespace: str, name: str) -> int:
+        try:
+            reconcile(namespace, name)
+        except (ApiError, RetryLater) as error:
+            log.warning("resync of %s/%s failed, retried next pass: %s", namespace, name, error)
+            return 0
+        return 1
+
+
+def _previous(model: type[M], body: Obj) -> M:
+    """The status last written, or an empty one if it is missing or unreadable."""
+    try:
+        return model.model_validate(body.get("status") or {})
+    except ValidationError:
+        return model.model_validate({})

@@ -1,0 +1,198 @@
+"""Pure status helpers: metav1.Conditions, and an artifact's status from its compile Job."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from neuronfleet.operator import api, plan
+
+Obj = dict[str, Any]
+
+#: Condition types of a NeuronInferenceService, in the order they are shown.
+VALIDATED, ARTIFACT_READY, AVAILABLE, READY = "Validated", "ArtifactReady", "Available", "Ready"
+CONDITION_TYPES = (VALIDATED, ARTIFACT_READY, AVAILABLE, READY)
+
+#: Reasons that mean something needs a human: posted as Warning events.
+WARNING_REASONS = frozenset(
+    {
+        "InvalidBuckets",
+        "InvalidSpec",
+        "CompileFailed",
+        "BlockedByFailedCompile",
+        "InsufficientNeuronCapacity",
+        "NoReplicasReady",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post about an object."""
+
+    type: str
+    reason: str
+    message: str
+
+
+def now() -> datetime.datetime:
+    """The current time, in UTC, to the second (as the API server stores it)."""
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+
+
+def condition(
+    type_: str, status: bool, reason: str, message: str, generation: int, at: datetime.datetime
+) -> api.Condition:
+    """A condition at ``at``."""
+    return api.Condition(
+        type=type_,
+        status="True" if status else "False",
+        reason=reason,
+        message=message,
+        last_transition_time=at,
+        observed_generation=generation,
+    )
+
+
+def merge_conditions(previous: Sequence[api.Condition], updates: Iterable[api.Condition]) -> list[api.Condition]:
+    """Apply ``updates`` over ``previous``, keeping a condition's transition time while its status holds."""
+    merged = {c.type: c for c in previous}
+    for update in updates:
+        old = merged.get(update.type)
+        if old is not None and old.status == update.status:
+            update = update.model_copy(update={"last_transition_time": old.last_transition_time})
+        merged[update.type] = update
+    known = [merged.pop(t) for t in CONDITION_TYPES if t in merged]
+    return known + sorted(merged.values(), key=lambda c: c.type)
+
+
+def transitions(previous: Sequence[api.Condition], current: Sequence[api.Condition]) -> list[Event]:
+    """One event per condition whose status or reason changed; a reason already told is not told twice.
+
+    ``Available`` only speaks when it is lost after having held (an outage): while a
+    service starts, ``Ready`` tells the story.
+    """
+    before = {c.type: (c.status, c.reason) for c in previous}
+    events: list[Event] = []
+    told: set[str] = set()
+    for c in current:
+        if before.get(c.type) == (c.status, c.reason) or c.reason in told:
+            continue
+        if c.type == AVAILABLE and not (before.get(c.type, ("",))[0] == "True" and c.status == "False"):
+            continue
+        told.add(c.reason)
+        kind = "Warning" if c.reason in WARNING_REASONS else "Normal"
+        events.append(
+            Event(kind, c.reason, f"{c.type}={c.status}: {c.message}" if c.message else f"{c.type}={c.status}")
+        )
+    return events
+
+
+# Artifact status
+
+
+def _job_condition(job: Obj, type_: str) -> Obj | None:
+    for c in job.get("status", {}).get("conditions") or []:
+        if c.get("type") == type_ and c.get("status") == "True":
+            return dict(c)
+    return None
+
+
+def _parse_time(value: object) -> datetime.datetime | None:
+    if not isinstance(value, str):
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def last_pod_failure(pods: Sequence[Obj]) -> str | None:
+    """The newest compile pod's termination message (its logs' tail when it wrote none)."""
+    failures: list[tuple[str, str]] = []
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            if terminated and terminated.get("exitCode", 0) != 0:
+                text = (terminated.get("message") or terminated.get("reason") or "").strip()
+                if text:
+                    failures.append((terminated.get("finishedAt") or "", text))
+    return max(failures)[1] if failures else None
+
+
+def bucket_progress(spec: api.NeuronCompiledArtifactSpec, state: api.BucketState) -> list[api.BucketProgress]:
+    """Every compiled shape, all in one state (the Job reports completion as a whole)."""
+    return [
+        *(
+            api.BucketProgress(kind="prefill", size=s, state=state)
+            for s in spec.engine.effective_num_batched_tokens_buckets
+        ),
+        *(api.BucketProgress(kind="decode", size=s, state=state) for s in spec.engine.effective_num_seqs_buckets),
+    ]
+
+
+def artifact_status(
+    spec: api.NeuronCompiledArtifactSpec,
+    job: Obj | None,
+    pods: Sequence[Obj],
+    previous: api.NeuronCompiledArtifactStatus,
+    generation: int,
+) -> api.NeuronCompiledArtifactStatus:
+    """What the compile Job says about the artifact.
+
+    A Ready artifact stays Ready when its finished Job is deleted; a Failed one
+    whose Job is deleted goes back to Pending, and a new Job retries it.
+    """
+    artifact_hash = spec.hash()
+    base = {
+        "hash": artifact_hash,
+        "location": plan.store_location(spec.compile, artifact_hash),
+        "observed_generation": generation,
+    }
+    if job is None:
+        if previous.phase == "Ready":
+            return previous.model_copy(update=base)
+        return api.NeuronCompiledArtifactStatus(
+            phase="Pending", reason="JobPending", buckets=bucket_progress(spec, "Pending"), **base
+        )
+    status = job.get("status", {})
+    attempts = sum(int(status.get(k) or 0) for k in ("active", "succeeded", "failed"))
+    common = {
+        **base,
+        "job": job["metadata"]["name"],
+        "attempts": attempts,
+        "started_at": _parse_time(status.get("startTime")),
+    }
+    complete = _job_condition(job, "Complete")
+    if complete is not None:
+        return api.NeuronCompiledArtifactStatus(
+            phase="Ready",
+            reason="Compiled",
+            message=f"compiled {len(bucket_progress(spec, 'Compiled'))} buckets",
+            buckets=bucket_progress(spec, "Compiled"),
+            completed_at=_parse_time(status.get("completionTime")) or _parse_time(complete.get("lastTransitionTime")),
+            **common,
+        )
+    failed = _job_condition(job, "Failed")
+    if failed is not None:
+        reason = failed.get("reason") or "JobFailed"
+        detail = failed.get("message") or ""
+        last_words = last_pod_failure(pods)
+        message = "; ".join(part for part in (detail, f"last compile pod: {last_words}" if last_words else "") if part)
+        return api.NeuronCompiledArtifactStatus(
+            phase="Failed",
+            reason=reason,
+            message=message or reason,
+            buckets=bucket_progress(spec, "Pending"),
+            completed_at=_parse_time(failed.get("lastTransitionTime")),
+            **common,
+        )
+    running = int(status.get("active") or 0) > 0
+    return api.NeuronCompiledArtifactStatus(
+        phase="Compiling",
+        reason="Running" if running else "Starting",
+        message=(
+            f"compile Job {job['metadata']['name']}: attempt {max(attempts, 1)} of {spec.compile.backoff_limit + 1}"
+        ),
+        buckets=bucket_progress(spec, "Pending"),
+        **common,
+    )

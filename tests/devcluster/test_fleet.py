@@ -1,0 +1,52 @@
+"""Fake nodes carry what real Neuron nodes advertise."""
+
+from __future__ import annotations
+
+from neuronfleet.devcluster.fleet import (
+    DEFAULT_FLEET,
+    INF2_48XLARGE,
+    M7I_8XLARGE,
+    NEURON_CORE,
+    NEURON_DEVICE,
+    TRN2_48XLARGE,
+    NodePool,
+    fleet_nodes,
+)
+
+
+def test_trn2_node_has_sixteen_devices_sixty_four_cores_and_the_neuron_taint() -> None:
+    node = NodePool("trn2", TRN2_48XLARGE, count=1).nodes()[0]
+
+    assert node["status"]["capacity"][NEURON_DEVICE] == "16"
+    assert node["status"]["allocatable"][NEURON_CORE] == "64"
+    assert node["spec"]["taints"] == [{"key": NEURON_DEVICE, "effect": "NoSchedule"}]
+    assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "trn2.48xlarge"
+    assert node["metadata"]["labels"]["topology.kubernetes.io/zone"] == "us-east-2a"
+    assert node["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}
+
+
+def test_cpu_nodes_have_no_neuron_resources_or_taint() -> None:
+    node = NodePool("cpu", M7I_8XLARGE, count=1).nodes()[0]
+
+    assert NEURON_DEVICE not in node["status"]["capacity"]
+    assert node["spec"]["taints"] == []
+
+
+def test_pools_spread_over_zones_with_distinct_names() -> None:
+    nodes = NodePool("inf2", INF2_48XLARGE, count=3).nodes()
+
+    assert [n["metadata"]["name"] for n in nodes] == ["inf2-0", "inf2-1", "inf2-2"]
+    assert [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes] == [
+        "us-east-2a",
+        "us-east-2b",
+        "us-east-2a",
+    ]
+
+
+def test_default_fleet_has_trn2_inf2_and_cpu_pools_with_distinct_addresses() -> None:
+    nodes = fleet_nodes(DEFAULT_FLEET)
+
+    assert {pool.shape.instance_type for pool in DEFAULT_FLEET} == {"trn2.48xlarge", "inf2.48xlarge", "m7i.8xlarge"}
+    addresses = [n["status"]["addresses"][0] for n in nodes]
+    assert all(a["type"] == "InternalIP" for a in addresses)
+    assert len({a["address"] for a in addresses}) == len(nodes) == 5

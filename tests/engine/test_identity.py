@@ -1,0 +1,86 @@
+"""The compiled-artifact identity: what changes the hash, what does not, and that it is stable."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.identity import COMPILE_FIELDS, IDENTITY_HASH_LENGTH, CompileIdentity, ModelSource
+
+MODEL = ModelSource(uri="hf://meta-llama/Llama-3.1-8B", revision="0e9e39f")
+
+
+def identity(**engine: Any) -> CompileIdentity:
+    return CompileIdentity.of(MODEL, EngineConfig(**engine), "trn2", "neuronfleet/engine:0.1.0")
+
+
+def test_hash_is_stable_across_releases() -> None:
+    # A changed hash recompiles every artifact in every cluster: this must only change on purpose
+    # (and then IDENTITY_SCHEMA is bumped). The document is canonical JSON: sorted keys, no spaces.
+    canonical = (
+        '{"engine":{"block_size":32,"dtype":"bfloat16","max_model_len":8192,"max_num_batched_tokens":8192,'
+        '"max_num_seqs":8,"num_batched_tokens_buckets":[128,256,512,1024,2048,4096,8192],'
+        '"num_seqs_buckets":[1,2,4,8],"tensor_parallel_size":1},"image":"neuronfleet/engine:0.1.0",'
+        '"model":{"revision":"0e9e39f","uri":"hf://meta-llama/Llama-3.1-8B"},"schema":1,"target":"trn2"}'
+    )
+    assert identity().hash() == hashlib.sha256(canonical.encode()).hexdigest()[:IDENTITY_HASH_LENGTH]
+    assert identity().hash() == "51068632ce0177ca"
+
+
+def test_omitted_buckets_and_the_same_buckets_written_out_are_one_artifact() -> None:
+    written = identity(
+        num_batched_tokens_buckets=[128, 256, 512, 1024, 2048, 4096, 8192], num_seqs_buckets=[1, 2, 4, 8]
+    )
+    assert written.hash() == identity().hash()
+    assert identity().engine.num_seqs_buckets == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"max_num_seqs": 16},
+        {"max_num_batched_tokens": 4096},
+        {"max_model_len": 16384},
+        {"block_size": 64},
+        {"tensor_parallel_size": 8},
+        {"dtype": "float16"},
+        {"num_seqs_buckets": [2, 8]},
+        {"num_batched_tokens_buckets": [1024, 8192]},
+    ],
+)
+def test_every_compile_relevant_engine_field_changes_the_hash(change: dict[str, Any]) -> None:
+    assert identity(**change).hash() != identity().hash()
+
+
+def test_model_revision_target_and_image_change_the_hash() -> None:
+    base = identity()
+    others = [
+        base.model_copy(update={"model": ModelSource(uri="hf://meta-llama/Llama-3.1-70B", revision="0e9e39f")}),
+        base.model_copy(update={"model": ModelSource(uri=MODEL.uri, revision="main")}),
+        base.model_copy(update={"target": "inf2"}),
+        base.model_copy(update={"image": "neuronfleet/engine:0.2.0"}),
+    ]
+    assert len({base.hash(), *(o.hash() for o in others)}) == 5
+
+
+def test_the_hashed_document_lists_exactly_the_compile_fields() -> None:
+    engine = identity().document()["engine"]
+    assert set(engine) == {*COMPILE_FIELDS, "num_batched_tokens_buckets", "num_seqs_buckets"}
+
+
+@pytest.mark.parametrize(
+    "uri", ["hf://meta-llama/Llama-3.1-8B", "hf://gpt2", "s3://my-models/llama/3.1-8b", "s3://a.b-c/x"]
+)
+def test_model_uris_accepted(uri: str) -> None:
+    assert ModelSource(uri=uri).uri == uri
+
+
+@pytest.mark.parametrize(
+    "uri", ["meta-llama/Llama-3.1-8B", "https://huggingface.co/x", "s3://bucket", "hf://", "s3://UPPER/x", "hf://a b"]
+)
+def test_model_uris_rejected(uri: str) -> None:
+    with pytest.raises(ValueError, match="uri"):
+        ModelSource(uri=uri)

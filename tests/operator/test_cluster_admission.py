@@ -1,0 +1,153 @@
+"""Invalid specs are rejected by the API server itself (CEL and schema), naming the field and the rule."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from neuronfleet.operator.api import describe_errors, parse_service_spec
+from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
+
+Obj = dict[str, Any]
+MODEL = {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"}
+
+
+def service(name: str, **spec: Any) -> Obj:
+    return {
+        "apiVersion": "neuronfleet.io/v1alpha1",
+        "kind": "NeuronInferenceService",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"model": MODEL, **spec},
+    }
+
+
+def rejection(api: Kube, body: Obj) -> str:
+    with pytest.raises(ApiError) as caught:
+        api.create(body)
+    assert caught.value.status == 422, caught.value
+    return caught.value.message
+
+
+INVALID: list[tuple[str, Obj, str]] = [
+    (
+        "unsorted",
+        {"engine": {"num_seqs_buckets": [1, 4, 2, 8]}},
+        "spec.engine.num_seqs_buckets: Invalid value: num_seqs_buckets must be in strictly ascending order",
+    ),
+    (
+        "duplicate",
+        {"engine": {"num_seqs_buckets": [1, 2, 2, 8]}},
+        "spec.engine.num_seqs_buckets[2]: Duplicate value: 2",
+    ),
+    ("zero", {"engine": {"num_seqs_buckets": [0, 8]}}, "spec.engine.num_seqs_buckets[0]: Invalid value: 0"),
+    (
+        "negative",
+        {"engine": {"num_batched_tokens_buckets": [-128, 8192]}},
+        "spec.engine.num_batched_tokens_buckets[0]: Invalid value: -128",
+    ),
+    (
+        "last-decode",
+        {"engine": {"max_num_seqs": 8, "num_seqs_buckets": [1, 2, 4]}},
+        "spec.engine.num_seqs_buckets: Invalid value: "
+        "Last bucket in num_seqs_buckets must equal max_num_seqs (8), got 4",
+    ),
+    (
+        "last-prefill",
+        {"engine": {"num_batched_tokens_buckets": [512, 1024, 2048]}},
+        "Last bucket in num_batched_tokens_buckets must equal max_num_batched_tokens (8192), got 2048",
+    ),
+    (
+        "last-prefill-above-model-len",
+        {"engine": {"max_model_len": 4096, "num_batched_tokens_buckets": [1024, 8192]}},
+        "Last bucket in num_batched_tokens_buckets must equal max_num_batched_tokens (4096), got 8192",
+    ),
+    ("empty", {"engine": {"num_seqs_buckets": []}}, "num_seqs_buckets cannot be empty"),
+    (
+        "string-items",
+        {"engine": {"num_seqs_buckets": ["1", "8"]}},
+        'spec.engine.num_seqs_buckets[0]: Invalid value: "string"',
+    ),
+    ("not-a-list", {"engine": {"num_seqs_buckets": "1,2,4,8"}}, "spec.engine.num_seqs_buckets: Invalid value"),
+    ("zero-max-seqs", {"engine": {"max_num_seqs": 0}}, "spec.engine.max_num_seqs: Invalid value: 0"),
+    (
+        "tp-beyond-node",
+        {"engine": {"tensor_parallel_size": 128}},
+        "engine.tensor_parallel_size (128) exceeds the 64 logical NeuronCores of one trn2.48xlarge",
+    ),
+    (
+        "devices-below-tp",
+        {"engine": {"tensor_parallel_size": 8}, "resources": {"neuronDevices": 1}},
+        "resources.neuronDevices (1) holds 4 logical NeuronCores on trn2.48xlarge, "
+        "fewer than engine.tensor_parallel_size (8)",
+    ),
+    ("instance-type", {"instanceType": "p5.48xlarge"}, 'spec.instanceType: Unsupported value: "p5.48xlarge"'),
+    ("model-uri", {"model": {"uri": "meta-llama/Llama-3.1-8B"}}, "spec.model.uri: Invalid value"),
+    (
+        "rollout",
+        {"rollout": {"maxSurge": 0, "maxUnavailable": 0}},
+        "rollout.maxSurge and rollout.maxUnavailable cannot both be 0",
+    ),
+    (
+        "drain",
+        {"drain": {"preStopSeconds": 10, "drainTimeoutSeconds": 60, "terminationGracePeriodSeconds": 30}},
+        "drain.terminationGracePeriodSeconds (30) must exceed preStopSeconds + drainTimeoutSeconds (70)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "message"), INVALID, ids=[case for case, _, _ in INVALID])
+def test_invalid_spec_is_rejected_at_admission(api: Kube, case: str, spec: Obj, message: str) -> None:
+    assert message in rejection(api, service(f"invalid-{case}", **spec))
+
+
+@pytest.mark.parametrize(
+    "case", ["last-decode", "last-prefill", "last-prefill-above-model-len", "empty", "tp-beyond-node", "rollout"]
+)
+def test_admission_and_the_operator_say_the_same_thing(api: Kube, case: str) -> None:
+    # The CEL rules and the pydantic models are one set of rules: the operator's own message
+    # (what a spec that slipped past admission shows in its status) is the API server's.
+    spec = next(s for c, s, _ in INVALID if c == case)
+    with pytest.raises(ValidationError) as caught:
+        parse_service_spec({"model": MODEL, **spec})
+    operator_message = describe_errors(caught.value).split(": ", 1)[1]
+    assert operator_message in rejection(api, service(f"same-{case}", **spec))
+
+
+def test_invalid_metadata_name_is_rejected(api: Kube) -> None:
+    assert "metadata.name must be a DNS-1035 label" in rejection(api, service("7b-model"))
+
+
+def test_a_valid_spec_is_accepted_with_defaults_filled_in(api: Kube) -> None:
+    created = api.create(service("valid-defaults", engine={"max_num_seqs": 6}))
+    try:
+        spec = created["spec"]
+        assert spec["engine"]["max_num_batched_tokens"] == 8192
+        assert spec["rollout"] == {"maxSurge": 1, "maxUnavailable": 0, "startupTimeoutSeconds": 1800}
+        assert parse_service_spec(spec).engine.max_num_seqs == 6
+    finally:
+        api.delete(SERVICES_NIS, "default", "valid-defaults")
+
+
+def test_an_artifact_is_immutable(api: Kube) -> None:
+    artifact = {
+        "apiVersion": "neuronfleet.io/v1alpha1",
+        "kind": "NeuronCompiledArtifact",
+        "metadata": {"name": "immutable-test", "namespace": "default"},
+        "spec": {
+            "model": MODEL,
+            "engine": {"num_seqs_buckets": [1, 2, 4, 8]},
+            "target": "trn2",
+            "image": "neuronfleet/engine:0.1.0",
+        },
+    }
+    api.create(copy.deepcopy(artifact))
+    try:
+        with pytest.raises(ApiError) as caught:
+            api.merge_patch(ARTIFACTS, "default", "immutable-test", {"spec": {"engine": {"num_seqs_buckets": [8]}}})
+        assert caught.value.status == 422
+        assert "a compiled artifact is immutable" in caught.value.message
+    finally:
+        api.delete(ARTIFACTS, "default", "immutable-test")

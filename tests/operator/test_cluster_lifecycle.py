@@ -1,0 +1,379 @@
+"""The operator on a real control plane with fake Neuron nodes: compile, roll out, share, fail, resume."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.operator import crdgen, plan
+from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
+from neuronfleet.operator.testing import OperatorProcess, Services, WaitFor, condition, observed, phase_of
+
+Obj = dict[str, Any]
+
+MODEL = {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"}
+DECODE_A = [1, 2, 4, 8]
+DECODE_B = [2, 8]
+
+
+def spec(**overrides: Any) -> Obj:
+    """A small service: TP 4 (one Trainium2 device per replica), compiled into an S3 prefix."""
+    base: Obj = {
+        "model": MODEL,
+        "engine": {"max_num_seqs": 8, "num_seqs_buckets": DECODE_A, "tensor_parallel_size": 4},
+        "replicas": 2,
+        "compile": {"artifactStore": "s3://neuronfleet-test/neff", "resources": {"cpu": "1", "memory": "1Gi"}},
+        "drain": {"preStopSeconds": 1, "drainTimeoutSeconds": 5},
+    }
+    return merge(base, overrides)
+
+
+def merge(base: Obj, extra: Obj) -> Obj:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        merged[key] = (
+            merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        )
+    return merged
+
+
+def compile_jobs(api: Kube, namespace: str) -> list[Obj]:
+    return api.list(JOBS, namespace, plan.LABEL_ARTIFACT)
+
+
+def serving_pods(api: Kube, namespace: str, name: str) -> list[Obj]:
+    return [
+        p
+        for p in api.list(PODS, namespace, f"{plan.LABEL_SERVICE}={name}")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def is_ready(pod: Obj) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def template_hash(api: Kube, namespace: str, name: str) -> str | None:
+    deployment = api.get(DEPLOYMENTS, namespace, name)
+    return None if deployment is None else deployment["spec"]["template"]["metadata"]["labels"][plan.LABEL_ARTIFACT]
+
+
+def artifact_hash(service: Obj) -> str:
+    return str(service["status"]["artifact"]["hash"])
+
+
+def ready(services: Services, name: str, generation: int = 1) -> Obj:
+    return services.wait_ready(name, generation)
+
+
+def test_apply_compiles_then_rolls_out_on_trn2_nodes(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, cluster: LocalCluster, wait_for: WaitFor
+) -> None:
+    services.create("llama", spec(compile={"podAnnotations": {COMPLETE_AFTER_ANNOTATION: "3s"}}))
+
+    compiling = services.wait_phase("llama", "Compiling")
+    assert condition(compiling, "Validated")["status"] == "True"
+    assert condition(compiling, "ArtifactReady")["reason"] == "Compiling"
+    (artifact,) = services.artifacts()
+    assert artifact["metadata"]["name"] == compiling["status"]["artifact"]["name"]
+    (job,) = wait_for(lambda: compile_jobs(api, namespace), what="the compile Job")
+    assert job["metadata"]["name"] == plan.compile_job_name(artifact["metadata"]["name"])
+    assert job["metadata"]["ownerReferences"][0]["uid"] == artifact["metadata"]["uid"]
+    assert api.get(DEPLOYMENTS, namespace, "llama") is None, "rolled out before the artifact was compiled"
+
+    done = ready(services, "llama")
+    status = done["status"]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Validated": "True",
+        "ArtifactReady": "True",
+        "Available": "True",
+        "Ready": "True",
+    }
+    assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (2, 2, 2)
+    assert status["currentRevision"] == status["targetRevision"] == artifact_hash(done)
+
+    pods = serving_pods(api, namespace, "llama")
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["spec"]["nodeName"].startswith("trn2-"), pod["spec"]["nodeName"]
+        assert pod["metadata"]["labels"][plan.LABEL_ARTIFACT] == artifact_hash(done)
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["aws.amazon.com/neuron"] == "1"
+    assert api.get(SERVICES_NIS, namespace, "llama") is not None
+    nca = api.get(ARTIFACTS, namespace, artifact["metadata"]["name"])
+    assert nca is not None
+    assert nca["status"]["phase"] == "Ready"
+    assert nca["status"]["location"] == f"s3://neuronfleet-test/neff/{artifact_hash(done)}"
+
+    # Settled: full resyncs after Ready write nothing (the operator's writes do not feed back).
+    def versions() -> list[str]:
+        kinds = (SERVICES_NIS, ARTIFACTS, DEPLOYMENTS, CONFIGMAPS)
+        return sorted(o["metadata"]["resourceVersion"] for kind in kinds for o in api.list(kind, namespace))
+
+    before, passes = versions(), operator.resyncs()
+    # The second pass from now started after this snapshot.
+    wait_for(operator.resyncs, lambda done: done >= passes + 2, what="two full resyncs", timeout=30)
+    assert versions() == before
+
+    listing = cluster.kubectl("get", "nis,nca", "-n", namespace)
+    described = cluster.kubectl("describe", "nis", "llama", "-n", namespace)
+    print(f"$ kubectl get nis,nca\n{listing.stdout}\n$ kubectl describe nis llama\n{described.stdout}")
+    assert listing.returncode == 0, listing.stderr
+    (nis_line,) = [line for line in listing.stdout.splitlines() if line.startswith("neuroninferenceservice")]
+    assert nis_line.split()[1:5] == ["hf://meta-llama/Llama-3.1-8B", "Ready", "2", "2"]
+    for reason in ("ArtifactCreated", "Compiling", "RollingOut", "Ready"):
+        assert reason in described.stdout, f"no {reason} event in kubectl describe"
+
+
+def test_same_identity_shares_one_artifact_and_one_job(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
+) -> None:
+    first = services.create("chat", spec())
+    # Different replicas, resources and rollout: the same compile identity.
+    second = services.create("batch", spec(replicas=1, resources={"cpu": "2"}, rollout={"maxSurge": 2}))
+    ready(services, "chat")
+    ready(services, "batch")
+
+    (artifact,) = services.artifacts()
+    owners = {ref["uid"] for ref in artifact["metadata"]["ownerReferences"]}
+    assert owners == {first["metadata"]["uid"], second["metadata"]["uid"]}
+    assert len(compile_jobs(api, namespace)) == 1
+
+    # Deleting one user keeps the artifact for the other; deleting the last lets it go.
+    api.delete(SERVICES_NIS, namespace, "chat")
+    wait_for(
+        lambda: services.artifacts()[0]["metadata"]["ownerReferences"],
+        lambda refs: [r["uid"] for r in refs] == [second["metadata"]["uid"]],
+        what="the deleted service's reference to be dropped",
+    )
+    assert phase_of(services.get("batch")) == "Ready"
+    api.delete(SERVICES_NIS, namespace, "batch")
+    wait_for(
+        lambda: (services.artifacts(), compile_jobs(api, namespace)),
+        lambda seen: seen == ([], []),
+        what="the artifact and its Job to be garbage-collected with their last service",
+        show=lambda seen: [[o["metadata"]["name"] for o in group] for group in seen],
+    )
+
+
+def test_bucket_change_compiles_while_the_old_revision_serves_then_surges(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
+) -> None:
+    services.create("llama", spec(podAnnotations={READY_AFTER_ANNOTATION: "1s"}))
+    old = artifact_hash(ready(services, "llama"))
+
+    services.patch_spec(
+        "llama",
+        {
+            "engine": {"num_seqs_buckets": DECODE_B},
+            "compile": {"podAnnotations": {COMPLETE_AFTER_ANNOTATION: "4s"}},
+        },
+    )
+    compiling = services.wait(
+        "llama", lambda b: observed(b) and phase_of(b) == "Compiling", "compiling the new buckets"
+    )
+    new = artifact_hash(compiling)
+    assert new != old
+    assert "keeps serving" in condition(compiling, "Ready")["message"]
+    assert compiling["status"]["readyReplicas"] == 2
+    assert template_hash(api, namespace, "llama") == old, "the pod template changed before the compile finished"
+    assert len(compile_jobs(api, namespace)) == 2
+
+    seen: list[tuple[int, int, set[str]]] = []
+
+    def observe() -> Obj:
+        pods = serving_pods(api, namespace, "llama")
+        seen.append(
+            (
+                sum(1 for p in pods if is_ready(p)),
+                len(pods),
+                {p["metadata"]["labels"][plan.LABEL_ARTIFACT] for p in pods},
+            )
+        )
+        return services.get("llama")
+
+    done = wait_for(
+        observe,
+        lambda b: phase_of(b) == "Ready" and b["status"]["currentRevision"] == new,
+        timeout=90,
+        interval=0.1,
+        what="the surge rollout to the new revision",
+        show=lambda b: (b["status"]["phase"], seen[-3:]),
+    )
+    assert min(ready_count for ready_count, _, _ in seen) >= 2, f"dropped below 2 ready replicas: {seen}"
+    assert max(total for _, total, _ in seen) <= 3, f"more than maxSurge=1 extra pods: {seen}"
+    assert any(hashes == {old, new} for _, _, hashes in seen), "never saw old and new pods side by side"
+    assert {p["metadata"]["labels"][plan.LABEL_ARTIFACT] for p in serving_pods(api, namespace, "llama")} == {new}
+    assert done["status"]["targetRevision"] == new
+
+    # The old artifact and its engine configuration go once nothing runs them.
+    wait_for(
+        lambda: (
+            sorted(a["metadata"]["labels"][plan.LABEL_ARTIFACT] for a in services.artifacts()),
+            sorted(
+                c["metadata"]["labels"][plan.LABEL_ARTIFACT]
+                for c in api.list(CONFIGMAPS, namespace, "neuronfleet.io/service=llama")
+            ),
+        ),
+        lambda seen_now: seen_now == ([new], [new]),
+        what="the old artifact and ConfigMap to be released",
+    )
+
+
+def test_a_serving_only_change_rolls_the_pods_without_a_compile(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
+) -> None:
+    services.create("llama", spec(replicas=1))
+    artifact = artifact_hash(ready(services, "llama"))
+    (old_config,) = api.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}=llama")
+    old_pods = {p["metadata"]["name"] for p in serving_pods(api, namespace, "llama")}
+
+    services.patch_spec("llama", {"engine": {"scheduler": {"constant_cost_admission": True}}})
+    done = wait_for(
+        lambda: (services.get("llama"), serving_pods(api, namespace, "llama")),
+        lambda seen: (
+            phase_of(seen[0]) == "Ready"
+            and observed(seen[0])
+            and {p["metadata"]["name"] for p in seen[1]}.isdisjoint(old_pods)
+        ),
+        what="new pods with the new engine configuration",
+        show=lambda seen: (phase_of(seen[0]), [p["metadata"]["name"] for p in seen[1]]),
+    )
+    assert artifact_hash(done[0]) == artifact
+    assert len(compile_jobs(api, namespace)) == 1, "a serving-only change recompiled"
+    (new_config,) = wait_for(
+        lambda: api.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}=llama"),
+        lambda configs: len(configs) == 1 and configs[0]["metadata"]["name"] != old_config["metadata"]["name"],
+        what="the old engine ConfigMap to be removed after the rollout",
+        show=lambda configs: [c["metadata"]["name"] for c in configs],
+    )
+    assert "constant_cost_admission: true" in new_config["data"]["engine.yaml"]
+
+
+def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, cluster: LocalCluster
+) -> None:
+    services.create("llama", spec())
+    old = artifact_hash(ready(services, "llama"))
+
+    services.patch_spec(
+        "llama",
+        {
+            "engine": {"num_seqs_buckets": DECODE_B},
+            "compile": {"backoffLimit": 0, "podAnnotations": {FAIL_ANNOTATION: "true"}},
+        },
+    )
+    blocked = services.wait_phase("llama", "Blocked")
+    reason = condition(blocked, "Ready")
+    assert reason["reason"] == "BlockedByFailedCompile"
+    assert "BackoffLimitExceeded" in reason["message"]
+    assert f"revision {old} keeps serving" in reason["message"]
+    assert condition(blocked, "ArtifactReady")["reason"] == "CompileFailed"
+    assert condition(blocked, "Available")["status"] == "True"
+    assert blocked["status"]["readyReplicas"] == 2
+    assert template_hash(api, namespace, "llama") == old
+    assert sum(1 for p in serving_pods(api, namespace, "llama") if is_ready(p)) == 2
+    failed = next(a for a in services.artifacts() if a["metadata"]["labels"][plan.LABEL_ARTIFACT] != old)
+    assert failed["status"]["phase"] == "Failed"
+    assert failed["status"]["reason"] == "BackoffLimitExceeded"
+    described = cluster.kubectl("describe", "nis", "llama", "-n", namespace).stdout
+    assert "BlockedByFailedCompile" in described
+
+    # Reverting the spec serves the old revision again and lets the failed artifact go.
+    services.patch_spec("llama", {"engine": {"num_seqs_buckets": DECODE_A}, "compile": {"podAnnotations": None}})
+    back = ready(services, "llama", generation=3)
+    assert artifact_hash(back) == old
+    assert back["status"]["currentRevision"] == old
+
+
+def test_operator_killed_mid_compile_resumes_without_a_second_job(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
+) -> None:
+    services.create("llama", spec(compile={"podAnnotations": {COMPLETE_AFTER_ANNOTATION: "4s"}}))
+    services.wait_phase("llama", "Compiling")
+    (job,) = wait_for(lambda: compile_jobs(api, namespace), what="the compile Job")
+    operator.kill()
+
+    # The Job finishes while nobody watches.
+    wait_for(
+        lambda: compile_jobs(api, namespace),
+        lambda jobs: len(jobs) == 1 and jobs[0].get("status", {}).get("succeeded") == 1,
+        what="the compile Job to finish without the operator",
+        show=lambda jobs: [j.get("status") for j in jobs],
+    )
+    assert phase_of(services.get("llama")) == "Compiling"
+
+    operator.start(wait_for)
+    done = ready(services, "llama")
+    (after,) = compile_jobs(api, namespace)
+    assert after["metadata"]["uid"] == job["metadata"]["uid"], "the Job was created again"
+    assert done["status"]["readyReplicas"] == 2
+
+
+def test_not_enough_neuron_devices_says_so_and_scaling_down_recovers(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, cluster: LocalCluster
+) -> None:
+    # The fleet has one inf2.48xlarge (12 devices): a second 12-device replica cannot fit.
+    services.create("big", spec(instanceType="inf2.48xlarge", engine={"tensor_parallel_size": 24}, replicas=2))
+    # One replica serves (Available), the other waits for devices (not Ready).
+    stuck = services.wait(
+        "big",
+        lambda b: phase_of(b) == "Unschedulable" and condition(b, "Available").get("status") == "True",
+        "one replica serving, one unschedulable",
+    )
+    reason = condition(stuck, "Ready")
+    assert reason["reason"] == "InsufficientNeuronCapacity"
+    assert "Insufficient aws.amazon.com/neuron" in reason["message"]
+
+    scaled = cluster.kubectl("scale", "nis/big", "--replicas=1", "-n", namespace)
+    assert scaled.returncode == 0, scaled.stderr
+    ready(services, "big", generation=2)
+    assert len(compile_jobs(api, namespace)) == 1, "scaling recompiled"
+
+
+def test_spec_past_admission_is_invalid_in_status_with_no_children(
+    crds: Path,
+    services: Services,
+    operator: OperatorProcess,
+    api: Kube,
+    namespace: str,
+    cluster: LocalCluster,
+    tmp_path: Path,
+    wait_for: WaitFor,
+) -> None:
+    # An older CRD without the bucket rules lets an invalid spec in: the operator must still refuse it.
+    (kind,) = [k for k in crdgen.KINDS if k.kind == "NeuronInferenceService"]
+    lax = crdgen.crd(kind)
+    engine = lax["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["engine"]
+    engine.pop("x-kubernetes-validations")
+    lax_file = tmp_path / "lax.yaml"
+    lax_file.write_text(yaml.safe_dump(lax))
+    invalid = spec(engine={"num_seqs_buckets": [1, 2, 4]})
+    try:
+        assert cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(lax_file)).returncode == 0
+        wait_for(lambda: services.create("legacy", invalid), timeout=30, what="the lax CRD to admit the spec")
+    finally:
+        restored = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+        assert restored.returncode == 0, restored.stderr
+
+    refused = services.wait(
+        "legacy", lambda b: observed(b) and phase_of(b) == "Invalid", "Validated=False from the operator"
+    )
+    validated = condition(refused, "Validated")
+    assert (validated["status"], validated["reason"]) == ("False", "InvalidBuckets")
+    assert validated["message"] == (
+        "spec.engine.num_seqs_buckets: Last bucket in num_seqs_buckets must equal max_num_seqs (8), got 4"
+    )
+    assert services.artifacts() == []
+    assert api.get(DEPLOYMENTS, namespace, "legacy") is None
+
+    fixed = wait_for(
+        lambda: services.patch_spec("legacy", {"engine": {"num_seqs_buckets": DECODE_A}}),
+        timeout=30,
+        what="the fix to be admitted",
+    )
+    ready(services, "legacy", generation=fixed["metadata"]["generation"])

@@ -1,0 +1,119 @@
+"""The generated CRDs: in sync with the models, structural, and carrying the admission rules."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.operator import crdgen
+
+ROOT = Path(__file__).resolve().parents[2]
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def schema_of(kind: str) -> dict[str, Any]:
+    (crd,) = [c for c in (crdgen.crd(k) for k in crdgen.KINDS) if c["spec"]["names"]["kind"] == kind]
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for name, child in (schema.get("properties") or {}).items():
+        yield from nodes(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from nodes(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_checked_in_crds_match_the_models() -> None:
+    for name, text in crdgen.files().items():
+        path = ROOT / "crds" / name
+        assert path.read_text() == text, f"{path} is stale: run `make crds`"
+
+
+@pytest.mark.parametrize("kind", ["NeuronInferenceService", "NeuronCompiledArtifact"])
+def test_schemas_are_structural_and_bounded(kind: str) -> None:
+    for path, node in nodes(schema_of(kind)):
+        assert "type" in node, f"{path} has no type"
+        for banned in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "const", "title", "uniqueItems"):
+            assert banned not in node, f"{path} has {banned}"
+        assert node.get("additionalProperties") is not False, path
+        if path.startswith(".spec") and node["type"] == "string" and "enum" not in node:
+            assert "maxLength" in node, f"{path} is an unbounded string (CEL cost)"
+        if node["type"] == "array":
+            assert "maxItems" in node, f"{path} is an unbounded list (CEL cost)"
+        if path.startswith(".spec.") and path.count(".") >= 2 and not path.endswith(("[]", "{}")):
+            assert node.get("description"), f"{path} has no description for kubectl explain"
+
+
+def test_bucket_rules_are_cel_with_the_engines_messages() -> None:
+    engine = schema_of("NeuronInferenceService")["properties"]["spec"]["properties"]["engine"]
+    for name in ("num_batched_tokens_buckets", "num_seqs_buckets"):
+        bucket_list = engine["properties"][name]
+        assert bucket_list["x-kubernetes-list-type"] == "set"
+        assert bucket_list["items"] == {"type": "integer", "minimum": 1}
+        assert [r["message"] for r in bucket_list["x-kubernetes-validations"]] == [
+            f"{name} cannot be empty",
+            f"{name} must be in strictly ascending order",
+        ]
+    paths = {r["fieldPath"] for r in engine["x-kubernetes-validations"]}
+    assert paths == {".num_batched_tokens_buckets", ".num_seqs_buckets"}
+    # Defaults written out in full (the API server checks them against the rules as they are).
+    assert engine["default"] == EngineConfig().model_dump(mode="json", exclude_none=True)
+
+
+def test_the_artifact_is_immutable_and_carries_the_same_bucket_rules() -> None:
+    spec = schema_of("NeuronCompiledArtifact")["properties"]["spec"]
+    assert {"rule": "self == oldSelf", "message": "a compiled artifact is immutable: its name is its content hash"} in (
+        spec["x-kubernetes-validations"]
+    )
+    assert (
+        spec["properties"]["engine"]["x-kubernetes-validations"]
+        == (
+            schema_of("NeuronInferenceService")["properties"]["spec"]["properties"]["engine"][
+                "x-kubernetes-validations"
+            ]
+        )
+    )
+
+
+def test_service_crd_has_scale_columns_and_names() -> None:
+    (crd,) = [crdgen.crd(k) for k in crdgen.KINDS if k.kind == "NeuronInferenceService"]
+    names = crd["spec"]["names"]
+    assert (names["shortNames"], names["categories"]) == (["nis"], ["neuron"])
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Model", "Phase", "Ready", "Desired", "Age"}
+
+
+def test_conditions_are_a_map_keyed_by_type() -> None:
+    conditions = schema_of("NeuronInferenceService")["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert set(conditions["items"]["required"]) >= {"type", "status", "reason", "lastTransitionTime"}
+
+
+def test_crds_command_writes_then_checks(run_cli: RunCli, tmp_path: Path) -> None:
+    stale = run_cli("neuronfleet-operator", "crds", "--check", "--output", str(tmp_path))
+    assert stale.returncode == 2
+    assert stale.stderr.startswith("error: out of date")
+    written = run_cli("neuronfleet-operator", "crds", "--output", str(tmp_path))
+    assert written.returncode == 0, written.stderr
+    for path in tmp_path.iterdir():
+        assert yaml.safe_load(path.read_text())["kind"] == "CustomResourceDefinition"
+    fresh = run_cli("neuronfleet-operator", "crds", "--check", "--output", str(tmp_path))
+    assert (fresh.returncode, fresh.stdout, fresh.stderr) == (0, "", "")
+
+
+def test_run_without_credentials_is_one_clear_line(run_cli: RunCli, tmp_path: Path) -> None:
+    result = run_cli("neuronfleet-operator", "run", "--kubeconfig", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: kubeconfig {tmp_path / 'missing'} does not exist"

@@ -1,0 +1,204 @@
+"""Spec in, Kubernetes objects out: the planned artifact, compile Job and serving objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.operator import api, plan
+
+OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
+NS = "serving"
+MODEL = {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"}
+
+
+def spec(**fields: Any) -> api.NeuronInferenceServiceSpec:
+    return api.parse_service_spec({"model": MODEL, **fields})
+
+
+def artifact_spec(**fields: Any) -> tuple[plan.Owner, api.NeuronCompiledArtifactSpec]:
+    body = plan.artifact(OWNER, NS, spec(**fields))
+    owner = plan.Owner(body["apiVersion"], body["kind"], body["metadata"]["name"], "uid-a")
+    return owner, api.parse_artifact_spec(body["spec"])
+
+
+def served(s: api.NeuronInferenceServiceSpec) -> plan.ServedArtifact:
+    identity = s.identity()
+    return plan.ServedArtifact(plan.artifact_name(identity), identity.hash(), s.compile)
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(only)
+
+
+def arg(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_artifact_is_named_by_model_and_hash_and_shared_not_controlled() -> None:
+    s = spec()
+    body = plan.artifact(OWNER, NS, s)
+    assert body["metadata"]["name"] == f"llama-3-1-8b-{s.identity().hash()}"
+    assert body["metadata"]["labels"][plan.LABEL_ARTIFACT] == s.identity().hash()
+    (ref,) = body["metadata"]["ownerReferences"]
+    assert (ref["uid"], ref["controller"], ref["blockOwnerDeletion"]) == ("uid-1", False, False)
+
+
+def test_artifact_spec_carries_the_identity_with_buckets_written_out() -> None:
+    _, parsed = artifact_spec(engine={"max_num_seqs": 6})
+    assert parsed.engine.num_seqs_buckets == [1, 2, 4, 6]
+    assert parsed.hash() == spec(engine={"max_num_seqs": 6}).identity().hash()
+
+
+def test_artifact_names_fit_a_job_name_for_any_model() -> None:
+    long = spec(model={"uri": "s3://bucket/" + "x" * 200})
+    name = plan.artifact_name(long.identity())
+    assert len(plan.compile_job_name(name)) <= 63
+    assert plan.artifact_name(spec(model={"uri": "hf://org/7b"}).identity()).startswith("m-7b-")
+
+
+def test_compile_job_is_deterministic_bounded_and_runs_the_engine_compile() -> None:
+    owner, parsed = artifact_spec(
+        compile={"timeoutSeconds": 600, "backoffLimit": 1, "artifactStore": "s3://neff-bucket/prod"}
+    )
+    job = plan.compile_job(owner, NS, parsed)
+    assert job["metadata"]["name"] == f"{owner.name}-compile"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-a"
+    assert job["metadata"]["ownerReferences"][0]["controller"] is True
+    assert (job["spec"]["activeDeadlineSeconds"], job["spec"]["backoffLimit"]) == (600, 1)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (c,) = pod["containers"]
+    assert c["command"] == ["neuronfleet-engine"]
+    assert c["args"][:3] == ["compile", "--config", "/etc/neuronfleet/engine.yaml"]
+    assert arg(c["args"], "--artifact-hash") == parsed.hash()
+    assert arg(c["args"], "--artifact-store") == "s3://neff-bucket/prod"
+    assert arg(c["args"], "--target") == "trn2"
+    assert plan.compile_job(owner, NS, parsed) == job
+
+
+def test_compile_pods_stay_off_neuron_nodes_by_default() -> None:
+    owner, parsed = artifact_spec()
+    pod = plan.compile_job(owner, NS, parsed)["spec"]["template"]["spec"]
+    assert pod["tolerations"] == []
+    assert "aws.amazon.com/neuron" not in str(pod["containers"][0]["resources"])
+
+
+def test_compile_pods_take_the_configured_placement_and_annotations() -> None:
+    owner, parsed = artifact_spec(
+        compile={
+            "nodeSelector": {"pool": "compile"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "podAnnotations": {"neuronfleet.io/kwok-fail": "true"},
+        }
+    )
+    template = plan.compile_job(owner, NS, parsed)["spec"]["template"]
+    assert template["spec"]["nodeSelector"] == {"pool": "compile"}
+    assert template["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+    assert template["metadata"]["annotations"] == {"neuronfleet.io/kwok-fail": "true"}
+
+
+def test_pvc_store_is_mounted_writable_for_compile_and_read_only_for_serving() -> None:
+    s = spec(compile={"artifactStore": "pvc://neff-cache/prod"})
+    owner, parsed = artifact_spec(compile={"artifactStore": "pvc://neff-cache/prod"})
+    job_pod = plan.compile_job(owner, NS, parsed)["spec"]["template"]["spec"]
+    assert {"name": "artifacts", "persistentVolumeClaim": {"claimName": "neff-cache", "readOnly": False}} in job_pod[
+        "volumes"
+    ]
+    assert arg(job_pod["containers"][0]["args"], "--artifact-store") == "/var/lib/neuronfleet/artifacts/prod"
+    deployment = plan.deployment(OWNER, NS, s, served(s))
+    mounts = container(deployment)["volumeMounts"]
+    assert {"name": "artifacts", "mountPath": "/var/lib/neuronfleet/artifacts", "readOnly": True} in mounts
+
+
+def test_engine_config_map_holds_the_compiled_shapes() -> None:
+    s = spec(engine={"max_num_seqs": 6, "max_model_len": 4096})
+    cm = plan.engine_configmap(OWNER, NS, s, "abc")
+    engine = EngineConfig.model_validate(yaml.safe_load(cm["data"]["engine.yaml"]))
+    assert engine.num_seqs_buckets == [1, 2, 4, 6]
+    assert engine.num_batched_tokens_buckets == [128, 256, 512, 1024, 2048, 4096]
+    assert cm["metadata"]["name"] == plan.engine_configmap_name("llama", s.engine)
+    assert cm["metadata"]["labels"][plan.LABEL_ARTIFACT] == "abc"
+
+
+def test_deployment_is_pinned_to_its_artifact() -> None:
+    s = spec()
+    artifact = served(s)
+    deployment = plan.deployment(OWNER, NS, s, artifact)
+    template = deployment["spec"]["template"]
+    assert template["metadata"]["labels"][plan.LABEL_ARTIFACT] == artifact.hash
+    assert deployment["spec"]["selector"] == {"matchLabels": {plan.LABEL_SERVICE: "llama"}}
+    c = container(deployment)
+    assert arg(c["args"], "--artifact-hash") == artifact.hash
+    assert {"name": "NEURONFLEET_ARTIFACT_HASH", "value": artifact.hash} in c["env"]
+    volumes = template["spec"]["volumes"]
+    assert {"name": "config", "configMap": {"name": plan.engine_configmap_name("llama", s.engine)}} in volumes
+
+
+def test_deployment_runs_on_neuron_nodes_with_derived_devices() -> None:
+    s = spec(instanceType="trn2.48xlarge", engine={"tensor_parallel_size": 32})
+    deployment = plan.deployment(OWNER, NS, s, served(s))
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
+    assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
+    resources = container(deployment)["resources"]
+    assert resources["requests"]["aws.amazon.com/neuron"] == resources["limits"]["aws.amazon.com/neuron"] == "8"
+
+
+def test_deployment_surges_first_and_drains() -> None:
+    s = spec(drain={"preStopSeconds": 15, "drainTimeoutSeconds": 90}, rollout={"startupTimeoutSeconds": 1200})
+    deployment = plan.deployment(OWNER, NS, s, served(s))
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(deployment)
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": 15}}}
+    assert pod["terminationGracePeriodSeconds"] == 15 + 90 + 15
+    assert arg(c["args"], "--drain-timeout") == "90"
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+
+
+def test_serving_pods_run_restricted() -> None:
+    s = spec()
+    pod = plan.deployment(OWNER, NS, s, served(s))["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = pod["containers"][0]["securityContext"]
+    assert security == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_serving_only_engine_settings_roll_the_pods_but_share_the_artifact() -> None:
+    before = spec()
+    after = spec(engine={"scheduler": {"constant_cost_admission": True}})
+    assert after.identity().hash() == before.identity().hash()
+    a = plan.deployment(OWNER, NS, before, served(before))
+    b = plan.deployment(OWNER, NS, after, served(after))
+    assert a["spec"]["template"] != b["spec"]["template"]  # a new ConfigMap: the pods roll
+    engine = yaml.safe_load(plan.engine_configmap(OWNER, NS, after, "h")["data"]["engine.yaml"])
+    assert engine["scheduler"]["constant_cost_admission"] is True
+
+
+def test_replicas_change_only_the_replica_count() -> None:
+    one, three = spec(replicas=1), spec(replicas=3)
+    a = plan.deployment(OWNER, NS, one, served(one))
+    b = plan.deployment(OWNER, NS, three, served(three))
+    assert a["spec"]["template"] == b["spec"]["template"]
+    assert (a["spec"]["replicas"], b["spec"]["replicas"]) == (1, 3)
+
+
+def test_serving_objects_are_owned_by_the_service_config_first() -> None:
+    s = spec()
+    objects = plan.serving_objects(OWNER, NS, s, served(s))
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+    for obj in objects:
+        assert obj["metadata"]["ownerReferences"] == [OWNER.reference()]
+        assert obj["metadata"]["namespace"] == NS
+    service, pdb = objects[2], objects[3]
+    assert service["spec"]["selector"] == {plan.LABEL_SERVICE: "llama"}
+    assert pdb["spec"]["maxUnavailable"] == 1

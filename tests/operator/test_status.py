@@ -1,0 +1,114 @@
+"""An artifact's status from its compile Job, and condition bookkeeping."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from neuronfleet.operator import api
+from neuronfleet.operator.status import artifact_status, condition, merge_conditions, transitions
+
+SPEC = api.NeuronCompiledArtifactSpec.model_validate(
+    {
+        "model": {"uri": "hf://org/model", "revision": "abc"},
+        "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 512, "max_model_len": 512},
+        "target": "trn2",
+        "image": "neuronfleet/engine:0.1.0",
+        "compile": {"artifactStore": "s3://neff-bucket/prod", "backoffLimit": 2},
+    }
+)
+EMPTY = api.NeuronCompiledArtifactStatus()
+T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
+
+
+def job(**status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "model-x-compile"}, "status": status}
+
+
+def failed_pod(message: str | None, finished: str) -> dict[str, Any]:
+    terminated = {"exitCode": 1, "reason": "Error", "finishedAt": finished}
+    if message:
+        terminated["message"] = message
+    return {"status": {"containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}]}}
+
+
+def test_no_job_yet_is_pending_with_every_bucket_listed() -> None:
+    status = artifact_status(SPEC, None, [], EMPTY, 1)
+    assert status.phase == "Pending"
+    assert [(b.kind, b.size) for b in status.buckets] == [
+        ("prefill", 128),
+        ("prefill", 256),
+        ("prefill", 512),
+        ("decode", 1),
+        ("decode", 2),
+        ("decode", 4),
+    ]
+    assert status.location == f"s3://neff-bucket/prod/{SPEC.hash()}"
+    assert status.hash == SPEC.hash()
+
+
+def test_a_running_job_is_compiling_and_counts_attempts() -> None:
+    status = artifact_status(SPEC, job(active=1, failed=1, startTime="2026-11-30T12:00:00Z"), [], EMPTY, 1)
+    assert (status.phase, status.reason, status.attempts) == ("Compiling", "Running", 2)
+    assert status.message == "compile Job model-x-compile: attempt 2 of 3"
+    assert status.started_at == T0
+
+
+def test_a_complete_job_makes_the_artifact_ready() -> None:
+    done = job(
+        succeeded=1,
+        completionTime="2026-11-30T12:05:00Z",
+        conditions=[{"type": "Complete", "status": "True"}],
+    )
+    status = artifact_status(SPEC, done, [], EMPTY, 1)
+    assert status.phase == "Ready"
+    assert {b.state for b in status.buckets} == {"Compiled"}
+    assert status.completed_at == T0 + datetime.timedelta(minutes=5)
+
+
+def test_a_failed_job_carries_its_reason_and_the_compilers_last_words() -> None:
+    failed = job(
+        failed=3,
+        conditions=[
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+                "lastTransitionTime": "2026-11-30T12:10:00Z",
+            }
+        ],
+    )
+    pods = [failed_pod("bucket 512: out of memory", "2026-11-30T12:09:00Z"), failed_pod(None, "2026-11-30T12:01:00Z")]
+    status = artifact_status(SPEC, failed, pods, EMPTY, 1)
+    assert (status.phase, status.reason, status.attempts) == ("Failed", "BackoffLimitExceeded", 3)
+    assert status.message == "Job has reached the specified backoff limit; last compile pod: bucket 512: out of memory"
+
+
+def test_a_ready_artifact_stays_ready_when_its_job_is_deleted() -> None:
+    ready = artifact_status(SPEC, job(succeeded=1, conditions=[{"type": "Complete", "status": "True"}]), [], EMPTY, 1)
+    assert artifact_status(SPEC, None, [], ready, 1) == ready
+
+
+def test_a_failed_artifact_whose_job_is_deleted_goes_back_to_pending() -> None:
+    failed = api.NeuronCompiledArtifactStatus(phase="Failed", reason="BackoffLimitExceeded")
+    assert artifact_status(SPEC, None, [], failed, 1).phase == "Pending"
+
+
+def test_merge_keeps_order_and_transition_times() -> None:
+    old = [condition("Ready", False, "Compiling", "", 1, T0), condition("Validated", True, "Valid", "", 1, T0)]
+    later = T0 + datetime.timedelta(hours=1)
+    merged = merge_conditions(old, [condition("Validated", True, "Valid", "", 2, later)])
+    assert [c.type for c in merged] == ["Validated", "Ready"]
+    assert merged[0].last_transition_time == T0
+    assert merged[0].observed_generation == 2
+
+
+def test_transitions_post_each_new_reason_once() -> None:
+    before = [condition("Ready", False, "Compiling", "", 1, T0)]
+    after = [
+        condition("ArtifactReady", False, "CompileFailed", "oom", 1, T0),
+        condition("Ready", False, "CompileFailed", "oom", 1, T0),
+    ]
+    events = transitions(before, after)
+    assert [(e.type, e.reason, e.message) for e in events] == [("Warning", "CompileFailed", "ArtifactReady=False: oom")]
