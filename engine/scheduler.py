@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import enum
 from collections import Counter, deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from vllm.logger import init_logger
 
@@ -62,6 +62,10 @@ def read_neuron_config(additional_config: object) -> Mapping[str, Any]:
 
 class NeuronScheduler(Scheduler):
     """vLLM's scheduler with prefill/decode separation, one prefill per step and bucket padding."""
+
+    #: Called as ``observer(scheduler, scheduler_output)`` at the end of every
+    #: ``schedule()``: the engine's metrics subscribe here, in the engine core process.
+    step_observers: ClassVar[list[Callable[[NeuronScheduler, SchedulerOutput], None]]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -231,6 +235,8 @@ class NeuronScheduler(Scheduler):
         scheduler_output = self._apply_padding_and_log_stats(scheduler_output, prefill_ids)
         self._update_state(scheduler_output, has_prefill=bool(prefill_ids))
         self._count_decode_wait(decode_turn, has_prefill=bool(prefill_ids), num_hidden=len(hidden))
+        for observer in self.step_observers:
+            observer(self, scheduler_output)
         return scheduler_output
 
     def _admit_through_holdback(self, decode_turn: bool) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from engine_server import ServerPool
 
 # `cluster`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use;
 # `crds`, `api`, `operator` and `services`: the operator's CRDs installed, the operator running.
@@ -34,3 +35,11 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+    """Start ``neuronfleet-engine serve`` subprocesses; all are stopped when the module is done."""
+    pool = ServerPool(lambda: tmp_path_factory.mktemp("serve"))
+    yield pool
+    pool.stop_all()

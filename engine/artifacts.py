@@ -1,0 +1,230 @@
+"""Compiled artifacts in a store: where they live, their manifest, and compiling them.
+
+An artifact is named by its identity hash (``neuronfleet.engine.identity``, the
+same function the operator uses) and lives in ``STORE/HASH/``. Its
+``manifest.json`` lists one entry per compiled graph (each prefill token bucket,
+each decode batch bucket) with its shape, status and compile time, and says
+whether the artifact is complete. It is rewritten atomically after every
+bucket, so an interrupted compile resumes where it stopped, and a complete
+artifact is never compiled again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from neuronfleet.engine.cost_model import CostModel
+from neuronfleet.engine.identity import CompileIdentity
+
+MANIFEST = "manifest.json"
+LOCK = ".compile.lock"
+#: Bumped when the manifest's shape changes.
+MANIFEST_SCHEMA = 1
+
+Device = Literal["sim", "neuron"]
+BucketKind = Literal["prefill", "decode"]
+
+
+class ArtifactError(Exception):
+    """An artifact that is missing, incomplete, unreadable or not the one asked for, said in one line."""
+
+
+class BucketEntry(BaseModel):
+    """One compiled graph of the artifact."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: BucketKind
+    #: Prefill: tokens of the chunk; decode: sequences in the batch.
+    size: int
+    #: The graph's input shape: ``batch`` sequences of ``tokens`` tokens.
+    shape: dict[str, int]
+    status: Literal["pending", "compiled"] = "pending"
+    seconds: float | None = None
+    compiled_at: str | None = None
+
+
+class Manifest(BaseModel):
+    """``manifest.json`` of one artifact."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = MANIFEST_SCHEMA
+    hash: str
+    identity: dict[str, Any]
+    device: Device
+    status: Literal["incomplete", "complete"] = "incomplete"
+    buckets: list[BucketEntry]
+    created_at: str
+    completed_at: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """True when every bucket is compiled."""
+        return self.status == "complete" and all(entry.status == "compiled" for entry in self.buckets)
+
+    def compiled_buckets(self) -> tuple[list[int], list[int]]:
+        """The compiled prefill token buckets and decode batch buckets, ascending."""
+        prefill = sorted(e.size for e in self.buckets if e.kind == "prefill" and e.status == "compiled")
+        decode = sorted(e.size for e in self.buckets if e.kind == "decode" and e.status == "compiled")
+        return prefill, decode
+
+
+def now() -> str:
+    """UTC time, ISO 8601."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def artifact_dir(store: str, artifact_hash: str) -> Path:
+    """``STORE/HASH``; only local (mounted) stores are read and written by this engine."""
+    if "://" in store:
+        raise ArtifactError(
+            f"artifact store {store!r} is not a local path: this engine reads and writes mounted stores only "
+            "(a pvc:// store, or copy the artifact from S3 first)"
+        )
+    return Path(store) / artifact_hash
+
+
+def planned_buckets(prefill_buckets: Sequence[int], decode_buckets: Sequence[int]) -> list[BucketEntry]:
+    """One pending entry per graph to compile: prefills first, then decodes."""
+    return [
+        *(BucketEntry(kind="prefill", size=size, shape={"batch": 1, "tokens": size}) for size in prefill_buckets),
+        *(BucketEntry(kind="decode", size=size, shape={"batch": size, "tokens": 1}) for size in decode_buckets),
+    ]
+
+
+def read_manifest(directory: Path) -> Manifest | None:
+    """The artifact's manifest, or ``None`` when there is none."""
+    path = directory / MANIFEST
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise ArtifactError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        return Manifest.model_validate(json.loads(text))
+    except (json.JSONDecodeError, ValidationError) as error:
+        raise ArtifactError(f"{path} is not a valid artifact manifest: {error}") from None
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Replace the manifest atomically: readers see the old one or the new one, never half."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{MANIFEST}.", dir=directory)
+    with os.fdopen(handle, "w") as file:
+        file.write(manifest.model_dump_json(indent=2))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, directory / MANIFEST)
+
+
+@contextmanager
+def compile_lock(directory: Path) -> Iterator[None]:
+    """Hold the artifact's compile lock: two compiles of one artifact never interleave."""
+    with open(directory / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def simulated_compiler(cost: CostModel, *, sleep: bool) -> Callable[[BucketEntry], float]:
+    """Compile one bucket on the simulated device: take (or, with ``sleep=False``, only count) its time."""
+
+    def compile_bucket(entry: BucketEntry) -> float:
+        seconds = cost.compile_seconds(entry.size)
+        if sleep:
+            time.sleep(seconds)
+        return seconds
+
+    return compile_bucket
+
+
+def is_complete(store: str, artifact_hash: str) -> bool:
+    """Whether the store already holds the complete artifact."""
+    manifest = read_manifest(artifact_dir(store, artifact_hash))
+    return manifest is not None and manifest.complete
+
+
+def compile_artifact(
+    store: str,
+    identity: CompileIdentity,
+    device: Device,
+    compile_bucket: Callable[[BucketEntry], float],
+    on_bucket: Callable[[BucketEntry, int, int], None] | None = None,
+) -> tuple[Manifest, int]:
+    """Compile every graph of ``identity`` not yet compiled in ``store``; return the manifest and how many ran.
+
+    ``compile_bucket`` compiles one graph and returns the seconds it took;
+    ``on_bucket(entry, done, total)`` reports progress. An artifact already
+    complete compiles nothing.
+    """
+    artifact_hash = identity.hash()
+    directory = artifact_dir(store, artifact_hash)
+    directory.mkdir(parents=True, exist_ok=True)
+    with compile_lock(directory):
+        manifest = read_manifest(directory)
+        if manifest is None:
+            engine = identity.engine
+            manifest = Manifest(
+                hash=artifact_hash,
+                identity=identity.document(),
+                device=device,
+                buckets=planned_buckets(engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets),
+                created_at=now(),
+            )
+            write_manifest(directory, manifest)
+        elif manifest.hash != artifact_hash or manifest.identity != identity.document():
+            raise ArtifactError(f"{directory / MANIFEST} belongs to another artifact ({manifest.hash})")
+        elif manifest.device != device:
+            raise ArtifactError(f"{directory} holds {manifest.device} graphs, not {device} ones")
+        compiled = 0
+        total = len(manifest.buckets)
+        for entry in manifest.buckets:
+            if entry.status == "compiled":
+                continue
+            entry.seconds = round(compile_bucket(entry), 6)
+            entry.status = "compiled"
+            entry.compiled_at = now()
+            compiled += 1
+            write_manifest(directory, manifest)
+            if on_bucket is not None:
+                on_bucket(entry, sum(e.status == "compiled" for e in manifest.buckets), total)
+        if manifest.status != "complete":
+            manifest.status = "complete"
+            manifest.completed_at = now()
+            write_manifest(directory, manifest)
+        return manifest, compiled
+
+
+def load_for_serving(directory: str | Path, prefill_buckets: Sequence[int], decode_buckets: Sequence[int]) -> Manifest:
+    """The complete artifact in ``directory`` whose graphs are exactly the buckets to serve."""
+    path = Path(directory)
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise ArtifactError(f"no compiled artifact at {path} (no {MANIFEST}): run `neuronfleet-engine compile` first")
+    if not manifest.complete:
+        done = sum(entry.status == "compiled" for entry in manifest.buckets)
+        raise ArtifactError(
+            f"the artifact at {path} is incomplete ({done} of {len(manifest.buckets)} graphs compiled): "
+            "finish it with `neuronfleet-engine compile`"
+        )
+    compiled = manifest.compiled_buckets()
+    if compiled != (list(prefill_buckets), list(decode_buckets)):
+        raise ArtifactError(
+            f"the artifact at {path} was compiled for prefill buckets {compiled[0]} and decode buckets "
+            f"{compiled[1]}, not the configured {list(prefill_buckets)} and {list(decode_buckets)}"
+        )
+    return manifest

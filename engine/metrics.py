@@ -1,0 +1,189 @@
+"""Prometheus metrics of the Neuron scheduler and the simulated device, beside vLLM's own.
+
+The scheduler runs in vLLM's engine-core process, and ``/metrics`` is served by
+the API server process. The serve command therefore runs prometheus-client in
+multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, as vLLM itself does with several
+API servers): the metrics here are written by the engine core to shared files,
+and vLLM's ``/metrics`` collects every process's files. Scheduler metrics are
+updated by a step observer (``NeuronScheduler.step_observers``) after every
+``schedule()``; device metrics by the simulated device after every step.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge as PromGauge
+from prometheus_client import Histogram as PromHistogram
+
+from neuronfleet.engine import vllm_compat
+from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.engine.exposition import CHUNK_METRIC
+from neuronfleet.engine.scheduler import NeuronScheduler, SchedulerState
+
+PREFIX = "neuronfleet:"
+#: At most this many histogram bounds for prefill chunk lengths.
+MAX_CHUNK_BOUNDS = 64
+#: The finest step between chunk-length bounds, in tokens.
+MIN_CHUNK_STEP = 16
+
+
+def chunk_bounds(max_chunk: int) -> list[float]:
+    """Histogram bounds for prefill chunk lengths: equal steps of at least 16 tokens, ending at ``max_chunk``."""
+    step = max(MIN_CHUNK_STEP, MIN_CHUNK_STEP * math.ceil(max_chunk / MAX_CHUNK_BOUNDS / MIN_CHUNK_STEP))
+    bounds = list(range(step, max_chunk, step))
+    return [float(bound) for bound in [*bounds, max_chunk]]
+
+
+class NeuronMetrics:
+    """The ``neuronfleet:`` metric families, in one registry."""
+
+    def __init__(self, registry: CollectorRegistry, max_chunk: int) -> None:
+        self.padding_tokens = PromCounter(
+            f"{PREFIX}padding_tokens", "Prefill padding tokens computed, all buckets.", registry=registry
+        )
+        self.padding_tokens_by_bucket = PromCounter(
+            f"{PREFIX}padding_tokens_by_bucket",
+            "Prefill padding tokens computed, by prefill token bucket.",
+            ["bucket"],
+            registry=registry,
+        )
+        self.prefill_steps = PromCounter(
+            f"{PREFIX}prefill_steps", "Prefill steps run, by prefill token bucket.", ["bucket"], registry=registry
+        )
+        self.decode_steps = PromCounter(
+            f"{PREFIX}decode_steps", "Decode steps run, by decode batch bucket.", ["bucket"], registry=registry
+        )
+        self.decode_padding_seqs = PromCounter(
+            f"{PREFIX}decode_padding_seqs",
+            "Padding rows in decode batches, by decode batch bucket.",
+            ["bucket"],
+            registry=registry,
+        )
+        self.kv_deferrals = PromCounter(
+            f"{PREFIX}kv_admission_deferrals",
+            "Times a prefill was held back because running requests could fill the KV cache.",
+            registry=registry,
+        )
+        self.state = PromGauge(
+            f"{PREFIX}scheduler_state",
+            "1 for the scheduler's current state, 0 for the others.",
+            ["state"],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.prefill_chunk_tokens = PromHistogram(
+            CHUNK_METRIC,
+            "Real tokens of each prefill chunk scheduled (before padding).",
+            buckets=chunk_bounds(max_chunk),
+            registry=registry,
+        )
+        self.device_seconds = PromCounter(
+            f"{PREFIX}sim_device_seconds",
+            "Simulated device time spent in steps, by step kind (virtual or slept).",
+            ["kind"],
+            registry=registry,
+        )
+
+
+@dataclass
+class _Seen:
+    """The scheduler counters as of the last step observed."""
+
+    padding: Counter[int] = field(default_factory=Counter)
+    prefill: Counter[int] = field(default_factory=Counter)
+    decode: Counter[int] = field(default_factory=Counter)
+    kv_deferrals: int = 0
+
+
+class SchedulerObserver:
+    """Turns a scheduler's running counters into metric increments after each step."""
+
+    def __init__(self, metrics: NeuronMetrics) -> None:
+        self.metrics = metrics
+        self._seen: dict[int, _Seen] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, scheduler: NeuronScheduler, scheduler_output: vllm_compat.SchedulerOutput) -> None:
+        """Observe one step of ``scheduler`` (a ``NeuronScheduler.step_observers`` entry)."""
+        with self._lock:
+            seen = self._seen.setdefault(id(scheduler), _Seen())
+            self._count(scheduler, seen)
+            self._observe_output(scheduler, scheduler_output)
+
+    def _count(self, scheduler: NeuronScheduler, seen: _Seen) -> None:
+        metrics = self.metrics
+        for bucket, total in scheduler.padding_tokens_by_bucket.items():
+            if added := total - seen.padding[bucket]:
+                metrics.padding_tokens.inc(added)
+                metrics.padding_tokens_by_bucket.labels(bucket=str(bucket)).inc(added)
+        for bucket, total in scheduler.prefill_steps_by_bucket.items():
+            if added := total - seen.prefill[bucket]:
+                metrics.prefill_steps.labels(bucket=str(bucket)).inc(added)
+        for bucket, total in scheduler.decode_steps_by_bucket.items():
+            if added := total - seen.decode[bucket]:
+                metrics.decode_steps.labels(bucket=str(bucket)).inc(added)
+        if added := scheduler.num_kv_deferred_admissions - seen.kv_deferrals:
+            metrics.kv_deferrals.inc(added)
+        seen.padding = Counter(scheduler.padding_tokens_by_bucket)
+        seen.prefill = Counter(scheduler.prefill_steps_by_bucket)
+        seen.decode = Counter(scheduler.decode_steps_by_bucket)
+        seen.kv_deferrals = scheduler.num_kv_deferred_admissions
+        for state in SchedulerState:
+            metrics.state.labels(state=state.value).set(1 if scheduler.state is state else 0)
+
+    def _observe_output(self, scheduler: NeuronScheduler, scheduler_output: vllm_compat.SchedulerOutput) -> None:
+        scheduled = scheduler_output.num_scheduled_tokens
+        if not scheduled:
+            return
+        computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
+        prefills = [
+            num_tokens
+            for req_id, num_tokens in scheduled.items()
+            if (request := scheduler.requests.get(req_id)) is not None
+            and computed.get(req_id, 0) < request.num_prompt_tokens
+        ]
+        for num_tokens in prefills:
+            self.metrics.prefill_chunk_tokens.observe(num_tokens)
+        if not prefills:
+            bucket = get_bucket_for_count(len(scheduled), scheduler.num_seqs_buckets)
+            if padding := bucket - len(scheduled):
+                self.metrics.decode_padding_seqs.labels(bucket=str(bucket)).inc(padding)
+
+
+_default: SchedulerObserver | None = None
+_default_lock = threading.Lock()
+
+
+def default_metrics(max_chunk: int) -> NeuronMetrics:
+    """This process's metrics in the default registry, made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = SchedulerObserver(NeuronMetrics(REGISTRY, max_chunk))
+        return _default.metrics
+
+
+def observe_default(scheduler: NeuronScheduler, scheduler_output: vllm_compat.SchedulerOutput) -> None:
+    """Step observer feeding the default registry; sized by the first scheduler it sees."""
+    global _default
+    if _default is None:
+        default_metrics(scheduler.num_batched_tokens_buckets[-1])
+    assert _default is not None
+    _default(scheduler, scheduler_output)
+
+
+def record_device_step(kind: str, seconds: float, max_chunk: int) -> None:
+    """Count a simulated device step's time in the default registry."""
+    default_metrics(max_chunk).device_seconds.labels(kind=kind).inc(seconds)
+
+
+def subscribe() -> None:
+    """Export every Neuron scheduler in this process to the default registry (idempotent)."""
+    if observe_default not in NeuronScheduler.step_observers:
+        NeuronScheduler.step_observers.append(observe_default)

@@ -1,0 +1,67 @@
+"""``GET /ready``: a vLLM endpoint plugin that says which model and compiled artifact are serving.
+
+vLLM opens its HTTP listener only after the engine core has started, and the
+engine core starts only after the executor loaded the model and the compiled
+artifact; before that, connections are refused. So ``/ready`` (like vLLM's
+``/health``) answers only once both are loaded; it then answers 200 while the
+engine is healthy and 503 once it is not, with what it serves:
+``{"status": "ready", "model": ..., "device": "sim", "artifact": HASH}``.
+
+Registered under vLLM's ``vllm.endpoint_plugins`` entry point group; vLLM
+loads endpoint plugins only when named in ``VLLM_PLUGINS``, which the serve
+command sets (see ``neuronfleet.engine.serve.plugin_allowlist``).
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.datastructures import State
+
+from neuronfleet.engine.serve import READY_PLUGIN
+
+
+def describe(args: Namespace) -> dict[str, Any]:
+    """What this server serves, from vLLM's parsed arguments."""
+    served = args.served_model_name or [args.model]
+    sim = (args.additional_config or {}).get("neuronfleet_sim")
+    artifact = sim.get("artifact_dir") if sim else None
+    return {
+        "model": served[0] if isinstance(served, list) else served,
+        "device": "sim" if sim else "neuron",
+        "artifact": Path(artifact).name if artifact else None,
+    }
+
+
+class ReadinessPlugin:
+    """The endpoint plugin vLLM instantiates (zero-argument factory)."""
+
+    name = READY_PLUGIN
+    required_tasks = None
+
+    def attach_router(self, app: FastAPI) -> None:
+        """Add ``GET /ready``."""
+        router = APIRouter()
+
+        @router.get("/ready", include_in_schema=False)
+        async def ready(request: Request) -> JSONResponse:
+            state = request.app.state
+            serving = getattr(state, "neuronfleet_serving", None)
+            client = getattr(state, "engine_client", None)
+            if client is None or serving is None:
+                return JSONResponse({"status": "not ready"}, status_code=503)
+            try:
+                await client.check_health()
+            except Exception as error:  # the engine is dead or dying: not ready, say why
+                return JSONResponse({"status": "not ready", "reason": str(error) or type(error).__name__}, 503)
+            return JSONResponse({"status": "ready", **serving})
+
+        app.include_router(router)
+
+    async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
+        """Record what is served."""
+        state.neuronfleet_serving = describe(args)

@@ -1,0 +1,166 @@
+"""``neuronfleet-engine serve``: vLLM's OpenAI-compatible server with the Neuron scheduler.
+
+The serve command only prepares: it renders the ``vllm serve`` arguments from
+the engine configuration, checks the compiled artifact, makes the local model
+directory the simulated device needs, sets the environment, and then replaces
+itself with ``vllm serve`` (same process id, so Kubernetes' SIGTERM reaches
+vLLM directly). Everything after that is vLLM's own serving stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.sim_settings import DEVICE_ENV, SETTINGS_KEY, SimSettings
+
+Device = Literal["sim", "neuron"]
+
+#: The executor vLLM runs the simulated device on (``--distributed-executor-backend``).
+SIM_EXECUTOR_CLS = "neuronfleet.engine.sim_executor.SimNeuronExecutor"
+#: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
+NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
+
+
+#: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.readiness``), for ``VLLM_PLUGINS``.
+READY_PLUGIN = "neuronfleet_ready"
+_VLLM_GROUPS = (
+    "vllm.platform_plugins",
+    "vllm.general_plugins",
+    "vllm.stat_logger_plugins",
+    "vllm.io_processor_plugins",
+)
+
+
+def plugin_allowlist(current: str | None) -> str:
+    """``VLLM_PLUGINS`` that adds ``/ready`` and keeps every other plugin vLLM would load.
+
+    Naming any plugin in ``VLLM_PLUGINS`` restricts every group to the names
+    listed, so the installed platform and general plugins are listed too (the
+    Neuron plugin among them on a Neuron host). Other endpoint plugins stay off.
+    """
+    if current is not None:
+        names = [name for name in current.split(",") if name]
+    else:
+        names = sorted({plugin.name for group in _VLLM_GROUPS for plugin in entry_points(group=group)})
+    return ",".join([*names, READY_PLUGIN] if READY_PLUGIN not in names else names)
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """What to serve, where, and on which device."""
+
+    engine: EngineConfig
+    device: Device
+    #: What vLLM loads: a local directory (sim) or a Hugging Face id / local path (neuron).
+    model: str
+    served_model_name: str
+    #: The model revision vLLM loads (neuron device; the simulated model directory has none).
+    revision: str | None
+    host: str
+    port: int
+    drain_timeout: int
+    async_scheduling: bool = True
+    #: A complete compiled artifact's directory; ``None`` compiles at start (sim only).
+    artifact_dir: Path | None = None
+    sim: SimSettings = field(default_factory=SimSettings)
+    extra_args: tuple[str, ...] = ()
+
+
+def served_name(model_uri: str) -> str:
+    """The model name clients use: ``org/name`` of an ``hf://`` URI, the last path part of others."""
+    if model_uri.startswith("hf://"):
+        return model_uri.removeprefix("hf://")
+    return model_uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def shape_for_model(model_uri: str) -> str:
+    """The simulated shape that stands for a model: a Llama 3.1 size it names, else the tiny shape."""
+    name = served_name(model_uri).rsplit("/", 1)[-1].lower()
+    for shape in ("llama-3.1-70b", "llama-3.1-8b"):
+        if name.startswith(shape) or name.startswith(f"meta-{shape}"):
+            return shape
+    return "tiny"
+
+
+def replace_additional_config(args: list[str], extra: dict[str, Any]) -> list[str]:
+    """``args`` with ``extra`` merged into the JSON after ``--additional-config``."""
+    index = args.index("--additional-config")
+    merged = {**json.loads(args[index + 1]), **extra}
+    return [*args[: index + 1], json.dumps(merged, separators=(",", ":")), *args[index + 2 :]]
+
+
+def vllm_serve_argv(request: ServeRequest) -> list[str]:
+    """The ``vllm serve`` arguments (after ``serve``) for ``request``."""
+    args = request.engine.vllm_serve_args(async_scheduling=request.async_scheduling)
+    if request.device == "sim":
+        sim = request.sim.model_copy(
+            update={"artifact_dir": None if request.artifact_dir is None else str(request.artifact_dir)}
+        )
+        args = replace_additional_config(args, {SETTINGS_KEY: sim.model_dump(mode="json")})
+        args += ["--distributed-executor-backend", SIM_EXECUTOR_CLS]
+    elif request.revision is not None:
+        args += ["--revision", request.revision]
+    return [
+        request.model,
+        "--served-model-name",
+        request.served_model_name,
+        "--host",
+        request.host,
+        "--port",
+        str(request.port),
+        # vLLM drains in-flight requests for this long on SIGTERM, then exits.
+        "--shutdown-timeout",
+        str(request.drain_timeout),
+        *args,
+        *request.extra_args,
+    ]
+
+
+def metrics_dir(port: int) -> Path:
+    """A fresh directory for prometheus-client's multiprocess files, one per port on the host."""
+    path = Path(tempfile.gettempdir()) / f"neuronfleet-metrics-{port}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700)
+    return path
+
+
+def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, str]:
+    """The environment ``vllm serve`` runs in."""
+    env = dict(base)
+    # ./operator must never shadow the standard library, whatever the working directory.
+    env["PYTHONSAFEPATH"] = "1"
+    # No usage reports leave the host.
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["DO_NOT_TRACK"] = "1"
+    # The engine core writes the neuronfleet: metrics; the API server's /metrics collects them.
+    env["VLLM_PLUGINS"] = plugin_allowlist(env.get("VLLM_PLUGINS"))
+    if "PROMETHEUS_MULTIPROC_DIR" not in env:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(request.port))
+    if request.device == "sim":
+        env[DEVICE_ENV] = "sim"
+        # The model directory is local; nothing is downloaded.
+        env["HF_HUB_OFFLINE"] = "1"
+        env["TRANSFORMERS_OFFLINE"] = "1"
+    else:
+        env.pop(DEVICE_ENV, None)
+        if request.artifact_dir is not None:
+            env[NEURON_CACHE_ENV] = str(request.artifact_dir / "neff")
+    return env
+
+
+def exec_vllm_serve(request: ServeRequest) -> NoReturn:
+    """Become ``vllm serve`` for ``request`` (this process's id is kept)."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *vllm_serve_argv(request)]
+    env = serve_environment(request, dict(os.environ))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)

@@ -1,0 +1,219 @@
+"""The simulated Neuron device: the model-runner side of the padding contract, without a model.
+
+Each step it receives vLLM's ``SchedulerOutput`` from the Neuron scheduler and
+does what a Neuron model runner does with it: builds the padded inputs of exactly
+one compiled graph (a prefill chunk padded to its token bucket, or a decode batch
+padded to its batch bucket), refuses anything no compiled graph accepts, takes
+the time the cost model gives for that graph, and samples one token per request
+that completes its prompt or decodes. Tokens are a fixed function of the prompt
+and the position, so the same prompt always gets the same reply.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vllm.v1.outputs import ModelRunnerOutput
+
+from neuronfleet.engine import vllm_compat
+from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.engine.cost_model import CostModel
+from neuronfleet.engine.model_runner import kv_slot, pad_decode, pad_prefill
+from neuronfleet.engine.tokenizer import FIRST_WORD_ID
+
+ClockMode = Literal["real", "virtual"]
+
+
+class ShapeNotCompiledError(RuntimeError):
+    """A step whose shape no compiled graph has: a real Neuron runtime refuses it too."""
+
+
+class Clock:
+    """Device time. ``real`` sleeps for every step; ``virtual`` only counts."""
+
+    def __init__(self, mode: ClockMode) -> None:
+        self.mode: ClockMode = mode
+        self.elapsed_s = 0.0
+
+    def advance(self, seconds: float) -> None:
+        """Spend ``seconds`` of device time."""
+        self.elapsed_s += seconds
+        if self.mode == "real":
+            time.sleep(seconds)
+
+
+@dataclass
+class RequestState:
+    """What the device keeps of a request between steps, as a model runner's persistent batch does."""
+
+    prompt_token_ids: list[int]
+    block_ids: list[int]
+    #: Prompt then sampled tokens: the device's own record of the sequence.
+    token_ids: list[int]
+    digest: int
+
+
+@dataclass
+class DeviceStats:
+    """What the device ran, for metrics: counts by bucket, padding, device time."""
+
+    prefill_steps_by_bucket: Counter[int] = field(default_factory=Counter)
+    decode_steps_by_bucket: Counter[int] = field(default_factory=Counter)
+    padding_tokens_by_bucket: Counter[int] = field(default_factory=Counter)
+    prefill_chunk_tokens: list[int] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One executed step: the runner output and what it cost."""
+
+    output: ModelRunnerOutput
+    kind: Literal["prefill", "decode", "empty"]
+    bucket: int
+    real: int
+    seconds: float
+
+
+def sampled_token(digest: int, position: int, vocab_size: int) -> int:
+    """The token the device samples at ``position`` for a prompt with ``digest``: never a special token."""
+    words = vocab_size - FIRST_WORD_ID
+    return FIRST_WORD_ID + (digest * 2_654_435_761 + position * 40_503) % words
+
+
+class SimulatedNeuronDevice:
+    """Runs scheduled steps as compiled Neuron graphs would, on a clock."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        *,
+        block_size: int,
+        prefill_buckets: Sequence[int],
+        decode_buckets: Sequence[int],
+        clock: Clock,
+        on_step: Callable[[StepResult], None] | None = None,
+    ) -> None:
+        self.cost = cost
+        self.block_size = block_size
+        self.prefill_buckets = list(prefill_buckets)
+        self.decode_buckets = list(decode_buckets)
+        self.clock = clock
+        self.vocab_size = cost.shape.vocab_size
+        self.requests: dict[str, RequestState] = {}
+        self.stats = DeviceStats()
+        self.on_step = on_step
+
+    def execute(self, scheduler_output: vllm_compat.SchedulerOutput) -> StepResult:
+        """Run one step and return vLLM's ``ModelRunnerOutput`` for it."""
+        self._update_requests(scheduler_output)
+        if not scheduler_output.num_scheduled_tokens:
+            return StepResult(ModelRunnerOutput(req_ids=[], req_id_to_index={}), "empty", 0, 0, 0.0)
+        computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
+        padded = vllm_compat.padded_counts(scheduler_output)
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        prefill_ids = [r for r in req_ids if computed[r] < len(self.requests[r].prompt_token_ids)]
+        if prefill_ids and len(prefill_ids) != len(req_ids):
+            raise ShapeNotCompiledError(
+                f"a step mixes {len(prefill_ids)} prefill and {len(req_ids) - len(prefill_ids)} decode requests; "
+                "Neuron compiles prefill and decode as separate graphs"
+            )
+        if prefill_ids:
+            if len(prefill_ids) > 1:
+                raise ShapeNotCompiledError(f"{len(prefill_ids)} prefills in one step; a prefill graph takes one")
+            req_id = prefill_ids[0]
+            result = self._prefill(
+                req_id, computed[req_id], scheduler_output.num_scheduled_tokens[req_id], padded[req_id]
+            )
+        else:
+            result = self._decode(req_ids, computed)
+        self.clock.advance(result.seconds)
+        self.stats.step_seconds.append(result.seconds)
+        if self.on_step is not None:
+            self.on_step(result)
+        return result
+
+    def _update_requests(self, scheduler_output: vllm_compat.SchedulerOutput) -> None:
+        for req_id in scheduler_output.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt = list(new.prompt_token_ids or [])
+            if not prompt:
+                raise ShapeNotCompiledError(
+                    f"request {new.req_id} has no prompt token ids (embeddings are not supported)"
+                )
+            self.requests[new.req_id] = RequestState(
+                prompt_token_ids=prompt,
+                block_ids=list(new.block_ids[0]),
+                token_ids=list(prompt),
+                digest=zlib.crc32(repr(prompt).encode()),
+            )
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            state = self.requests[req_id]
+            if req_id in cached.resumed_req_ids:
+                # A resumed request's blocks are all given again.
+                state.block_ids = []
+            if new_block_ids is not None:
+                state.block_ids.extend(new_block_ids[0])
+
+    def _prefill(self, req_id: str, computed: int, num_tokens: int, padded_len: int) -> StepResult:
+        state = self.requests[req_id]
+        if padded_len not in self.prefill_buckets:
+            raise ShapeNotCompiledError(
+                f"no compiled prefill graph for {padded_len} tokens (request {req_id}, {num_tokens} real); "
+                f"compiled buckets: {self.prefill_buckets}"
+            )
+        chunk = state.prompt_token_ids[computed : computed + num_tokens]
+        inputs = pad_prefill(chunk, computed, state.block_ids, self.block_size, padded_len)
+        assert len(inputs.input_ids) == padded_len, "the padded inputs must have the graph's shape"
+        end = computed + num_tokens
+        sampled: list[int] = []
+        if end >= len(state.prompt_token_ids):
+            # Only the last real position's logits are read (inputs.logits_index).
+            sampled = [self._sample(state, end)]
+        seconds = self.cost.prefill_seconds(padded_len, computed)
+        self.stats.prefill_steps_by_bucket[padded_len] += 1
+        self.stats.padding_tokens_by_bucket[padded_len] += padded_len - num_tokens
+        self.stats.prefill_chunk_tokens.append(num_tokens)
+        output = ModelRunnerOutput(req_ids=[req_id], req_id_to_index={req_id: 0}, sampled_token_ids=[sampled])
+        return StepResult(output, "prefill", padded_len, num_tokens, seconds)
+
+    def _decode(self, req_ids: list[str], computed: dict[str, int]) -> StepResult:
+        states = [self.requests[req_id] for req_id in req_ids]
+        positions = [computed[req_id] for req_id in req_ids]
+        for req_id, state, position in zip(req_ids, states, positions, strict=True):
+            if position >= len(state.token_ids):
+                raise RuntimeError(f"decode of {req_id} at position {position} before its token was sampled")
+        try:
+            inputs = pad_decode(
+                [state.token_ids[position] for state, position in zip(states, positions, strict=True)],
+                positions,
+                [kv_slot(p, s.block_ids, self.block_size) for s, p in zip(states, positions, strict=True)],
+                self.decode_buckets,
+            )
+            bucket = get_bucket_for_count(len(req_ids), self.decode_buckets)
+        except ValueError as error:
+            raise ShapeNotCompiledError(f"no compiled decode graph: {error}") from None
+        assert len(inputs.input_ids) == bucket, "the padded batch must have the graph's shape"
+        sampled = [[self._sample(state, position + 1)] for state, position in zip(states, positions, strict=True)]
+        seconds = self.cost.decode_seconds(bucket, sum(p + 1 for p in positions))
+        self.stats.decode_steps_by_bucket[bucket] += 1
+        output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+        return StepResult(output, "decode", bucket, len(req_ids), seconds)
+
+    def _sample(self, state: RequestState, position: int) -> int:
+        """The token at ``position``; the device records it, as it feeds it to the next decode."""
+        token = sampled_token(state.digest, position, self.vocab_size)
+        if position == len(state.token_ids):
+            state.token_ids.append(token)
+        return token

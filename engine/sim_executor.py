@@ -1,0 +1,236 @@
+"""vLLM's executor for the simulated Neuron device.
+
+vLLM takes it through its own extension point (``--distributed-executor-backend
+neuronfleet.engine.sim_executor.SimNeuronExecutor``) and runs it inside the
+engine core, beside the scheduler. Every call vLLM makes on its workers goes to
+one in-process :class:`SimNeuronWorker`, which answers the KV cache questions
+from the model shape and the cost model and runs steps on the simulated device.
+Steps run on one device thread in order, so under async scheduling the engine
+core schedules the next step while the device is busy, as with a real device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.serial_utils import run_method
+from vllm.v1.worker.worker_base import CompilationTimes
+
+from neuronfleet.engine import artifacts, metrics
+from neuronfleet.engine.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.model_shapes import get_shape
+from neuronfleet.engine.scheduler import read_neuron_config
+from neuronfleet.engine.sim_device import Clock, SimulatedNeuronDevice
+from neuronfleet.engine.sim_settings import SimSettings, read_settings
+
+logger = init_logger(__name__)
+
+#: The KV cache layout the simulated device reports (vLLM's NHD).
+KV_CACHE_LAYOUT = "LBNHC"
+_DTYPE_BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+class SimNeuronWorker:
+    """The one worker of a simulated replica: answers vLLM's worker calls."""
+
+    def __init__(self, vllm_config: VllmConfig, settings: SimSettings) -> None:
+        self.vllm_config = vllm_config
+        self.settings = settings
+        model_config = vllm_config.model_config
+        self.shape = get_shape(settings.shape)
+        # vLLM has resolved "auto" and names to a torch dtype by now.
+        self.dtype = model_config.dtype if isinstance(model_config.dtype, torch.dtype) else torch.bfloat16
+        self.cost = CostModel(
+            instance=get_instance_type(settings.instance_type),
+            shape=self.shape,
+            tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+            dtype_bytes=_DTYPE_BYTES.get(self.dtype, 2),
+        )
+        self.block_size = vllm_config.cache_config.block_size
+        neuron_config = read_neuron_config(vllm_config.additional_config)
+        self.engine_buckets = (
+            list(neuron_config["num_batched_tokens_buckets"]),
+            list(neuron_config["num_seqs_buckets"]),
+        )
+        self.clock = Clock(settings.clock)
+        self.device: SimulatedNeuronDevice | None = None
+        self._pending: ModelRunnerOutput | None = None
+        self.kv_cache_config: KVCacheConfig | None = None
+
+    # Start-up ---------------------------------------------------------------------
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        """One full-attention KV spec per layer, with the whole replica's KV heads."""
+        spec = FullAttentionSpec(
+            block_size=self.block_size,
+            num_kv_heads=self.shape.num_key_value_heads,
+            head_size=self.shape.head_dim,
+            dtype=self.dtype,
+        )
+        return {f"model.layers.{i}.self_attn.attn": spec for i in range(self.shape.num_hidden_layers)}
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        """The layouts the device's attention supports."""
+        return [KV_CACHE_LAYOUT]
+
+    def set_kv_cache_layout(self, kv_cache_layout: str, cp_kv_cache_interleave_size: int) -> None:
+        """The engine core's resolved layout: nothing to lay out on a simulated device."""
+
+    def determine_available_memory(self) -> int:
+        """HBM for the KV cache, capped at what ``max_num_seqs`` full-length requests need.
+
+        The block pool lives in host memory here, so a tiny model on a large device
+        would otherwise make millions of blocks; more than the scheduler can ever
+        admit changes nothing but prefix-cache retention.
+        """
+        scheduler_config = self.vllm_config.scheduler_config
+        available = self.cost.kv_cache_bytes(self.vllm_config.cache_config.gpu_memory_utilization)
+        if available <= 0:
+            raise ValueError(
+                f"{self.shape.name} ({self.cost.weight_bytes / 2**30:.1f} GiB of weights) does not fit "
+                f"{self.settings.instance_type} at tensor_parallel_size {self.cost.tensor_parallel_size} "
+                f"({self.cost.hbm_bytes / 2**30:.1f} GiB of HBM)"
+            )
+        blocks_per_request = -(-self.vllm_config.model_config.max_model_len // self.block_size)
+        # One block more for vLLM's null block, then twice that for prefix-cache reuse.
+        cap_blocks = 2 * (scheduler_config.max_num_seqs * blocks_per_request + 1)
+        bytes_per_block = self.shape.kv_bytes_per_token(self.cost.dtype_bytes) * self.block_size
+        return min(available, cap_blocks * bytes_per_block)
+
+    def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
+        """Load the compiled artifact (or compile now) and make the device."""
+        # The executor passes every worker's configuration; this is the only worker.
+        kv_cache_config = kv_cache_configs[0]
+        self.kv_cache_config = kv_cache_config
+        prefill_buckets, decode_buckets = self.engine_buckets
+        if self.settings.artifact_dir is not None:
+            manifest = artifacts.load_for_serving(self.settings.artifact_dir, prefill_buckets, decode_buckets)
+            prefill_buckets, decode_buckets = manifest.compiled_buckets()
+            logger.info("Loaded compiled artifact %s from %s", manifest.hash, self.settings.artifact_dir)
+        else:
+            seconds = sum(self.cost.compile_seconds(size) for size in [*prefill_buckets, *decode_buckets])
+            logger.info("No artifact given: compiling %d buckets now", len(prefill_buckets) + len(decode_buckets))
+            self.clock.advance(seconds)
+        self.device = SimulatedNeuronDevice(
+            self.cost,
+            block_size=self.block_size,
+            prefill_buckets=prefill_buckets,
+            decode_buckets=decode_buckets,
+            clock=self.clock,
+            on_step=lambda step: metrics.record_device_step(step.kind, step.seconds, prefill_buckets[-1]),
+        )
+        logger.info(
+            "Simulated Neuron device: %s on %s, tensor parallel %d, %s clock; prefill buckets %s, decode buckets %s; "
+            "KV cache %d blocks",
+            self.shape.name,
+            self.settings.instance_type,
+            self.cost.tensor_parallel_size,
+            self.settings.clock,
+            prefill_buckets,
+            decode_buckets,
+            kv_cache_config.num_blocks,
+        )
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        """Graphs are compiled ahead of time (or at load): nothing to warm up."""
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        """Text generation only."""
+        return ("generate",)
+
+    # Steps --------------------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        """Run the step; its tokens are handed over by :meth:`sample_tokens` (vLLM's two-phase step)."""
+        assert self.device is not None, "initialize_from_config runs before any step"
+        result = self.device.execute(scheduler_output)
+        if result.kind == "empty":
+            return result.output
+        self._pending = result.output
+        return None
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        """The tokens of the step :meth:`execute_model` ran (grammars are not applied)."""
+        output, self._pending = self._pending, None
+        assert output is not None, "sample_tokens follows a non-empty execute_model"
+        return output
+
+    def take_draft_token_ids(self) -> None:
+        """No speculative decoding."""
+        return None
+
+    # Housekeeping vLLM calls on every worker ---------------------------------------
+
+    def reset_mm_cache(self) -> None:
+        """No multimodal cache."""
+
+    def reset_encoder_cache(self) -> None:
+        """No encoder cache."""
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+class SimNeuronExecutor(Executor):
+    """Runs one :class:`SimNeuronWorker` in the engine core, its steps on a device thread."""
+
+    uses_ray = False
+    supports_pp = False
+
+    def _init_executor(self) -> None:
+        settings = read_settings(self.vllm_config.additional_config)
+        self.worker = SimNeuronWorker(self.vllm_config, settings)
+        # One thread: steps complete in the order they were submitted, as on a device queue.
+        self._device_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-sim")
+
+    def collective_rpc(  # type: ignore[override]
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+    ) -> list[Any] | Future[list[Any]]:
+        """Call ``method`` on the worker, on the device thread behind any queued step."""
+
+        def call() -> list[Any]:
+            return [run_method(self.worker, method, args, kwargs or {})]
+
+        future = self._device_thread.submit(call)
+        return future if non_block else future.result(timeout)
+
+    def execute_model(  # type: ignore[override]
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | Future[ModelRunnerOutput | None] | None:
+        """Queue a step on the device."""
+        future = self._device_thread.submit(self.worker.execute_model, scheduler_output)
+        return future if non_block else future.result()
+
+    def sample_tokens(  # type: ignore[override]
+        self, grammar_output: GrammarOutput | None, non_block: bool = False
+    ) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
+        """Queue the hand-over of the last step's tokens, behind that step."""
+        future = self._device_thread.submit(self.worker.sample_tokens, grammar_output)
+        return future if non_block else future.result()
+
+    def check_health(self) -> None:
+        """Healthy while the engine core runs."""
+
+    def shutdown(self) -> None:
+        """Stop the device thread once queued steps finish."""
+        self._device_thread.shutdown(wait=True)
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        """Steps are queued on the device thread, so the engine core may schedule ahead."""
+        return True

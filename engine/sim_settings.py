@@ -1,0 +1,39 @@
+"""Settings of the simulated Neuron device, carried to vLLM's engine core in ``additional_config``.
+
+The engine core runs in its own process; ``additional_config`` is the part of
+vLLM's configuration that travels there untouched, so the serve command puts
+the device settings under :data:`SETTINGS_KEY` beside the scheduler's
+``neuron_config``. This module depends on pydantic alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The ``additional_config`` key holding :class:`SimSettings`.
+SETTINGS_KEY = "neuronfleet_sim"
+#: Environment variable that activates the simulated platform in every vLLM process.
+DEVICE_ENV = "NEURONFLEET_DEVICE"
+
+Clock = Literal["real", "virtual"]
+
+
+class SimSettings(BaseModel):
+    """What the simulated device stands for and how it keeps time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shape: str = Field("tiny", description="Named model shape (see neuronfleet.engine.model_shapes).")
+    instance_type: str = Field("trn2.48xlarge", description="Instance type the cost model stands for.")
+    clock: Clock = Field("real", description="real: sleep for each step's time; virtual: only count it.")
+    artifact_dir: str | None = Field(
+        None, description="Compiled artifact to load (its manifest fixes the compiled buckets); None: compile now."
+    )
+
+
+def read_settings(additional_config: Any) -> SimSettings:
+    """The simulated device's settings from vLLM's ``additional_config`` (defaults when absent)."""
+    section = (additional_config or {}).get(SETTINGS_KEY) or {}
+    return SimSettings.model_validate(section)

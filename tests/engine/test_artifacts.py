@@ -1,0 +1,114 @@
+"""Compiled artifacts in a store: the manifest, idempotence, resuming, and what serving accepts."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from neuronfleet.engine.artifacts import (
+    MANIFEST,
+    ArtifactError,
+    BucketEntry,
+    artifact_dir,
+    compile_artifact,
+    load_for_serving,
+    read_manifest,
+)
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.identity import CompileIdentity, ModelSource
+
+ENGINE = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
+IDENTITY = CompileIdentity.of(ModelSource(uri="hf://org/model"), ENGINE, "trn2", "neuronfleet/engine:test")
+PREFILL, DECODE = [128, 256, 512], [1, 2, 4]
+
+
+def one_second(entry: BucketEntry) -> float:
+    return 1.0
+
+
+def test_compile_writes_one_manifest_entry_per_bucket(tmp_path: Path) -> None:
+    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
+    assert compiled == 6
+    assert manifest.complete
+    on_disk = json.loads((tmp_path / IDENTITY.hash() / MANIFEST).read_text())
+    assert on_disk["hash"] == IDENTITY.hash()
+    assert on_disk["identity"] == IDENTITY.document()
+    assert on_disk["status"] == "complete"
+    assert [(e["kind"], e["size"], e["shape"], e["status"], e["seconds"]) for e in on_disk["buckets"]] == [
+        ("prefill", 128, {"batch": 1, "tokens": 128}, "compiled", 1.0),
+        ("prefill", 256, {"batch": 1, "tokens": 256}, "compiled", 1.0),
+        ("prefill", 512, {"batch": 1, "tokens": 512}, "compiled", 1.0),
+        ("decode", 1, {"batch": 1, "tokens": 1}, "compiled", 1.0),
+        ("decode", 2, {"batch": 2, "tokens": 1}, "compiled", 1.0),
+        ("decode", 4, {"batch": 4, "tokens": 1}, "compiled", 1.0),
+    ]
+
+
+def test_compiling_a_complete_artifact_again_changes_nothing(tmp_path: Path) -> None:
+    compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
+    before = (tmp_path / IDENTITY.hash() / MANIFEST).read_bytes()
+
+    def never(entry: BucketEntry) -> float:
+        raise AssertionError(f"recompiled {entry.kind} {entry.size}")
+
+    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, "sim", never)
+    assert compiled == 0
+    assert manifest.complete
+    assert (tmp_path / IDENTITY.hash() / MANIFEST).read_bytes() == before
+
+
+def test_an_interrupted_compile_is_incomplete_and_resumes(tmp_path: Path) -> None:
+    def fail_on_third(entry: BucketEntry) -> float:
+        if entry.size == 512:
+            raise RuntimeError("compiler crashed")
+        return 1.0
+
+    with pytest.raises(RuntimeError, match="compiler crashed"):
+        compile_artifact(str(tmp_path), IDENTITY, "sim", fail_on_third)
+    directory = artifact_dir(str(tmp_path), IDENTITY.hash())
+    with pytest.raises(ArtifactError, match=r"incomplete \(2 of 6 graphs compiled\)"):
+        load_for_serving(directory, PREFILL, DECODE)
+
+    compiled_now: list[int] = []
+
+    def record(entry: BucketEntry) -> float:
+        compiled_now.append(entry.size)
+        return 2.0
+
+    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, "sim", record)
+    assert (compiled, compiled_now) == (4, [512, 1, 2, 4])
+    assert load_for_serving(directory, PREFILL, DECODE) == manifest
+
+
+def test_serving_needs_a_manifest(tmp_path: Path) -> None:
+    message = f"no compiled artifact at {tmp_path} (no manifest.json): run `neuronfleet-engine compile` first"
+    with pytest.raises(ArtifactError, match=re.escape(message)):
+        load_for_serving(tmp_path, PREFILL, DECODE)
+
+
+def test_serving_needs_the_configured_buckets(tmp_path: Path) -> None:
+    compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
+    with pytest.raises(ArtifactError, match=re.escape("compiled for prefill buckets [128, 256, 512]")):
+        load_for_serving(tmp_path / IDENTITY.hash(), [512], DECODE)
+
+
+def test_a_directory_holding_another_artifact_is_refused(tmp_path: Path) -> None:
+    compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
+    other = CompileIdentity.of(ModelSource(uri="hf://org/other"), ENGINE, "trn2", "neuronfleet/engine:test")
+    (tmp_path / other.hash()).symlink_to(tmp_path / IDENTITY.hash())
+    with pytest.raises(ArtifactError, match=f"belongs to another artifact \\({IDENTITY.hash()}\\)"):
+        compile_artifact(str(tmp_path), other, "sim", one_second)
+
+
+def test_only_local_stores(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="'s3://bucket/neff' is not a local path"):
+        artifact_dir("s3://bucket/neff", IDENTITY.hash())
+
+
+def test_an_unreadable_manifest_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / MANIFEST).write_text("{not json")
+    with pytest.raises(ArtifactError, match="is not a valid artifact manifest"):
+        read_manifest(tmp_path)

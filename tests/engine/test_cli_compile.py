@@ -1,0 +1,108 @@
+"""`neuronfleet-engine compile`, and `serve` refusing what it cannot serve, through the installed entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from engine_server import write_engine_config
+
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.identity import CompileIdentity, ModelSource
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+SETTINGS = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "max_model_len": 512}
+
+
+def expected_hash(**identity: str) -> str:
+    model = ModelSource(uri=identity.get("model", "hf://neuronfleet/tiny"), revision=identity.get("revision", "main"))
+    return CompileIdentity.of(model, EngineConfig(**SETTINGS), "trn2", "neuronfleet/engine:0.1.0").hash()
+
+
+def compile_sim(run_cli: RunCli, config: Path, store: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(
+        "neuronfleet-engine", "compile", "-c", str(config), "--device", "sim", "--artifact-store", str(store), *extra
+    )
+
+
+def test_compile_twice_the_second_is_a_no_op(run_cli: RunCli, tmp_path: Path) -> None:
+    config = write_engine_config(tmp_path, **SETTINGS)
+    artifact = expected_hash()
+    first = compile_sim(run_cli, config, tmp_path / "store")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == f"compiled 4 of 4 graphs: artifact {artifact} complete at {tmp_path}/store/{artifact}\n"
+    # The progress bar goes to stderr.
+    assert f"compiling artifact {artifact}" in first.stderr
+    manifest = tmp_path / "store" / artifact / "manifest.json"
+    before = manifest.read_bytes()
+
+    second = compile_sim(run_cli, config, tmp_path / "store")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == f"artifact {artifact} already complete at {tmp_path}/store/{artifact}: nothing to compile\n"
+    assert second.stderr == ""
+    assert manifest.read_bytes() == before
+    assert [entry["size"] for entry in json.loads(before)["buckets"]] == [128, 256, 1, 2]
+    assert "bucket" not in json.loads(before)
+
+
+def test_the_hash_is_the_operators_identity_and_must_match(run_cli: RunCli, tmp_path: Path) -> None:
+    config = write_engine_config(tmp_path, **SETTINGS)
+    revision = "0e9e39f"
+    result = compile_sim(run_cli, config, tmp_path, "--revision", revision, "--artifact-hash", "0123456789abcdef")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: --artifact-hash 0123456789abcdef does not match the identity computed here "
+        f"({expected_hash(revision=revision)})\n"
+    )
+    assert not any(tmp_path.glob("*/manifest.json"))
+
+
+def test_serve_refuses_an_incomplete_artifact(run_cli: RunCli, tmp_path: Path) -> None:
+    config = write_engine_config(tmp_path, **SETTINGS)
+    assert compile_sim(run_cli, config, tmp_path).returncode == 0
+    manifest_path = tmp_path / expected_hash() / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["status"] = "incomplete"
+    manifest["buckets"][-1]["status"] = "pending"
+    manifest_path.write_text(json.dumps(manifest))
+
+    result = run_cli(
+        "neuronfleet-engine", "serve", "-c", str(config), "--device", "sim", "--artifact-store", str(tmp_path)
+    )
+    assert result.returncode == 3
+    assert result.stderr == (
+        f"error: the artifact at {tmp_path}/{expected_hash()} is incomplete (3 of 4 graphs compiled): "
+        "finish it with `neuronfleet-engine compile`\n"
+    )
+
+
+def test_bad_device_target_and_shape_are_one_line_each(run_cli: RunCli, tmp_path: Path) -> None:
+    store = str(tmp_path)
+    cases = {
+        ("--device", "gpu"): "error: --device must be sim or neuron, got 'gpu'\n",
+        (
+            "--device",
+            "sim",
+            "--target",
+            "trn1",
+        ): "error: the simulated device models trn2 and inf2, not --target trn1\n",
+        ("--device", "sim", "--shape", "gpt"): (
+            "error: unknown --shape 'gpt'; known: tiny, llama-3.1-8b, llama-3.1-70b\n"
+        ),
+        ("--device", "sim", "--target", "inf2", "--instance-type", "trn2.48xlarge"): (
+            "error: --instance-type trn2.48xlarge is not a inf2 instance\n"
+        ),
+    }
+    for args, message in cases.items():
+        result = run_cli("neuronfleet-engine", "compile", "--artifact-store", store, *args)
+        assert (result.returncode, result.stderr) == (2, message), args
+
+
+def test_serve_on_neuron_needs_the_plugin(run_cli: RunCli) -> None:
+    result = run_cli("neuronfleet-engine", "serve", "--device", "neuron")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: --device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here\n"
+    )

@@ -1,0 +1,142 @@
+"""What `serve` hands to vLLM: its arguments and environment (vLLM accepting them is test_serve_sim's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.serve import (
+    SIM_EXECUTOR_CLS,
+    ServeRequest,
+    plugin_allowlist,
+    serve_environment,
+    served_name,
+    shape_for_model,
+    vllm_serve_argv,
+)
+from neuronfleet.engine.sim_platform import activate
+from neuronfleet.engine.sim_settings import SimSettings
+
+ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=8192, tensor_parallel_size=8)
+
+
+def request(**changes: Any) -> ServeRequest:
+    base = ServeRequest(
+        engine=ENGINE,
+        device="sim",
+        model="/models/llama",
+        served_model_name="meta-llama/Llama-3.1-8B",
+        revision="0e9e39f",
+        host="127.0.0.1",
+        port=8000,
+        drain_timeout=45,
+        artifact_dir=Path("/store/abc"),
+        sim=SimSettings(shape="llama-3.1-8b", clock="virtual"),
+    )
+    return ServeRequest(**{**base.__dict__, **changes})
+
+
+def options(argv: list[str]) -> dict[str, str | None]:
+    """``--name value`` pairs and bare ``--flag``s of ``argv`` after the model."""
+    parsed: dict[str, str | None] = {}
+    rest = argv[1:]
+    while rest:
+        name, rest = rest[0], rest[1:]
+        assert name.startswith("--"), name
+        if rest and not rest[0].startswith("--"):
+            parsed[name], rest = rest[0], rest[1:]
+        else:
+            parsed[name] = None
+    return parsed
+
+
+def test_sim_arguments() -> None:
+    argv = vllm_serve_argv(request())
+    assert argv[0] == "/models/llama"
+    args = options(argv)
+    assert args["--served-model-name"] == "meta-llama/Llama-3.1-8B"
+    assert (args["--host"], args["--port"], args["--shutdown-timeout"]) == ("127.0.0.1", "8000", "45")
+    assert args["--scheduler-cls"] == "neuronfleet.engine.scheduler.NeuronAsyncScheduler"
+    assert args["--distributed-executor-backend"] == SIM_EXECUTOR_CLS
+    assert (args["--max-num-seqs"], args["--max-num-batched-tokens"], args["--max-model-len"]) == ("8", "4096", "8192")
+    assert args["--tensor-parallel-size"] == "8"
+    assert "--no-async-scheduling" not in args
+    # The simulated model directory has no revisions.
+    assert "--revision" not in args
+    assert json.loads(args["--additional-config"] or "") == {
+        "neuron_config": ENGINE.neuron_config(),
+        "neuronfleet_sim": {
+            "shape": "llama-3.1-8b",
+            "instance_type": "trn2.48xlarge",
+            "clock": "virtual",
+            "artifact_dir": "/store/abc",
+        },
+    }
+    assert ENGINE.neuron_config()["num_batched_tokens_buckets"] == [128, 256, 512, 1024, 2048, 4096]
+
+
+def test_no_async_scheduling_selects_the_sync_scheduler() -> None:
+    args = options(vllm_serve_argv(request(async_scheduling=False)))
+    assert args["--scheduler-cls"] == "neuronfleet.engine.scheduler.NeuronScheduler"
+    assert "--no-async-scheduling" in args
+
+
+def test_neuron_device_leaves_execution_to_vllm_and_its_plugin() -> None:
+    argv = vllm_serve_argv(request(device="neuron", extra_args=("--enable-prefix-caching",)))
+    args = options(argv)
+    assert "--distributed-executor-backend" not in args
+    assert args["--revision"] == "0e9e39f"
+    assert "neuronfleet_sim" not in json.loads(args["--additional-config"] or "")
+    assert argv[-1] == "--enable-prefix-caching"
+
+
+def test_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    sim = serve_environment(request(port=8123), {"PATH": "/bin"})
+    assert sim["NEURONFLEET_DEVICE"] == "sim"
+    assert sim["HF_HUB_OFFLINE"] == "1"
+    assert sim["VLLM_NO_USAGE_STATS"] == "1"
+    metrics = Path(sim["PROMETHEUS_MULTIPROC_DIR"])
+    assert metrics.is_dir()
+    assert not any(metrics.iterdir())
+    neuron = serve_environment(request(device="neuron", port=8124), {"NEURONFLEET_DEVICE": "sim"})
+    assert "NEURONFLEET_DEVICE" not in neuron
+    assert neuron["NEURON_LIBTORCH_REMOTE_CACHE"] == "/store/abc/neff"
+    mine = serve_environment(request(port=8125), {"PROMETHEUS_MULTIPROC_DIR": "/mine", "VLLM_PLUGINS": "a"})
+    assert mine["PROMETHEUS_MULTIPROC_DIR"] == "/mine"
+    assert mine["VLLM_PLUGINS"] == "a,neuronfleet_ready"
+
+
+def test_the_plugin_allowlist_keeps_every_installed_plugin() -> None:
+    # Naming one plugin in VLLM_PLUGINS turns off every unnamed one, in every group.
+    names = plugin_allowlist(None).split(",")
+    assert {"neuronfleet_sim", "neuronfleet", "neuronfleet_ready"} <= set(names)
+    assert plugin_allowlist("neuronfleet_ready") == "neuronfleet_ready"
+
+
+@pytest.mark.parametrize(
+    ("uri", "name", "shape"),
+    [
+        ("hf://meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+        ("hf://meta-llama/Meta-Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B", "llama-3.1-70b"),
+        ("s3://models/llama/Llama-3.1-70B/", "Llama-3.1-70B", "llama-3.1-70b"),
+        ("hf://neuronfleet/tiny", "neuronfleet/tiny", "tiny"),
+        ("hf://mistralai/Mistral-7B", "mistralai/Mistral-7B", "tiny"),
+    ],
+)
+def test_names_and_shapes_from_the_model_uri(uri: str, name: str, shape: str) -> None:
+    assert served_name(uri) == name
+    assert shape_for_model(uri) == shape
+
+
+def test_the_platform_plugin_answers_only_for_the_simulated_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEURONFLEET_DEVICE", raising=False)
+    assert activate() is None
+    monkeypatch.setenv("NEURONFLEET_DEVICE", "neuron")
+    assert activate() is None
+    monkeypatch.setenv("NEURONFLEET_DEVICE", "sim")
+    assert activate() == "neuronfleet.engine.sim_platform.SimNeuronPlatform"

@@ -1,0 +1,149 @@
+"""The simulated Neuron device, driven by the real Neuron scheduler as vLLM's engine core drives it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import pytest
+from vllm.sampling_params import SamplingParams
+
+from neuronfleet.engine import vllm_compat
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.model_shapes import get_shape
+from neuronfleet.engine.offline import build_scheduler, construct_scheduler
+from neuronfleet.engine.sim_device import Clock, ClockMode, ShapeNotCompiledError, SimulatedNeuronDevice, sampled_token
+from neuronfleet.engine.tokenizer import FIRST_WORD_ID
+
+ENGINE = EngineConfig(
+    max_num_seqs=4,
+    max_num_batched_tokens=256,
+    max_model_len=1024,
+    block_size=16,
+    num_batched_tokens_buckets=[64, 128, 256],
+    num_seqs_buckets=[1, 2, 4],
+)
+COST = CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=8)
+
+
+def make_device(
+    prefill: Sequence[int] = (64, 128, 256), decode: Sequence[int] = (1, 2, 4), clock: ClockMode = "virtual"
+) -> SimulatedNeuronDevice:
+    return SimulatedNeuronDevice(
+        COST, block_size=ENGINE.block_size, prefill_buckets=prefill, decode_buckets=decode, clock=Clock(clock)
+    )
+
+
+def serve(
+    scheduler: vllm_compat.Scheduler, device: SimulatedNeuronDevice, prompts: dict[str, list[int]], max_tokens: int
+) -> dict[str, list[int]]:
+    """Run every prompt to completion, one step in flight, as vLLM's engine core without async scheduling."""
+    for req_id, prompt in prompts.items():
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        scheduler.add_request(vllm_compat.Request(req_id, prompt, params, None))
+    outputs: dict[str, list[int]] = {req_id: [] for req_id in prompts}
+    for _ in range(10_000):
+        if not scheduler.has_requests():
+            return outputs
+        scheduler_output = scheduler.schedule()
+        result = device.execute(scheduler_output)
+        for engine_outputs in scheduler.update_from_output(scheduler_output, result.output).values():
+            for item in engine_outputs.outputs:
+                outputs[item.request_id].extend(item.new_token_ids)
+    raise AssertionError("requests did not finish")
+
+
+PROMPTS = {"a": [7] * 10, "b": list(range(10, 310)), "c": [9] * 64}
+
+
+def test_every_request_gets_max_tokens_of_deterministic_words() -> None:
+    outputs = serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), make_device(), PROMPTS, 12)
+    assert {req_id: len(tokens) for req_id, tokens in outputs.items()} == {"a": 12, "b": 12, "c": 12}
+    assert all(token >= FIRST_WORD_ID for tokens in outputs.values() for token in tokens)
+    # The same prompts on a fresh engine, under other request ids, get the same tokens.
+    renamed = {f"again-{req_id}": prompt for req_id, prompt in PROMPTS.items()}
+    again = serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), make_device(), renamed, 12)
+    assert {req_id.removeprefix("again-"): tokens for req_id, tokens in again.items()} == outputs
+
+
+def test_the_device_computes_exactly_what_the_scheduler_padded() -> None:
+    scheduler = build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False)
+    device = make_device()
+    serve(scheduler, device, PROMPTS, 5)
+    assert device.stats.padding_tokens_by_bucket == scheduler.padding_tokens_by_bucket
+    assert device.stats.prefill_steps_by_bucket == scheduler.prefill_steps_by_bucket
+    assert device.stats.decode_steps_by_bucket == scheduler.decode_steps_by_bucket
+    # 10 -> 64, 300 -> 256 + 44 in 64, 64 -> 64.
+    assert sorted(device.stats.prefill_chunk_tokens) == [10, 44, 64, 256]
+    assert sum(device.stats.padding_tokens_by_bucket.values()) == 54 + 20
+
+
+def test_the_virtual_clock_counts_the_cost_model_without_sleeping() -> None:
+    device = make_device(clock="virtual")
+    started = time.monotonic()
+    serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), device, PROMPTS, 50)
+    assert time.monotonic() - started < 10
+    assert device.clock.elapsed_s == pytest.approx(sum(device.stats.step_seconds))
+    # A prefill of 300 tokens pays for its two padded chunks, 256 and 64 tokens.
+    assert COST.prefill_seconds(256, 0) in device.stats.step_seconds
+    assert COST.prefill_seconds(64, 256) in device.stats.step_seconds
+    # 50 tokens: the first from each prefill, then 49 decode steps (of up to three requests).
+    assert len(device.stats.step_seconds) - 4 >= 49
+    assert device.clock.elapsed_s > 49 * COST.decode_seconds(1, 0)
+
+
+def test_the_real_clock_sleeps_for_each_step() -> None:
+    device = make_device(clock="real")
+    started = time.monotonic()
+    serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), device, {"a": [7] * 10}, 3)
+    assert time.monotonic() - started >= device.clock.elapsed_s > 0
+
+
+def test_a_prefill_bucket_that_was_not_compiled_is_refused() -> None:
+    device = make_device(prefill=(64, 128))
+    with pytest.raises(ShapeNotCompiledError, match=r"no compiled prefill graph for 256 tokens .*\[64, 128\]"):
+        serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), device, {"b": [3] * 200}, 1)
+
+
+def test_a_decode_batch_above_the_compiled_sizes_is_refused() -> None:
+    device = make_device(decode=(1, 2))
+    with pytest.raises(ShapeNotCompiledError, match="no compiled decode graph: count 3 exceeds the largest"):
+        serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), device, PROMPTS, 4)
+
+
+def test_a_step_mixing_prefill_and_decode_is_refused() -> None:
+    # vLLM's own scheduler mixes them; the Neuron scheduler never does.
+    scheduler = construct_scheduler(
+        vllm_compat.Scheduler,
+        build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False).vllm_config,
+        num_kv_blocks=512,
+    )
+    device = make_device()
+    original_schedule = scheduler.schedule
+
+    def schedule_with_padding(throttle_prefills: bool = False) -> vllm_compat.SchedulerOutput:
+        output = original_schedule(throttle_prefills)
+        vllm_compat.set_padded_counts(output, {r: 64 for r in output.num_scheduled_tokens})
+        return output
+
+    scheduler.schedule = schedule_with_padding  # type: ignore[method-assign]  # a stand-in that pads everything
+    with pytest.raises(ShapeNotCompiledError, match="mixes 1 prefill and 1 decode requests"):
+        serve_staggered(scheduler, device)
+
+
+def serve_staggered(scheduler: vllm_compat.Scheduler, device: SimulatedNeuronDevice) -> None:
+    """One request decoding when a second arrives."""
+    scheduler.add_request(vllm_compat.Request("first", [5] * 8, SamplingParams(max_tokens=8, ignore_eos=True), None))
+    for _ in range(2):
+        output = scheduler.schedule()
+        scheduler.update_from_output(output, device.execute(output).output)
+    scheduler.add_request(vllm_compat.Request("second", [6] * 8, SamplingParams(max_tokens=8, ignore_eos=True), None))
+    output = scheduler.schedule()
+    device.execute(output)
+
+
+def test_sampled_tokens_are_words_of_the_vocabulary() -> None:
+    tokens = {sampled_token(digest, position, 1024) for digest in range(50) for position in range(50)}
+    assert min(tokens) >= FIRST_WORD_ID
+    assert max(tokens) < 1024
