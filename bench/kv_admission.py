@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.engine.config import EngineConfig, KvAdmission, SchedulerOptions
+from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, KvAdmission
 from neuronfleet.engine.cost_model import CostModel, get_instance_type
 from neuronfleet.engine.model_shapes import get_shape
 from neuronfleet.engine.offline import run_scenario
@@ -58,7 +58,7 @@ def scenario(kv_admission: KvAdmission, blocks: int) -> Scenario:
         max_model_len=MAX_MODEL_LEN,
         block_size=BLOCK_SIZE,
         tensor_parallel_size=TENSOR_PARALLEL,
-        scheduler=SchedulerOptions(kv_admission=kv_admission),
+        scheduler=REFERENCE_SCHEDULER.model_copy(update={"kv_admission": kv_admission}),
     )
     prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=0, max_model_len=MAX_MODEL_LEN // 2)
     outputs = random.Random(1)

@@ -23,7 +23,7 @@ from typing import Any
 from vllm.sampling_params import SamplingParams
 
 from neuronfleet.engine import vllm_compat
-from neuronfleet.engine.config import EngineConfig, SchedulerOptions
+from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
 from neuronfleet.engine.offline import build_vllm_config, construct_scheduler, stand_in_device_output
 from neuronfleet.engine.scheduler import NeuronScheduler
 
@@ -34,9 +34,12 @@ MAX_MODEL_LEN = 4096
 BLOCK_SIZE = 16
 
 CONFIGS: dict[str, tuple[type[vllm_compat.Scheduler], SchedulerOptions]] = {
-    "vllm Scheduler": (vllm_compat.Scheduler, SchedulerOptions()),
-    "NeuronScheduler (reference)": (NeuronScheduler, SchedulerOptions()),
-    "NeuronScheduler (constant-cost)": (NeuronScheduler, SchedulerOptions(constant_cost_admission=True)),
+    "vllm Scheduler": (vllm_compat.Scheduler, REFERENCE_SCHEDULER),
+    "NeuronScheduler (reference)": (NeuronScheduler, REFERENCE_SCHEDULER),
+    "NeuronScheduler (constant-cost)": (
+        NeuronScheduler,
+        REFERENCE_SCHEDULER.model_copy(update={"constant_cost_admission": True}),
+    ),
 }
 
 

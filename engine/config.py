@@ -38,35 +38,42 @@ class SchedulerOptions(BaseModel):
     """Departures from the reference Neuron scheduler, each measured in ``bench/``.
 
     Every option keeps the reference guarantees: no mixed batches, at most one
-    prefill per step, no preemption.
+    prefill per step, no preemption. The defaults are on; ``REFERENCE_SCHEDULER``
+    turns all three off. docs/scheduler.md gives the figures behind the defaults.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     constant_cost_admission: bool = Field(
-        False,
+        True,
         description=(
             "Admit from the head of the waiting queue in place instead of moving the whole queue through "
             "the holdback queue every step: the same FIFO order, at a cost independent of the queue length."
         ),
     )
     max_consecutive_prefill_steps: int | None = Field(
-        None,
+        1,
         ge=1,
         le=1024,
         description=(
             "After this many prefill steps in a row while decodes wait, run one decode step. "
-            "Bounds the inter-token stall of running requests during long prompts. Unset: no bound."
+            "Bounds the inter-token stall of running requests during long prompts. Null: no bound."
         ),
     )
     kv_admission: KvAdmission = Field(
-        "max_model_len",
+        "request_bound",
         description=(
             "max_model_len: admit while every running request could grow to max_model_len (reference). "
             "request_bound: admit while the requests' own bounds, min(max_model_len, prompt + max_tokens), "
             "fit the KV cache."
         ),
     )
+
+
+#: The reference Neuron scheduler's behaviour: every option off.
+REFERENCE_SCHEDULER = SchedulerOptions(
+    constant_cost_admission=False, max_consecutive_prefill_steps=None, kv_admission="max_model_len"
+)
 
 
 class EngineConfig(BaseModel):

@@ -1,16 +1,17 @@
 """Scripted workloads for the trace tool and the scheduler tests.
 
 The first four are the examples of the Neuron scheduler design; the others show
-its admission rules at work. ``neuronfleet.engine.offline.run_scenario`` runs one
-on the real vLLM scheduler. This module is plain data: listing scenarios does not
-import vLLM.
+its admission rules at work. They run the reference scheduler's behaviour
+(``REFERENCE_SCHEDULER``), so the trace shows the design as written.
+``neuronfleet.engine.offline.run_scenario`` runs one on the real vLLM scheduler.
+This module is plain data: listing scenarios does not import vLLM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
 from neuronfleet.engine.model_shapes import TINY_VOCAB_SIZE
 
 
@@ -58,7 +59,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="prompt-200",
             summary="A 200-token prompt runs in the 256-token prefill bucket, then decodes.",
-            engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=8192, max_model_len=8192),
+            engine=EngineConfig(
+                scheduler=REFERENCE_SCHEDULER, max_num_seqs=8, max_num_batched_tokens=8192, max_model_len=8192
+            ),
             num_kv_blocks=1024,
             requests=(ScenarioRequest("req_0", prompt_len=200, max_tokens=4),),
         ),
@@ -66,6 +69,7 @@ SCENARIOS: dict[str, Scenario] = {
             name="prompt-5000",
             summary="A 5000-token prompt is padded to 8192; num_computed_tokens advances by 5000, not 8192.",
             engine=EngineConfig(
+                scheduler=REFERENCE_SCHEDULER,
                 max_num_seqs=8,
                 max_num_batched_tokens=8192,
                 max_model_len=131072,
@@ -78,6 +82,7 @@ SCENARIOS: dict[str, Scenario] = {
             name="prompt-32000",
             summary="A 32000-token prompt is chunked by max_num_batched_tokens=8192 over 4 prefill steps.",
             engine=EngineConfig(
+                scheduler=REFERENCE_SCHEDULER,
                 max_num_seqs=8,
                 max_num_batched_tokens=8192,
                 max_model_len=131072,
@@ -90,7 +95,13 @@ SCENARIOS: dict[str, Scenario] = {
             name="prefix-cache",
             summary=("A 5000-token prompt whose first 1000 tokens are cached computes 4000 tokens, padded to 4096."),
             # Block size 8 puts the 1000-token prefix on a block boundary.
-            engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=8192, max_model_len=8192, block_size=8),
+            engine=EngineConfig(
+                scheduler=REFERENCE_SCHEDULER,
+                max_num_seqs=8,
+                max_num_batched_tokens=8192,
+                max_model_len=8192,
+                block_size=8,
+            ),
             num_kv_blocks=4096,
             requests=(
                 ScenarioRequest("warm", prompt_len=1016, max_tokens=1, prefix_len=1000),
@@ -101,7 +112,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="decode-hidden",
             summary="Running decodes are hidden while a new prompt prefills, then resume together.",
-            engine=EngineConfig(max_num_seqs=4, max_num_batched_tokens=2048, max_model_len=8192),
+            engine=EngineConfig(
+                scheduler=REFERENCE_SCHEDULER, max_num_seqs=4, max_num_batched_tokens=2048, max_model_len=8192
+            ),
             num_kv_blocks=2048,
             requests=(
                 ScenarioRequest("req_0", prompt_len=100, max_tokens=8),
@@ -115,7 +128,13 @@ SCENARIOS: dict[str, Scenario] = {
                 "max_num_seqs=8 but the KV cache holds 2 requests at max_model_len: "
                 "later prompts wait while decodes run, so nothing stalls."
             ),
-            engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=1024, block_size=16),
+            engine=EngineConfig(
+                scheduler=REFERENCE_SCHEDULER,
+                max_num_seqs=8,
+                max_num_batched_tokens=1024,
+                max_model_len=1024,
+                block_size=16,
+            ),
             # 64 blocks per request at max_model_len: 160 blocks hold 2.
             num_kv_blocks=160,
             requests=tuple(ScenarioRequest(f"req_{i}", prompt_len=100, max_tokens=6) for i in range(4)),

@@ -107,9 +107,10 @@ class NeuronScheduler(Scheduler):
         #: Decodes hidden from the base scheduler in the last step.
         self.last_num_hidden_decodes = 0
         self._max_kv_concurrent = self._compute_max_kv_concurrent()
-        self._usable_kv_blocks = (
-            vllm_compat.usable_kv_blocks(self) if self.options.kv_admission == "request_bound" else 0
-        )
+        self._usable_kv_blocks = vllm_compat.usable_kv_blocks(self) or 0
+        if self.options.kv_admission == "request_bound" and not self._usable_kv_blocks:
+            logger.warning("kv_admission=request_bound needs one KV cache group; admitting by max_model_len")
+            self.options = self.options.model_copy(update={"kv_admission": "max_model_len"})
         self._warned_kv_saturated = False
         logger.info(
             "NeuronScheduler: prefill buckets %s, decode buckets %s, at most %d requests fit the KV cache "

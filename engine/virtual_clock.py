@@ -28,6 +28,8 @@ class Timeline:
     arrival: dict[str, float] = field(default_factory=dict)
     token_times: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     decode_batch_sizes: list[int] = field(default_factory=list)
+    #: Per request: (start of its first prefill chunk, end of its last).
+    prefill_spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def after_step(self, engine: OfflineEngine, record: StepRecord | None, in_flight_before: int) -> None:
         """``run_scenario``'s hook: advance the clock by the step and stamp its tokens."""
@@ -37,7 +39,9 @@ class Timeline:
             return
         if record.is_prefill:
             (item,) = record.scheduled
+            start = self.prefill_spans.get(item.req_id, (self.clock, self.clock))[0]
             self.clock += self.cost.prefill_seconds(item.num_tokens_padded, item.computed_before)
+            self.prefill_spans[item.req_id] = (start, self.clock)
             if item.computed_before + item.num_tokens >= engine.progress[item.req_id].prompt_len:
                 self.token_times[item.req_id].append(self.clock)
             return
@@ -52,12 +56,17 @@ class Timeline:
         """Seconds from arrival to first token."""
         return self.token_times[req_id][0] - self.arrival[req_id]
 
-    def inter_token_latencies(self, req_ids: Sequence[str]) -> list[float]:
-        """Every gap between consecutive tokens of the given requests."""
+    def inter_token_latencies(self, req_ids: Sequence[str], during: Sequence[str] = ()) -> list[float]:
+        """Every gap between consecutive tokens of ``req_ids``.
+
+        With ``during``, only the gaps that overlap the prefill of one of those requests.
+        """
+        spans = [self.prefill_spans[req_id] for req_id in during]
         gaps: list[float] = []
         for req_id in req_ids:
-            times = self.token_times[req_id]
-            gaps.extend(later - earlier for earlier, later in itertools.pairwise(times))
+            for earlier, later in itertools.pairwise(self.token_times[req_id]):
+                if not spans or any(earlier < end and later > start for start, end in spans):
+                    gaps.append(later - earlier)
         return gaps
 
 

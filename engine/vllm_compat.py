@@ -101,11 +101,14 @@ def pre_increment_computed_tokens(output: SchedulerOutput) -> dict[str, int]:
     return computed
 
 
-def usable_kv_blocks(scheduler: Scheduler) -> int:
-    """KV blocks requests can hold: all but the null block 0 the block pool reserves."""
+def usable_kv_blocks(scheduler: Scheduler) -> int | None:
+    """KV blocks requests can hold: all but the null block 0 the block pool reserves.
+
+    ``None`` for models with several KV cache groups (hybrid attention): they draw
+    blocks per group from one pool, which a per-request token bound does not capture.
+    """
     if len(scheduler.kv_cache_config.kv_cache_groups) > 1:
-        # Per-request bounds below count one group's blocks; several groups share one pool.
-        raise ValueError("kv_admission=request_bound supports models with one KV cache group")
+        return None
     return int(scheduler.kv_cache_config.num_blocks) - 1
 
 

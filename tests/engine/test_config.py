@@ -83,9 +83,9 @@ def test_vllm_args_carry_limits_and_full_bucket_lists() -> None:
         "neuron_config": {
             "num_batched_tokens_buckets": [128, 256, 512, 1024],
             "num_seqs_buckets": [1, 2, 4],
-            "constant_cost_admission": False,
-            "max_consecutive_prefill_steps": None,
-            "kv_admission": "max_model_len",
+            "constant_cost_admission": True,
+            "max_consecutive_prefill_steps": 1,
+            "kv_admission": "request_bound",
         }
     }
 

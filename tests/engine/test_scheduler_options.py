@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from neuronfleet.engine.config import SchedulerOptions
+from neuronfleet.engine.config import REFERENCE_SCHEDULER, SchedulerOptions
 from neuronfleet.engine.offline import OfflineEngine, run_scenario
 from neuronfleet.engine.scenarios import SCENARIOS, Scenario
 
@@ -28,7 +28,7 @@ def decisions(engine: OfflineEngine) -> list[tuple[str, tuple[tuple[str, int, in
 def test_constant_cost_admission_decides_exactly_like_the_reference(name: str, async_scheduling: bool) -> None:
     reference = run_scenario(SCENARIOS[name], async_scheduling=async_scheduling)
     constant = run_scenario(
-        with_options(SCENARIOS[name], SchedulerOptions(constant_cost_admission=True)),
+        with_options(SCENARIOS[name], REFERENCE_SCHEDULER.model_copy(update={"constant_cost_admission": True})),
         async_scheduling=async_scheduling,
     )
     assert decisions(constant) == decisions(reference)
@@ -51,7 +51,8 @@ def test_decode_stalls_are_bounded(bound: int) -> None:
     scenario = SCENARIOS["decode-hidden"]
     reference = run_scenario(scenario, async_scheduling=False)
     bounded = run_scenario(
-        with_options(scenario, SchedulerOptions(max_consecutive_prefill_steps=bound)), async_scheduling=False
+        with_options(scenario, REFERENCE_SCHEDULER.model_copy(update={"max_consecutive_prefill_steps": bound})),
+        async_scheduling=False,
     )
     assert longest_decode_wait(reference) == 3  # the 5000-token prompt's three chunks
     assert longest_decode_wait(bounded) == bound
@@ -65,7 +66,8 @@ def test_request_bound_admits_what_the_requests_can_really_use() -> None:
     scenario = SCENARIOS["kv-deadlock"]
     reference = run_scenario(scenario, async_scheduling=False)
     request_bound = run_scenario(
-        with_options(scenario, SchedulerOptions(kv_admission="request_bound")), async_scheduling=False
+        with_options(scenario, REFERENCE_SCHEDULER.model_copy(update={"kv_admission": "request_bound"})),
+        async_scheduling=False,
     )
     # 160 blocks hold 2 requests at max_model_len 1024, but 4 requests of 106 tokens need 7 blocks each.
     assert max(step.num_running for step in reference.steps) == 2

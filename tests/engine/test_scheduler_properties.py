@@ -8,15 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuronfleet.engine.config import EngineConfig, SchedulerOptions
+from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
 from neuronfleet.engine.offline import OfflineEngine, StepRecord, run_scenario
 from neuronfleet.engine.scenarios import Scenario, ScenarioRequest
 
 OPTION_SETS = {
-    "reference": SchedulerOptions(),
-    "constant-cost": SchedulerOptions(constant_cost_admission=True),
-    "bounded-stalls": SchedulerOptions(max_consecutive_prefill_steps=2),
-    "request-bound": SchedulerOptions(kv_admission="request_bound"),
+    "reference": REFERENCE_SCHEDULER,
+    "constant-cost": REFERENCE_SCHEDULER.model_copy(update={"constant_cost_admission": True}),
+    "bounded-stalls": REFERENCE_SCHEDULER.model_copy(update={"max_consecutive_prefill_steps": 2}),
+    "request-bound": REFERENCE_SCHEDULER.model_copy(update={"kv_admission": "request_bound"}),
+    "defaults": SchedulerOptions(),
     "all": SchedulerOptions(
         constant_cost_admission=True, max_consecutive_prefill_steps=1, kv_admission="request_bound"
     ),

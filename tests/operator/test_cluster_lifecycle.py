@@ -232,7 +232,7 @@ def test_a_serving_only_change_rolls_the_pods_without_a_compile(
     (old_config,) = api.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}=llama")
     old_pods = {p["metadata"]["name"] for p in serving_pods(api, namespace, "llama")}
 
-    services.patch_spec("llama", {"engine": {"scheduler": {"constant_cost_admission": True}}})
+    services.patch_spec("llama", {"engine": {"scheduler": {"max_consecutive_prefill_steps": 4}}})
     done = wait_for(
         lambda: (services.get("llama"), serving_pods(api, namespace, "llama")),
         lambda seen: (
@@ -251,7 +251,7 @@ def test_a_serving_only_change_rolls_the_pods_without_a_compile(
         what="the old engine ConfigMap to be removed after the rollout",
         show=lambda configs: [c["metadata"]["name"] for c in configs],
     )
-    assert "constant_cost_admission: true" in new_config["data"]["engine.yaml"]
+    assert "max_consecutive_prefill_steps: 4" in new_config["data"]["engine.yaml"]
 
 
 def test_failed_compile_blocks_while_the_old_revision_keeps_serving(

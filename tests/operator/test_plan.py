@@ -175,13 +175,13 @@ def test_serving_pods_run_restricted() -> None:
 
 def test_serving_only_engine_settings_roll_the_pods_but_share_the_artifact() -> None:
     before = spec()
-    after = spec(engine={"scheduler": {"constant_cost_admission": True}})
+    after = spec(engine={"scheduler": {"max_consecutive_prefill_steps": 4}})
     assert after.identity().hash() == before.identity().hash()
     a = plan.deployment(OWNER, NS, before, served(before))
     b = plan.deployment(OWNER, NS, after, served(after))
     assert a["spec"]["template"] != b["spec"]["template"]  # a new ConfigMap: the pods roll
     engine = yaml.safe_load(plan.engine_configmap(OWNER, NS, after, "h")["data"]["engine.yaml"])
-    assert engine["scheduler"]["constant_cost_admission"] is True
+    assert engine["scheduler"]["max_consecutive_prefill_steps"] == 4
 
 
 def test_replicas_change_only_the_replica_count() -> None:
