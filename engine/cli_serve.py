@@ -1,0 +1,328 @@
+"""``neuronfleet-engine compile`` and ``serve``: compiled artifacts and vLLM's server."""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Annotated, cast, get_args
+
+import typer
+from pydantic import ValidationError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from neuronfleet.engine.artifacts import (
+    ArtifactError,
+    BucketEntry,
+    Manifest,
+    artifact_dir,
+    compile_artifact,
+    is_complete,
+    load_for_serving,
+    simulated_compiler,
+)
+from neuronfleet.engine.cli_common import (
+    EXIT_INVALID,
+    ConfigOption,
+    err,
+    fail,
+    format_validation_errors,
+    load_config,
+    out,
+)
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.cost_model import INSTANCE_TYPES, CostModel, get_instance_type
+from neuronfleet.engine.identity import CompileIdentity, ModelSource, NeuronTarget
+from neuronfleet.engine.model_shapes import SHAPES, get_shape
+from neuronfleet.engine.serve import Device, ServeRequest, exec_vllm_serve, served_name, shape_for_model
+from neuronfleet.engine.sim_settings import Clock, SimSettings
+
+#: Exit status when the compiled artifact to serve is missing or incomplete.
+EXIT_NO_ARTIFACT = 3
+DEFAULT_MODEL = "hf://neuronfleet/tiny"
+
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        envvar="NEURONFLEET_DEVICE",
+        help="neuron (a Neuron host with the vLLM Neuron plugin) or sim (the simulated Neuron device).",
+    ),
+]
+ModelOption = Annotated[
+    str, typer.Option("--model", help="hf://org/name or s3://bucket/path; on the sim device it picks the shape.")
+]
+RevisionOption = Annotated[str, typer.Option("--revision", help="Model revision (part of the artifact identity).")]
+TargetOption = Annotated[str, typer.Option("--target", help="Neuron target: trn2 or inf2 (trn1: neuron device only).")]
+ImageOption = Annotated[
+    str | None,
+    typer.Option(
+        "--engine-image",
+        help="Engine image (part of the artifact identity). Default: this version's.",
+        show_default=False,
+    ),
+]
+StoreOption = Annotated[
+    str | None,
+    typer.Option("--artifact-store", help="Directory that holds compiled artifacts, one per hash.", show_default=False),
+]
+HashOption = Annotated[
+    str | None,
+    typer.Option(
+        "--artifact-hash", help="The artifact's identity hash, checked against the one computed.", show_default=False
+    ),
+]
+ShapeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shape",
+        help="Simulated model shape: tiny, llama-3.1-8b, llama-3.1-70b. Default: from --model.",
+        show_default=False,
+    ),
+]
+InstanceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--instance-type",
+        help="Instance type the simulated device stands for. Default: TARGET.48xlarge.",
+        show_default=False,
+    ),
+]
+ClockOption = Annotated[
+    str, typer.Option("--clock", help="Simulated time: real (sleep for each step) or virtual (count only).")
+]
+
+
+def check_device(device: str) -> Device:
+    """``sim`` or ``neuron``; anything else is bad input."""
+    if device == "sim":
+        return "sim"
+    if device == "neuron":
+        return "neuron"
+    fail(f"--device must be sim or neuron, got {device!r}")
+
+
+def compile_identity(
+    engine: EngineConfig, model: str, revision: str, target: str, image: str | None
+) -> CompileIdentity:
+    """The artifact identity of serving ``model`` with ``engine``: the function the operator uses."""
+    if target not in get_args(NeuronTarget):
+        fail(f"--target must be one of {', '.join(get_args(NeuronTarget))}, got {target!r}")
+    try:
+        source = ModelSource(uri=model, revision=revision)
+        return CompileIdentity.of(source, engine, cast(NeuronTarget, target), image or default_image())
+    except ValidationError as error:
+        for line in format_validation_errors(error):
+            err.print(line, markup=False)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def default_image() -> str:
+    """This version's engine image: the identity's default."""
+    return f"neuronfleet/engine:{package_version('neuronfleet')}"
+
+
+def sim_settings(model: str, target: str, shape: str | None, instance_type: str | None, clock: str) -> SimSettings:
+    """The simulated device's settings, checked: a known shape, an instance of the target's family, a clock."""
+    shape = shape or shape_for_model(model)
+    if shape not in SHAPES:
+        fail(f"unknown --shape {shape!r}; known: {', '.join(SHAPES)}")
+    if target not in ("trn2", "inf2"):
+        fail(f"the simulated device models trn2 and inf2, not --target {target}")
+    instance_type = instance_type or f"{target}.48xlarge"
+    instance = INSTANCE_TYPES.get(instance_type)
+    if instance is None:
+        fail(f"unknown --instance-type {instance_type!r}; known: {', '.join(INSTANCE_TYPES)}")
+    if instance.family != target:
+        fail(f"--instance-type {instance_type} is not a {target} instance")
+    if clock not in ("real", "virtual"):
+        fail(f"--clock must be real or virtual, got {clock!r}")
+    return SimSettings(shape=shape, instance_type=instance_type, clock=cast(Clock, clock))
+
+
+def run_compile(
+    engine: EngineConfig, identity: CompileIdentity, store: str, device: Device, settings: SimSettings | None
+) -> tuple[Manifest, int]:
+    """Compile the artifact into ``store``, with a progress bar on stderr; one line and exit 2 on failure."""
+    if device == "neuron":
+        from neuronfleet.engine.neuron_compile import neuron_compile_bucket
+
+        compile_bucket = neuron_compile_bucket(engine, identity, store)
+    else:
+        assert settings is not None
+        try:
+            cost = CostModel(
+                get_instance_type(settings.instance_type), get_shape(settings.shape), engine.tensor_parallel_size
+            )
+        except ValueError as error:
+            fail(str(error))
+        compile_bucket = simulated_compiler(cost, sleep=settings.clock == "real")
+    artifact_hash = identity.hash()
+    progress = Progress(
+        TextColumn("compiling artifact {task.fields[artifact]}: {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        # Nothing to show for an artifact that is already complete.
+        disable=is_complete_quietly(store, artifact_hash),
+    )
+    total = len(engine.effective_num_batched_tokens_buckets) + len(engine.effective_num_seqs_buckets)
+    with progress:
+        task = progress.add_task("", total=total, artifact=artifact_hash)
+
+        def on_bucket(entry: BucketEntry, done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total, description=f"{entry.kind} {entry.size}")
+
+        try:
+            return compile_artifact(store, identity, device, compile_bucket, on_bucket)
+        except ArtifactError as error:
+            fail(str(error))
+
+
+def is_complete_quietly(store: str, artifact_hash: str) -> bool:
+    """Whether the artifact is complete; an unreadable one is not (compiling says why)."""
+    try:
+        return is_complete(store, artifact_hash)
+    except ArtifactError:
+        return False
+
+
+def compile_command(
+    config: ConfigOption = None,
+    model: ModelOption = DEFAULT_MODEL,
+    revision: RevisionOption = "main",
+    target: TargetOption = "trn2",
+    engine_image: ImageOption = None,
+    artifact_store: StoreOption = None,
+    artifact_hash: HashOption = None,
+    device: DeviceOption = "neuron",
+    shape: ShapeOption = None,
+    instance_type: InstanceOption = None,
+    clock: ClockOption = "real",
+) -> None:
+    """Compile every bucket's graph into the artifact store; an artifact already complete is not compiled again."""
+    chosen = check_device(device)
+    engine = load_config(config, None, None, None, None, None)
+    if artifact_store is None:
+        fail("--artifact-store is required: the directory that holds compiled artifacts")
+    identity = compile_identity(engine, model, revision, target, engine_image)
+    if artifact_hash is not None and artifact_hash != identity.hash():
+        fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
+    settings = sim_settings(model, target, shape, instance_type, clock) if chosen == "sim" else None
+    manifest, compiled = run_compile(engine, identity, artifact_store, chosen, settings)
+    where = f"{artifact_store.rstrip('/')}/{manifest.hash}"
+    if compiled:
+        out.print(
+            f"compiled {compiled} of {len(manifest.buckets)} graphs: artifact {manifest.hash} complete at {where}"
+        )
+    else:
+        out.print(f"artifact {manifest.hash} already complete at {where}: nothing to compile")
+
+
+def serve_command(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    device: DeviceOption = "neuron",
+    model: ModelOption = DEFAULT_MODEL,
+    revision: RevisionOption = "main",
+    target: TargetOption = "trn2",
+    engine_image: ImageOption = None,
+    artifact_store: StoreOption = None,
+    artifact_hash: HashOption = None,
+    compile_on_start: Annotated[
+        bool, typer.Option("--compile-on-start", help="Compile a missing or incomplete artifact instead of refusing.")
+    ] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    drain_timeout: Annotated[
+        int, typer.Option("--drain-timeout", help="Seconds in-flight requests have to finish after SIGTERM.")
+    ] = 30,
+    async_scheduling: Annotated[
+        bool,
+        typer.Option(
+            "--async-scheduling/--no-async-scheduling", help="NeuronAsyncScheduler (default) or NeuronScheduler."
+        ),
+    ] = True,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(
+            "--served-model-name", help="The model name clients use. Default: from --model.", show_default=False
+        ),
+    ] = None,
+    shape: ShapeOption = None,
+    instance_type: InstanceOption = None,
+    clock: ClockOption = "real",
+) -> None:
+    """Serve the OpenAI-compatible API: vLLM's server with the Neuron scheduler. Arguments after -- go to vLLM."""
+    chosen = check_device(device)
+    engine = load_config(config, None, None, None, None, None)
+    if not 1 <= port <= 65535:
+        fail(f"--port must be between 1 and 65535, got {port}")
+    if drain_timeout < 0:
+        fail(f"--drain-timeout must not be negative, got {drain_timeout}")
+    settings = sim_settings(model, target, shape, instance_type, clock) if chosen == "sim" else SimSettings()
+    if chosen == "neuron" and importlib.util.find_spec("vllm_neuron") is None:
+        fail("--device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here")
+    directory = None
+    if artifact_store is not None:
+        identity = compile_identity(engine, model, revision, target, engine_image)
+        directory = serving_artifact(
+            engine, identity, artifact_store, artifact_hash, chosen, settings, compile_on_start
+        )
+    elif artifact_hash is not None:
+        fail("--artifact-hash needs --artifact-store")
+    elif chosen == "neuron":
+        fail("--device neuron needs --artifact-store: compile with `neuronfleet-engine compile` first")
+    model_to_load = model.removeprefix("hf://")
+    if chosen == "sim":
+        from neuronfleet.engine.model_dir import model_dir
+
+        try:
+            model_to_load = str(model_dir(settings.shape, engine.max_model_len))
+        except ValueError as error:
+            fail(str(error))
+    exec_vllm_serve(
+        ServeRequest(
+            engine=engine,
+            device=chosen,
+            model=model_to_load,
+            served_model_name=served_model_name or served_name(model),
+            revision=revision,
+            host=host,
+            port=port,
+            drain_timeout=drain_timeout,
+            async_scheduling=async_scheduling,
+            artifact_dir=directory,
+            sim=settings,
+            extra_args=tuple(ctx.args),
+        )
+    )
+
+
+def serving_artifact(
+    engine: EngineConfig,
+    identity: CompileIdentity,
+    store: str,
+    artifact_hash: str | None,
+    device: Device,
+    settings: SimSettings,
+    compile_on_start: bool,
+) -> Path:
+    """The directory of the complete artifact to serve; exit 3 when it is missing or incomplete."""
+    wanted = artifact_hash or identity.hash()
+    buckets = (engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets)
+    try:
+        directory = artifact_dir(store, wanted)
+        try:
+            load_for_serving(directory, *buckets)
+        except ArtifactError:
+            if not compile_on_start:
+                raise
+            if wanted != identity.hash():
+                fail(f"cannot compile artifact {wanted}: the identity computed here is {identity.hash()}")
+            run_compile(engine, identity, store, device, settings if device == "sim" else None)
+    except ArtifactError as error:
+        err.print(f"error: {error}", markup=False)
+        raise typer.Exit(EXIT_NO_ARTIFACT) from None
+    return directory
