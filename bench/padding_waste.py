@@ -1,12 +1,15 @@
 """Padding waste of the default prefill buckets against the recommended ones, per workload.
 
 For each named workload (fixed seed, 20,000 prompts) this chunks the prompts as
-chunked prefill does, then compares the power-of-two default buckets with the
-exact optimum of the same size: the share of padded prefill compute spent on
-padding, and the ratio of the two. It also finds the fewest buckets whose optimum
-wastes no more than the defaults (fewer compiled graphs for the same waste), and
-times the solver (median of repeats). Prints one table; writes the figures as JSON
-to bench/results/padding_waste.json.
+chunked prefill does, then compares, at the same bucket count K, the power-of-two
+buckets (the defaults; for a K smaller than theirs, the K largest of them), the
+recommender's buckets (the exact optimum on the 128-token granularity) and the
+theoretical optimum (any bucket sizes, granularity 1): the share of padded prefill
+compute spent on padding, and the ratio of recommended to power-of-two. Chat is
+measured at the defaults' count and at 5 buckets. It also finds the fewest buckets
+whose optimum wastes no more than the defaults (fewer compiled graphs for the same
+waste), and times the solver (median of repeats). Prints one table; writes the
+figures as JSON to bench/results/padding_waste.json.
 
 Run: ``make bench-padding`` (or ``.venv/bin/python bench/padding_waste.py``).
 """
@@ -24,6 +27,7 @@ from typing import Any
 from neuronfleet.engine.buckets import effective_max_num_batched_tokens, get_default_num_batched_tokens_buckets
 from neuronfleet.engine.recommend import (
     Histogram,
+    bucket_set,
     chunk_histogram,
     optimal_buckets,
     padding_waste,
@@ -53,15 +57,19 @@ def median_solve_ms(chunks: Histogram, count: int, effective_max: int, repeats: 
     return statistics.median(times)
 
 
-def measure(name: str, samples: int, seed: int, repeats: int) -> dict[str, Any]:
-    """The figures for one workload at its own engine limits."""
+def measure(name: str, samples: int, seed: int, repeats: int, count: int | None = None) -> dict[str, Any]:
+    """The figures for one workload at its own engine limits, with ``count`` buckets (default: the defaults')."""
     workload = WORKLOADS[name]
     limit = effective_max_num_batched_tokens(workload.max_num_batched_tokens, workload.max_model_len)
     prompts = prompt_histogram(workload.sample(samples, seed))
     chunks = chunk_histogram(prompts, workload.max_num_batched_tokens, workload.max_model_len)
-    # Recommend as many buckets as the defaults have: the same number of compiled graphs.
-    result = recommend(chunks, len(get_default_num_batched_tokens_buckets(limit)), limit)
-    default, optimal = result.default, result.recommended
+    powers = get_default_num_batched_tokens_buckets(limit)
+    count = len(powers) if count is None else count
+    # The same number of compiled graphs on every side.
+    power_of_two = bucket_set(chunks, powers[-count:])
+    result = recommend(chunks, count, limit)
+    optimal = result.recommended
+    theoretical = bucket_set(chunks, optimal_buckets(chunks, count, limit, granularity=1))
     return {
         "workload": name,
         "prompts": samples,
@@ -69,15 +77,17 @@ def measure(name: str, samples: int, seed: int, repeats: int) -> dict[str, Any]:
         "max_num_batched_tokens": workload.max_num_batched_tokens,
         "max_model_len": workload.max_model_len,
         "chunks": result.chunks,
-        "count": default.count,
-        "default_buckets": default.buckets,
-        "default_waste": default.padding_waste,
+        "count": count,
+        "default_buckets": power_of_two.buckets,
+        "default_waste": power_of_two.padding_waste,
         "recommended_buckets": optimal.buckets,
         "recommended_waste": optimal.padding_waste,
-        "ratio": optimal.padding_waste / default.padding_waste,
-        "fewest_buckets_matching_default": fewest_buckets_matching(chunks, limit, default.padding_waste),
+        "theoretical_buckets": theoretical.buckets,
+        "theoretical_waste": theoretical.padding_waste,
+        "ratio": optimal.padding_waste / power_of_two.padding_waste,
+        "fewest_buckets_matching_default": fewest_buckets_matching(chunks, limit, power_of_two.padding_waste),
         "candidates": result.useful_sizes,
-        "solve_ms_median": median_solve_ms(chunks, default.count, limit, repeats),
+        "solve_ms_median": median_solve_ms(chunks, count, limit, repeats),
     }
 
 
@@ -89,9 +99,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="solver timings per workload (median reported)")
     args = parser.parse_args()
 
-    rows = [measure(name, args.samples, args.seed, args.repeats) for name in ("chat", "summarization", "code")]
+    measured = [("chat", None), ("chat", 5), ("summarization", None), ("code", None)]
+    rows = [measure(name, args.samples, args.seed, args.repeats, count) for name, count in measured]
     header = (
-        f"{'workload':<14}{'limits':>12}{'K':>4}{'default waste':>15}{'recommended':>13}{'ratio':>7}{'K to match':>12}"
+        f"{'workload':<14}{'limits':>12}{'K':>4}{'power of two':>14}{'recommended':>13}{'optimum':>9}"
+        f"{'ratio':>7}{'K to match':>12}"
     )
     print(header)
     print("-" * len(header))
@@ -99,15 +111,18 @@ def main() -> None:
         limits = f"{row['max_num_batched_tokens']}/{row['max_model_len']}"
         print(
             f"{row['workload']:<14}{limits:>12}{row['count']:>4}{row['default_waste']:>15.2%}"
-            f"{row['recommended_waste']:>13.2%}{row['ratio']:>7.2f}{row['fewest_buckets_matching_default']:>12}"
+            f"{row['recommended_waste']:>13.2%}{row['theoretical_waste']:>9.2%}{row['ratio']:>7.2f}"
+            f"{row['fewest_buckets_matching_default']:>12}"
         )
     print()
     print(f"{args.samples} prompts per workload, seed {args.seed}; limits are max_num_batched_tokens/max_model_len.")
-    print("waste: share of padded prefill compute spent on padding; ratio: recommended / default at the same K;")
-    print("K to match: fewest recommended buckets that waste no more than the defaults.")
+    print("waste: share of padded prefill compute spent on padding; power of two: the defaults, or their K largest;")
+    print("recommended: the exact optimum on the 128-token granularity; optimum: any sizes (granularity 1);")
+    print("ratio: recommended / power of two; K to match: fewest recommended buckets wasting no more.")
     for row in rows:
         print(
-            f"  {row['workload']}: recommended {row['recommended_buckets']}"
+            f"  {row['workload']} K={row['count']}: power of two {row['default_buckets']},"
+            f" recommended {row['recommended_buckets']}"
             f" (solve {row['solve_ms_median']:.1f} ms median over {row['candidates']} candidates)"
         )
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from neuronfleet.engine.buckets import get_bucket_for_count
 from neuronfleet.engine.cost_model import CostModel
 from neuronfleet.engine.offline import OfflineEngine, StepRecord
+from neuronfleet.engine.scenarios import ScenarioRequest, prompt_token_ids
 
 
 @dataclass
@@ -68,6 +69,39 @@ class Timeline:
                 if not spans or any(earlier < end and later > start for start, end in spans):
                     gaps.append(later - earlier)
         return gaps
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request that arrives at a virtual time, in seconds."""
+
+    at: float
+    request: ScenarioRequest
+
+
+def serve_arrivals(
+    engine: OfflineEngine, timeline: Timeline, arrivals: Sequence[Arrival], max_iterations: int = 10_000_000
+) -> None:
+    """Run ``arrivals`` to completion, each added once the clock reaches its time (an open loop).
+
+    A request that arrives during a step waits for the step's end, as it would on the device;
+    its TTFT still counts from its arrival. An idle engine jumps ahead to the next arrival.
+    """
+    pending = deque(sorted(arrivals, key=lambda arrival: arrival.at))
+    for _ in range(max_iterations):
+        if not (pending or engine.has_work):
+            return
+        if pending and not engine.has_work:
+            timeline.clock = max(timeline.clock, pending[0].at)
+        while pending and pending[0].at <= timeline.clock:
+            arrival = pending.popleft()
+            request = arrival.request
+            engine.add_request(request.req_id, prompt_token_ids(request), request.max_tokens)
+            timeline.arrival[request.req_id] = arrival.at
+        in_flight_before = len(engine.in_flight)
+        record = engine.step()
+        timeline.after_step(engine, record, in_flight_before)
+    raise RuntimeError(f"arrivals did not finish in {max_iterations} iterations: {engine.unfinished()}")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

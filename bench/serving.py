@@ -1,0 +1,135 @@
+"""Serving on the simulated device: throughput, TTFT and inter-token latency by request rate.
+
+llama-3.1-8b on a trn2.48xlarge (tensor parallelism 8, max_num_seqs 64,
+max_model_len 8192, the default buckets) serves the chat workload: prompt lengths
+from ``WORKLOADS["chat"]``, output lengths lognormal around 250 tokens, Poisson
+arrivals at each request rate (an open loop: requests arrive whether or not the
+engine keeps up). The scheduling is the real vLLM scheduler's, step times come
+from the simulated device's cost model on a virtual clock, so a run takes seconds.
+
+Each figure is the median over ``SEEDS`` (different prompts, outputs and arrival
+times); the baseline is the design's scheduler as written (``REFERENCE_SCHEDULER``),
+measured in the same run. These are the figures later scheduler work must beat.
+
+Run: ``make bench-serving`` (or ``.venv/bin/python bench/serving.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
+from neuronfleet.engine.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.model_shapes import get_shape
+from neuronfleet.engine.offline import OfflineEngine, build_scheduler
+from neuronfleet.engine.scenarios import ScenarioRequest
+from neuronfleet.engine.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
+from neuronfleet.engine.workloads import WORKLOADS
+
+RESULTS = Path(__file__).resolve().parent / "results" / "serving.json"
+NUM_REQUESTS = 500
+RATES = [4.0, 8.0, 16.0, 32.0]
+SEEDS = [0, 1, 2]
+BLOCK_SIZE = 32
+MEMORY_UTILIZATION = 0.9
+SCHEDULERS = {"reference": REFERENCE_SCHEDULER, "neuronfleet": SchedulerOptions()}
+METRICS = ["output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"]
+
+
+def cost_model() -> CostModel:
+    """llama-3.1-8b over 8 logical NeuronCores of a trn2.48xlarge."""
+    return CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=8)
+
+
+def engine_config(scheduler: SchedulerOptions) -> EngineConfig:
+    """The serving configuration, with the default buckets."""
+    return EngineConfig(
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+        max_model_len=8192,
+        block_size=BLOCK_SIZE,
+        tensor_parallel_size=8,
+        scheduler=scheduler,
+    )
+
+
+def arrivals(rate: float, seed: int) -> list[Arrival]:
+    """Chat requests with Poisson arrivals at ``rate`` per second."""
+    prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=seed)
+    rng = random.Random(1000 + seed)
+    at = 0.0
+    result = []
+    for i, prompt in enumerate(prompts):
+        at += rng.expovariate(rate)
+        max_tokens = max(1, min(2048, round(rng.lognormvariate(5.5, 0.8))))
+        result.append(Arrival(at, ScenarioRequest(f"chat-{i}", prompt_len=prompt, max_tokens=max_tokens)))
+    return result
+
+
+def measure_once(scheduler: SchedulerOptions, rate: float, seed: int) -> dict[str, float]:
+    """Throughput and latency percentiles of one run."""
+    cost = cost_model()
+    engine_cfg = engine_config(scheduler)
+    block_bytes = cost.shape.kv_bytes_per_token(cost.dtype_bytes) * BLOCK_SIZE
+    engine = OfflineEngine(
+        build_scheduler(
+            engine_cfg, num_kv_blocks=cost.kv_cache_bytes(MEMORY_UTILIZATION) // block_bytes, async_scheduling=False
+        )
+    )
+    timeline = Timeline(cost, engine_cfg.effective_num_seqs_buckets)
+    chosen = arrivals(rate, seed)
+    serve_arrivals(engine, timeline, chosen)
+    req_ids = [arrival.request.req_id for arrival in chosen]
+    ttfts = [timeline.ttft(req_id) for req_id in req_ids]
+    gaps = timeline.inter_token_latencies(req_ids)
+    output_tokens = sum(len(progress.output_tokens) for progress in engine.progress.values())
+    return {
+        "output_tokens_per_s": output_tokens / (timeline.clock - chosen[0].at),
+        "ttft_p50_ms": percentile(ttfts, 50) * 1e3,
+        "ttft_p99_ms": percentile(ttfts, 99) * 1e3,
+        "itl_p50_ms": percentile(gaps, 50) * 1e3,
+        "itl_p99_ms": percentile(gaps, 99) * 1e3,
+    }
+
+
+def measure(name: str, rate: float) -> dict[str, Any]:
+    """Medians over the seeds of one scheduler at one rate."""
+    runs = [measure_once(SCHEDULERS[name], rate, seed) for seed in SEEDS]
+    return {
+        "scheduler": name,
+        "rate": rate,
+        **{metric: statistics.median(run[metric] for run in runs) for metric in METRICS},
+    }
+
+
+def main() -> None:
+    """Print the table and write it as JSON."""
+    rows = [measure(name, rate) for rate in RATES for name in SCHEDULERS]
+    print(
+        f"chat workload, {NUM_REQUESTS} requests per run, Poisson arrivals, llama-3.1-8b on trn2.48xlarge TP 8 "
+        f"(virtual clock; medians over {len(SEEDS)} seeds; ratios to the reference scheduler at the same rate)"
+    )
+    print(
+        f"{'req/s':>6} {'scheduler':>12} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} "
+        f"{'ITL p99':>8} {'tok/s vs ref':>12} {'TTFT p99 vs ref':>15} {'ITL p99 vs ref':>14}"
+    )
+    reference = {row["rate"]: row for row in rows if row["scheduler"] == "reference"}
+    for row in rows:
+        base = reference[row["rate"]]
+        print(
+            f"{row['rate']:>6.0f} {row['scheduler']:>12} {row['output_tokens_per_s']:>9.0f} "
+            f"{row['ttft_p50_ms']:>7.0f}ms {row['ttft_p99_ms']:>7.0f}ms {row['itl_p50_ms']:>6.1f}ms "
+            f"{row['itl_p99_ms']:>6.1f}ms {row['output_tokens_per_s'] / base['output_tokens_per_s']:>12.2f} "
+            f"{row['ttft_p99_ms'] / base['ttft_p99_ms']:>15.2f} {row['itl_p99_ms'] / base['itl_p99_ms']:>14.2f}"
+        )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

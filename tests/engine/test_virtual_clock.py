@@ -1,0 +1,66 @@
+"""The virtual clock and the open-loop driver, on the real vLLM scheduler."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.model_shapes import get_shape
+from neuronfleet.engine.offline import OfflineEngine, build_scheduler
+from neuronfleet.engine.scenarios import ScenarioRequest
+from neuronfleet.engine.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
+
+ENGINE = EngineConfig(
+    max_num_seqs=4,
+    max_num_batched_tokens=512,
+    max_model_len=1024,
+    block_size=16,
+    num_batched_tokens_buckets=[128, 256, 512],
+)
+
+
+def run(arrivals: list[Arrival]) -> tuple[OfflineEngine, Timeline, CostModel]:
+    cost = CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=8)
+    engine = OfflineEngine(build_scheduler(ENGINE, num_kv_blocks=256, async_scheduling=False))
+    timeline = Timeline(cost, ENGINE.effective_num_seqs_buckets)
+    serve_arrivals(engine, timeline, arrivals)
+    return engine, timeline, cost
+
+
+def test_an_idle_engine_jumps_to_the_arrival_and_ttft_is_the_padded_prefill() -> None:
+    engine, timeline, cost = run([Arrival(5.0, ScenarioRequest("late", prompt_len=100, max_tokens=3))])
+    assert timeline.arrival["late"] == 5.0
+    # 100 tokens run in the 128-token bucket: the first token lands one padded prefill later.
+    assert timeline.ttft("late") == pytest.approx(cost.prefill_seconds(128, 0))
+    assert len(timeline.token_times["late"]) == 3 == len(engine.progress["late"].output_tokens)
+    decode = cost.decode_seconds(get_bucket_for_count(1, ENGINE.effective_num_seqs_buckets), 101)
+    assert timeline.token_times["late"][1] - timeline.token_times["late"][0] == pytest.approx(decode)
+
+
+def test_a_request_arriving_mid_step_waits_for_the_step_but_its_ttft_counts_from_arrival() -> None:
+    first = ScenarioRequest("first", prompt_len=500, max_tokens=4)
+    second = ScenarioRequest("second", prompt_len=50, max_tokens=2)
+    engine, timeline, cost = run([Arrival(0.0, first), Arrival(1e-6, second)])
+    first_prefill = cost.prefill_seconds(512, 0)
+    assert timeline.token_times["first"][0] == pytest.approx(first_prefill)
+    # The second request is added once the first prefill ends, then prefills alone.
+    assert timeline.ttft("second") == pytest.approx(first_prefill + cost.prefill_seconds(128, 0) - 1e-6)
+    assert not engine.unfinished()
+
+
+def test_every_arrival_finishes_in_arrival_order_of_first_tokens_when_spaced_out() -> None:
+    arrivals = [Arrival(10.0 * i, ScenarioRequest(f"r{i}", prompt_len=64, max_tokens=5)) for i in range(4)]
+    engine, timeline, _ = run(list(reversed(arrivals)))
+    firsts = [timeline.token_times[f"r{i}"][0] for i in range(4)]
+    assert firsts == sorted(firsts)
+    assert all(10.0 * i < first < 10.0 * (i + 1) for i, first in enumerate(firsts))
+    assert all(len(progress.output_tokens) == 5 for progress in engine.progress.values())
+
+
+def test_percentile_interpolates() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([3.0], 99) == 3.0
