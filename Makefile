@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup tools demo test lint typecheck unit lock crds clean bench bench-padding bench-scheduler bench-stalls bench-kv
+.PHONY: help setup tools demo test lint typecheck unit lock crds clean bench bench-padding bench-scheduler bench-stalls bench-kv bench-operator
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -65,7 +65,7 @@ crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's
 	$(BIN)/neuronfleet-operator crds --output crds
 	$(BIN)/neuronfleet-operator crds --output charts/neuronfleet/crds
 
-bench: bench-padding bench-scheduler bench-stalls bench-kv  ## Every benchmark; figures in bench/results/.
+bench: bench-padding bench-scheduler bench-stalls bench-kv bench-operator  ## Every benchmark; figures in bench/results/.
 
 bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
 	$(BIN)/python bench/padding_waste.py
@@ -78,6 +78,9 @@ bench-stalls: setup  ## Decode ITL during 32k-token prefills, with and without a
 
 bench-kv: setup  ## Chat concurrency and throughput: KV admission by max_model_len vs per request.
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/kv_admission.py
+
+bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.
+	$(BIN)/python bench/operator.py
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock
