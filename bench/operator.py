@@ -1,9 +1,10 @@
 """What the operator costs on a real control plane: latency, API requests, memory, idleness.
 
 A local control plane (``neuronfleet.devcluster``: etcd, kube-apiserver, controller manager,
-scheduler, KWOK playing fake Trainium2 and CPU nodes) runs the operator as a child process, as a
-ServiceAccount with the ClusterRole of docs/operator.md, so the API server can tell its requests
-apart. One run measures, in order:
+scheduler, KWOK playing fake Trainium2 and CPU nodes) gets the Helm chart (CRDs, ServiceAccount,
+RBAC) for one namespace, and runs the operator as a child process under the chart's ServiceAccount,
+so its rights are the chart's and the API server can tell its requests apart. One run measures, in
+order:
 
 - **apply -> Ready**, one service at a time: a NeuronInferenceService with a new compile identity
   (its compile pod succeeds at once, ``neuronfleet.io/kwok-complete-after: 0s``, so no simulated
@@ -29,7 +30,7 @@ apart. One run measures, in order:
   every service reconcile lists the namespace's artifacts, so that run measures the lists; not one:
   1,000 services racing to add themselves to one artifact's owner references conflict and retry.
 - **API requests per reconcile**, in each phase: FlowSchemas (API Priority and Fairness) match the
-  operator's ServiceAccount, one per verb and resource of its ClusterRole, and the admin's GET
+  operator's ServiceAccount, one per verb and resource the chart's roles grant, and the admin's GET
   /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are
   counted the same way: a service reconcile GETs its service once and an artifact reconcile GETs
   its compile Job once (operator/reconcile.py), and nothing else in the operator GETs either. The
@@ -52,6 +53,7 @@ import os
 import re
 import ssl
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -67,6 +69,7 @@ import yaml
 
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
+from neuronfleet.devcluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.fleet import M7I_8XLARGE, TRN2_48XLARGE, NodePool
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.waiting import wait_for
@@ -89,8 +92,10 @@ T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "operator.json"
+CHART = REPO / "charts" / "neuronfleet"
+#: The chart is installed into the bench's namespace and watches only it; its ServiceAccount is the release's name.
 NAMESPACE = "bench"
-OPERATOR_SA = "neuronfleet-operator"
+RELEASE = "neuronfleet"
 MODEL_URI = "hf://meta-llama/Llama-3.1-8B"
 #: Baseline objects carry this label instead of the operator's, so the operator's watches skip them.
 PLAIN_LABEL = "bench.neuronfleet.io/plain"
@@ -102,51 +107,10 @@ FOREVER = "8760h"
 #: run on the CPU nodes.
 NODES = (NodePool("trn2", TRN2_48XLARGE, count=5), NodePool("cpu", M7I_8XLARGE, count=2))
 
-#: The ClusterRole of docs/operator.md ("RBAC the operator uses").
-OPERATOR_RULES: list[Obj] = [
-    {"apiGroups": [api.GROUP], "resources": ["neuroninferenceservices"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [api.GROUP], "resources": ["neuroninferenceservices/status"], "verbs": ["patch"]},
-    {"apiGroups": [api.GROUP], "resources": ["neuroninferenceservices/finalizers"], "verbs": ["update"]},
-    {
-        "apiGroups": [api.GROUP],
-        "resources": ["neuroncompiledartifacts"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-    },
-    {"apiGroups": [api.GROUP], "resources": ["neuroncompiledartifacts/status"], "verbs": ["patch"]},
-    {"apiGroups": [api.GROUP], "resources": ["neuroncompiledartifacts/finalizers"], "verbs": ["update"]},
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "patch"]},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["create", "patch"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-]
-
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 OTHER = "other"
 #: The resource requests that count reconciles: each reconcile reads its object once (see the docstring).
 SERVICE_RECONCILE, ARTIFACT_RECONCILE = f"get-{SERVICES_NIS.plural}", f"get-{JOBS.plural}"
-
-
-def flow_rules() -> dict[str, Obj]:
-    """One FlowSchema rule per verb and resource the operator may use, named ``verb-resource``."""
-    rules: dict[str, Obj] = {}
-    for rule in OPERATOR_RULES:
-        for resource in rule["resources"]:
-            for verb in rule["verbs"]:
-                rules[f"{verb}-{resource.replace('/', '-')}"] = {
-                    "verbs": [verb],
-                    "apiGroups": rule["apiGroups"],
-                    "resources": [resource],
-                }
-    return rules
-
-
-#: The operator's requests by verb and resource; ``other`` catches the rest (discovery, refused requests).
-FLOW_SCHEMAS: dict[str, Obj] = {**flow_rules(), OTHER: {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}}
 SCHEMA_PREFIX = "bench-operator-"
 DISPATCHED_SAMPLE = re.compile(
     r"^apiserver_flowcontrol_dispatched_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE
@@ -174,58 +138,50 @@ def service_spec(revision: str, complete_after: str) -> Obj:
     }
 
 
-def install_crds(cluster: LocalCluster) -> None:
-    """Apply the checked-in CRDs and wait until they serve."""
-    directory = REPO / "crds"
-    run_checked(cluster, "apply", "--server-side", "-f", str(directory))
-    for path in sorted(directory.glob("*.yaml")):
+def install(cluster: LocalCluster, kube: Kube, directory: Path, resync_seconds: float) -> tuple[Path, list[str]]:
+    """The chart (CRDs, ServiceAccount, RBAC) for the bench namespace, FlowSchemas over its ServiceAccount, one
+    per verb and resource its roles grant; the ServiceAccount's kubeconfig and the schemas' names."""
+    run_checked(cluster.kubectl("create", "namespace", NAMESPACE))
+    run_checked(
+        cluster.helm(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            f"watchNamespaces={{{NAMESPACE}}}",
+            "--set",
+            f"resyncSeconds={resync_seconds:g}",
+            "--wait",
+            "--timeout=120s",
+        )
+    )
+    for path in sorted((CHART / "crds").glob("*.yaml")):
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        run_checked(cluster, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
-
-
-def run_checked(cluster: LocalCluster, *args: str) -> None:
-    """kubectl, failing loudly."""
-    done = cluster.kubectl(*args)
-    if done.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
-
-
-def operator_identity(cluster: LocalCluster, kube: Kube, directory: Path) -> Path:
-    """The namespace, the operator's ServiceAccount with its ClusterRole, FlowSchemas over it; its kubeconfig."""
-    kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": meta()})
-    wait_for(
-        lambda: kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default"),
-        timeout=30,
-        what="the namespace's default ServiceAccount",
-    )
-    kube.request(
-        "POST",
-        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
-        body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(OPERATOR_SA)},
-    )
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    kube.request(
-        "POST",
-        f"{rbac}/clusterroles",
-        body={
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": OPERATOR_SA},
-            "rules": OPERATOR_RULES,
-        },
-    )
-    kube.request(
-        "POST",
-        f"{rbac}/clusterrolebindings",
-        body={
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": OPERATOR_SA},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_SA},
-            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}],
-        },
-    )
-    for precedence, (name, rule) in enumerate(FLOW_SCHEMAS.items(), start=20):
+        run_checked(cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s"))
+    roles = kube.request(
+        "GET",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        query=[("labelSelector", f"app.kubernetes.io/instance={RELEASE}")],
+    )["items"]
+    rules = [rule for role in roles for rule in role["rules"]]
+    schemas = flow_rules(rules)
+    missing = {SERVICE_RECONCILE, ARTIFACT_RECONCILE} - schemas.keys()
+    if missing:
+        raise RuntimeError(
+            f"the chart's roles no longer grant {', '.join(sorted(missing))}: reconciles can't be counted"
+        )
+    subject = {"kind": "ServiceAccount", "serviceAccount": {"name": RELEASE, "namespace": NAMESPACE}}
+    for precedence, (name, rule) in enumerate(schemas.items(), start=20):
+        resource_rule = {**rule, "clusterScope": True, "namespaces": ["*"]}
+        other = {"nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]} if name == OTHER else {}
+        spec = {
+            "priorityLevelConfiguration": {"name": "workload-high"},
+            "matchingPrecedence": precedence,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{"subjects": [subject], "resourceRules": [resource_rule], **other}],
+        }
         kube.request(
             "POST",
             "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas",
@@ -233,56 +189,33 @@ def operator_identity(cluster: LocalCluster, kube: Kube, directory: Path) -> Pat
                 "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
                 "kind": "FlowSchema",
                 "metadata": {"name": SCHEMA_PREFIX + name},
-                "spec": {
-                    "priorityLevelConfiguration": {"name": "workload-high"},
-                    "matchingPrecedence": precedence,
-                    "distinguisherMethod": {"type": "ByUser"},
-                    "rules": [
-                        {
-                            "subjects": [
-                                {
-                                    "kind": "ServiceAccount",
-                                    "serviceAccount": {"name": OPERATOR_SA, "namespace": NAMESPACE},
-                                }
-                            ],
-                            "resourceRules": [{**rule, "clusterScope": True, "namespaces": ["*"]}],
-                            **(
-                                {"nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}
-                                if name == OTHER
-                                else {}
-                            ),
-                        }
-                    ],
-                },
+                "spec": spec,
             },
         )
-    token = kube.request(
-        "POST",
-        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{OPERATOR_SA}/token",
-        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
-    )["status"]["token"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {"server": cluster.server, "certificate-authority": str(cluster_pki(cluster) / "ca.crt")},
-            }
-        ],
-        "users": [{"name": OPERATOR_SA, "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": OPERATOR_SA, "namespace": NAMESPACE}}],
-        "current-context": "local",
-    }
-    path = directory / "operator.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    kubeconfig = service_account_kubeconfig(cluster, NAMESPACE, RELEASE, directory / "operator.kubeconfig")
+    return kubeconfig, list(schemas)
 
 
-def meta(name: str = NAMESPACE) -> Obj:
-    """``metadata`` with a name (the namespace's own, by default)."""
-    return {"name": name}
+def flow_rules(rules: list[Obj]) -> dict[str, Obj]:
+    """One FlowSchema resource rule per verb and resource of ``rules``, named ``verb-resource``, then the rest."""
+    schemas: dict[str, Obj] = {}
+    for rule in rules:
+        for resource in rule.get("resources", []):
+            for verb in rule["verbs"]:
+                schemas[f"{verb}-{resource.replace('/', '-')}"] = {
+                    "verbs": [verb],
+                    "apiGroups": rule["apiGroups"],
+                    "resources": [resource],
+                }
+    # Discovery and anything refused.
+    schemas[OTHER] = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}
+    return schemas
+
+
+def run_checked(done: subprocess.CompletedProcess[str]) -> None:
+    """Fail loudly when kubectl or helm did."""
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, done.args[:3]))} ...: {done.stderr.strip()}")
 
 
 def cluster_pki(cluster: LocalCluster) -> Path:
@@ -305,14 +238,15 @@ class Window:
 class Requests:
     """The operator's requests as the API server counted them, per FlowSchema (GET /metrics as admin)."""
 
-    def __init__(self, cluster: LocalCluster, operator_pid: int) -> None:
+    def __init__(self, cluster: LocalCluster, operator_pid: int, schemas: list[str]) -> None:
         pki = cluster_pki(cluster)
         self._api = Api(cluster.server, pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
         self._pid = operator_pid
+        self._schemas = schemas
 
     def snapshot(self) -> dict[str, float]:
         """Requests dispatched so far, by schema (without the prefix)."""
-        counts = dict.fromkeys(FLOW_SCHEMAS, 0.0)
+        counts = dict.fromkeys(self._schemas, 0.0)
         # The exposition runs to megabytes: pick out the one counter rather than parse it all.
         for match in DISPATCHED_SAMPLE.finditer(self._api.request("GET", "/metrics")):
             schema = dict(LABEL.findall(match["labels"])).get("flow_schema", "")
@@ -327,7 +261,7 @@ class Requests:
         before, cpu, start = self.snapshot(), cpu_seconds(self._pid), time.monotonic()
         yield window
         after = self.snapshot()
-        window.requests = {key: after[key] - before[key] for key in FLOW_SCHEMAS}
+        window.requests = {key: after[key] - before[key] for key in self._schemas}
         window.cpu_s = cpu_seconds(self._pid) - cpu
         window.wall_s = time.monotonic() - start
 
@@ -764,18 +698,17 @@ def main() -> None:
     operator: OperatorProcess | None = None
     client = cluster.api_client()
     try:
-        install_crds(cluster)
         kube = Kube(client)
         work = cluster.state.workdir / "bench"
         work.mkdir()
-        kubeconfig = operator_identity(cluster, kube, work)
+        kubeconfig, schemas = install(cluster, kube, work, args.resync_seconds)
         services = EventLog(cluster, SERVICES_NIS.path(NAMESPACE))
         deployments = EventLog(cluster, DEPLOYMENTS.path(NAMESPACE))
         operator = OperatorProcess(kubeconfig, [NAMESPACE], work, resync_seconds=args.resync_seconds)
         operator.start(wait_for)
         assert operator.process is not None
         pid = operator.process.pid
-        requests = Requests(cluster, pid)
+        requests = Requests(cluster, pid, schemas)
         memories = {"started": memory(pid, 0)}
         progress(began, "cluster and operator up")
 
