@@ -109,7 +109,7 @@ NODES = (NodePool("trn2", TRN2_48XLARGE, count=5), NodePool("cpu", M7I_8XLARGE, 
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 OTHER = "other"
-#: The resource requests that count reconciles: each reconcile reads its object once (see the docstring).
+#: The requests that count reconciles: a service reconcile GETs its service, an artifact one its Job (docstring).
 SERVICE_RECONCILE, ARTIFACT_RECONCILE = f"get-{SERVICES_NIS.plural}", f"get-{JOBS.plural}"
 SCHEMA_PREFIX = "bench-operator-"
 DISPATCHED_SAMPLE = re.compile(
@@ -138,7 +138,7 @@ def service_spec(revision: str, complete_after: str) -> Obj:
     }
 
 
-def install(cluster: LocalCluster, kube: Kube, directory: Path, resync_seconds: float) -> tuple[Path, list[str]]:
+def install(cluster: LocalCluster, kube: Kube, directory: Path) -> tuple[Path, list[str]]:
     """The chart (CRDs, ServiceAccount, RBAC) for the bench namespace, FlowSchemas over its ServiceAccount, one
     per verb and resource its roles grant; the ServiceAccount's kubeconfig and the schemas' names."""
     run_checked(cluster.kubectl("create", "namespace", NAMESPACE))
@@ -151,8 +151,6 @@ def install(cluster: LocalCluster, kube: Kube, directory: Path, resync_seconds: 
             NAMESPACE,
             "--set",
             f"watchNamespaces={{{NAMESPACE}}}",
-            "--set",
-            f"resyncSeconds={resync_seconds:g}",
             "--wait",
             "--timeout=120s",
         )
@@ -701,7 +699,7 @@ def main() -> None:
         kube = Kube(client)
         work = cluster.state.workdir / "bench"
         work.mkdir()
-        kubeconfig, schemas = install(cluster, kube, work, args.resync_seconds)
+        kubeconfig, schemas = install(cluster, kube, work)
         services = EventLog(cluster, SERVICES_NIS.path(NAMESPACE))
         deployments = EventLog(cluster, DEPLOYMENTS.path(NAMESPACE))
         operator = OperatorProcess(kubeconfig, [NAMESPACE], work, resync_seconds=args.resync_seconds)
