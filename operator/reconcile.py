@@ -94,7 +94,7 @@ class Reconciler:
         deployment = decide.DeploymentView.of(deployment_body) if deployment_body else None
         decision = decide.decide(target, deployment, previous.current_revision)
 
-        keep_configmaps = set(decision.keep_configmaps)
+        keep_configmaps: set[str] = set()
         if decision.serve is decide.Serve.TARGET:
             served = plan.ServedArtifact(
                 target.name, target.hash, api.parse_artifact_spec(artifact_body["spec"]).compile
@@ -110,6 +110,10 @@ class Reconciler:
             deployment_body = self.kube.merge_patch(DEPLOYMENTS, namespace, name, {"spec": {"replicas": spec.replicas}})
         if deployment_body is not None:
             deployment = decide.DeploymentView.of(deployment_body)
+            # Decide again on what was just applied: it may have finished rolling out since the
+            # first read, and the status must not say Ready without naming the current revision.
+            decision = decide.decide(target, deployment, previous.current_revision)
+        keep_configmaps |= decision.keep_configmaps
 
         if decision.keep is not None:
             self._release(body, decision.keep, keep_configmaps)
