@@ -20,7 +20,8 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup tools demo test lint typecheck unit lock crds clean bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving
+.PHONY: help setup tools demo test lint typecheck unit lock crds clean \
+	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -65,7 +66,7 @@ crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's
 	$(BIN)/neuronfleet-operator crds --output crds
 	$(BIN)/neuronfleet-operator crds --output charts/neuronfleet/crds
 
-bench: bench-padding bench-scheduler bench-stalls bench-kv bench-serving  ## Every benchmark; figures in bench/results/.
+bench: bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator  ## Every benchmark; figures in bench/results/.
 
 bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
 	$(BIN)/python bench/padding_waste.py
@@ -81,6 +82,9 @@ bench-kv: setup  ## Chat concurrency and throughput: KV admission by max_model_l
 
 bench-serving: setup  ## Throughput, TTFT and ITL by request rate on the simulated trn2 (virtual clock).
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/serving.py
+
+bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.
+	$(BIN)/python bench/operator.py
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock

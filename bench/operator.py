@@ -1,0 +1,802 @@
+"""What the operator costs on a real control plane: latency, API requests, memory, idleness.
+
+A local control plane (``neuronfleet.devcluster``: etcd, kube-apiserver, controller manager,
+scheduler, KWOK playing fake Trainium2 and CPU nodes) gets the Helm chart (CRDs, ServiceAccount,
+RBAC) for one namespace, and runs the operator as a child process under the chart's ServiceAccount,
+so its rights are the chart's and the API server can tell its requests apart. One run measures, in
+order:
+
+- **apply -> Ready**, one service at a time: a NeuronInferenceService with a new compile identity
+  (its compile pod succeeds at once, ``neuronfleet.io/kwok-complete-after: 0s``, so no simulated
+  compile time is in the figure, only the Job's orchestration), then a second one with the same
+  identity (its artifact is compiled: the rollout alone). The baseline, interleaved with them, is
+  what a user with hand-written YAML gets: the same ConfigMap, Deployment (the same pod template,
+  made by the operator's own planner), Service and PodDisruptionBudget, server-side applied, until
+  the Deployment is Available. Each clock starts before the first request and stops when a watch
+  delivers the state, on both sides alike.
+- **reconcile latency**: a spec change that needs no compile (a pod annotation; it rolls the pods)
+  until ``status.observedGeneration`` catches up, one service at a time.
+- **idleness**: once everything is Ready, and right after a full resync, the operator's write
+  requests over ``--idle-seconds`` (shorter than the resync period, so no pass falls inside) must
+  be 0. The next full resync is then measured alone: its requests, how long it took, and the
+  objects it changed (resourceVersions), which must be 0 too (its server-side applies are
+  requests, but no-ops).
+- **memory**: the operator's RSS and peak (``/proc``) after the above, and again once the namespace
+  holds ``--fleet`` services. The added services share ``--fleet-identities`` compile identities
+  (30: a fleet's few models and bucket sets) and their compiles never finish (a year's
+  ``kwok-complete-after``), so each is reconciled, shared into an artifact and Compiling, and the
+  operator watches every service, artifact and compile Job, without the Deployments, ReplicaSets
+  and pods of 1,000 served models, which alone keep 2 cores busy for minutes. Not 1,000 identities:
+  every service reconcile lists the namespace's artifacts, so that run measures the lists; not one:
+  1,000 services racing to add themselves to one artifact's owner references conflict and retry.
+- **API requests per reconcile**, in each phase: FlowSchemas (API Priority and Fairness) match the
+  operator's ServiceAccount, one per verb and resource the chart's roles grant, and the admin's GET
+  /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are
+  counted the same way: a service reconcile GETs its service once and an artifact reconcile GETs
+  its compile Job once (operator/reconcile.py), and nothing else in the operator GETs either. The
+  operator's CPU time per reconcile comes from ``/proc``.
+
+``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet (a pass over
+1,000 services takes about a minute on 2 cores). The run takes about 5 minutes on 2 idle cores;
+the last line says how many CPU-seconds it used.
+
+Run: ``make bench-operator`` (or ``.venv/bin/python bench/operator.py`` with PYTHONSAFEPATH=1).
+Prints one table; writes bench/results/operator.json; exits 1 if the idle operator wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import ssl
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from neuronfleet.devcluster.api import Api
+from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
+from neuronfleet.devcluster.credentials import service_account_kubeconfig
+from neuronfleet.devcluster.fleet import M7I_8XLARGE, TRN2_48XLARGE, NodePool
+from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION
+from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.handlers import RESYNC_DONE
+from neuronfleet.operator.kube import (
+    ARTIFACTS,
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    JOBS,
+    PDBS,
+    SERVICES,
+    SERVICES_NIS,
+    Kube,
+)
+from neuronfleet.operator.testing import OperatorProcess, observed, phase_of
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "operator.json"
+CHART = REPO / "charts" / "neuronfleet"
+#: The chart is installed into the bench's namespace and watches only it; its ServiceAccount is the release's name.
+NAMESPACE = "bench"
+RELEASE = "neuronfleet"
+MODEL_URI = "hf://meta-llama/Llama-3.1-8B"
+#: Baseline objects carry this label instead of the operator's, so the operator's watches skip them.
+PLAIN_LABEL = "bench.neuronfleet.io/plain"
+ROUND_ANNOTATION = "bench.neuronfleet.io/round"
+#: Longer than any bench: a compile that never finishes.
+FOREVER = "8760h"
+
+#: Five Trainium2 nodes (80 devices) for the serving pods of both sides and their surges; compile pods
+#: run on the CPU nodes.
+NODES = (NodePool("trn2", TRN2_48XLARGE, count=5), NodePool("cpu", M7I_8XLARGE, count=2))
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+OTHER = "other"
+#: The requests that count reconciles: a service reconcile GETs its service, an artifact one its Job (docstring).
+SERVICE_RECONCILE, ARTIFACT_RECONCILE = f"get-{SERVICES_NIS.plural}", f"get-{JOBS.plural}"
+SCHEMA_PREFIX = "bench-operator-"
+DISPATCHED_SAMPLE = re.compile(
+    r"^apiserver_flowcontrol_dispatched_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE
+)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+TOO_MANY_REQUESTS = 429
+#: The operator's log line after a full resync (``%(asctime)s`` of the logging default, then the message).
+RESYNC_LINE = re.compile(rf"(?P<at>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}}) .*{RESYNC_DONE}: (?P<objects>\d+) objects")
+
+
+# The cluster and the operator's identity
+
+
+def service_spec(revision: str, complete_after: str) -> Obj:
+    """A one-replica service (TP 4: one Trainium2 device) whose compile pod succeeds after ``complete_after``."""
+    return {
+        "model": {"uri": MODEL_URI, "revision": revision},
+        "engine": {"max_num_seqs": 8, "tensor_parallel_size": 4},
+        "replicas": 1,
+        "compile": {
+            "artifactStore": "s3://neuronfleet-bench/neff",
+            "resources": {"cpu": "10m", "memory": "64Mi"},
+            "podAnnotations": {COMPLETE_AFTER_ANNOTATION: complete_after},
+        },
+    }
+
+
+def install(cluster: LocalCluster, kube: Kube, directory: Path) -> tuple[Path, list[str]]:
+    """The chart (CRDs, ServiceAccount, RBAC) for the bench namespace, FlowSchemas over its ServiceAccount, one
+    per verb and resource its roles grant; the ServiceAccount's kubeconfig and the schemas' names."""
+    run_checked(cluster.kubectl("create", "namespace", NAMESPACE))
+    run_checked(
+        cluster.helm(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            f"watchNamespaces={{{NAMESPACE}}}",
+            "--wait",
+            "--timeout=120s",
+        )
+    )
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        run_checked(cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s"))
+    roles = kube.request(
+        "GET",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        query=[("labelSelector", f"app.kubernetes.io/instance={RELEASE}")],
+    )["items"]
+    rules = [rule for role in roles for rule in role["rules"]]
+    schemas = flow_rules(rules)
+    missing = {SERVICE_RECONCILE, ARTIFACT_RECONCILE} - schemas.keys()
+    if missing:
+        raise RuntimeError(
+            f"the chart's roles no longer grant {', '.join(sorted(missing))}: reconciles can't be counted"
+        )
+    subject = {"kind": "ServiceAccount", "serviceAccount": {"name": RELEASE, "namespace": NAMESPACE}}
+    for precedence, (name, rule) in enumerate(schemas.items(), start=20):
+        resource_rule = {**rule, "clusterScope": True, "namespaces": ["*"]}
+        other = {"nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]} if name == OTHER else {}
+        spec = {
+            "priorityLevelConfiguration": {"name": "workload-high"},
+            "matchingPrecedence": precedence,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{"subjects": [subject], "resourceRules": [resource_rule], **other}],
+        }
+        kube.request(
+            "POST",
+            "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas",
+            body={
+                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                "kind": "FlowSchema",
+                "metadata": {"name": SCHEMA_PREFIX + name},
+                "spec": spec,
+            },
+        )
+    kubeconfig = service_account_kubeconfig(cluster, NAMESPACE, RELEASE, directory / "operator.kubeconfig")
+    return kubeconfig, list(schemas)
+
+
+def flow_rules(rules: list[Obj]) -> dict[str, Obj]:
+    """One FlowSchema resource rule per verb and resource of ``rules``, named ``verb-resource``, then the rest."""
+    schemas: dict[str, Obj] = {}
+    for rule in rules:
+        for resource in rule.get("resources", []):
+            for verb in rule["verbs"]:
+                schemas[f"{verb}-{resource.replace('/', '-')}"] = {
+                    "verbs": [verb],
+                    "apiGroups": rule["apiGroups"],
+                    "resources": [resource],
+                }
+    # Discovery and anything refused.
+    schemas[OTHER] = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}
+    return schemas
+
+
+def run_checked(done: subprocess.CompletedProcess[str]) -> None:
+    """Fail loudly when kubectl or helm did."""
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, done.args[:3]))} ...: {done.stderr.strip()}")
+
+
+def cluster_pki(cluster: LocalCluster) -> Path:
+    """Where the cluster keeps its CA and the admin's client certificate."""
+    return cluster.state.workdir / "pki"
+
+
+# What the API server and /proc saw
+
+
+@dataclass
+class Window:
+    """What the operator did during one ``Requests.counting()`` block."""
+
+    requests: dict[str, float] = field(default_factory=dict)
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+
+class Requests:
+    """The operator's requests as the API server counted them, per FlowSchema (GET /metrics as admin)."""
+
+    def __init__(self, cluster: LocalCluster, operator_pid: int, schemas: list[str]) -> None:
+        pki = cluster_pki(cluster)
+        self._api = Api(cluster.server, pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
+        self._pid = operator_pid
+        self._schemas = schemas
+
+    def snapshot(self) -> dict[str, float]:
+        """Requests dispatched so far, by schema (without the prefix)."""
+        counts = dict.fromkeys(self._schemas, 0.0)
+        # The exposition runs to megabytes: pick out the one counter rather than parse it all.
+        for match in DISPATCHED_SAMPLE.finditer(self._api.request("GET", "/metrics")):
+            schema = dict(LABEL.findall(match["labels"])).get("flow_schema", "")
+            if schema.startswith(SCHEMA_PREFIX):
+                counts[schema.removeprefix(SCHEMA_PREFIX)] += float(match["value"])
+        return counts
+
+    @contextmanager
+    def counting(self) -> Iterator[Window]:
+        """Yields a window that holds, once the block is done, the requests and CPU time spent during it."""
+        window = Window()
+        before, cpu, start = self.snapshot(), cpu_seconds(self._pid), time.monotonic()
+        yield window
+        after = self.snapshot()
+        window.requests = {key: after[key] - before[key] for key in self._schemas}
+        window.cpu_s = cpu_seconds(self._pid) - cpu
+        window.wall_s = time.monotonic() - start
+
+
+def per_reconcile(window: Window) -> Obj:
+    """Requests, reconciles and their ratio in one window, with the operator's CPU time per reconcile."""
+    counted = window.requests
+    reconciles = counted[SERVICE_RECONCILE] + counted[ARTIFACT_RECONCILE]
+    verbs = {key: key.split("-", 1)[0] for key in counted}
+    total = sum(counted.values())
+    writes = sum(n for key, n in counted.items() if verbs[key] in WRITE_VERBS)
+    watches = sum(n for key, n in counted.items() if verbs[key] == "watch")
+    return {
+        "requests": int(total),
+        "writes": int(writes),
+        "watches": int(watches),
+        "service_reconciles": int(counted[SERVICE_RECONCILE]),
+        "artifact_reconciles": int(counted[ARTIFACT_RECONCILE]),
+        # Watches are opened once and stream: they are no reconcile's cost.
+        "requests_per_reconcile": (total - watches) / reconciles if reconciles else None,
+        "writes_per_reconcile": writes / reconciles if reconciles else None,
+        "operator_cpu_s": window.cpu_s,
+        "operator_cpu_ms_per_reconcile": 1000 * window.cpu_s / reconciles if reconciles else None,
+        "wall_s": window.wall_s,
+        "by_request": {key: int(n) for key, n in sorted(counted.items(), key=lambda kv: -kv[1]) if n},
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far."""
+    # After the command name (which may hold spaces): the state is field 3, utime and stime are 14 and 15.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory(pid: int, services: int) -> Obj:
+    """The process's resident set now and at its peak (VmRSS, VmHWM), with ``services`` in its namespace."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in status if ":" in line)
+    rss, peak = (int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
+    return {"services": services, "rss_mib": rss, "peak_mib": peak}
+
+
+def resync_passes(operator: OperatorProcess) -> list[tuple[datetime.datetime, int]]:
+    """When each full resync finished and how many objects it reconciled, from the operator's log."""
+    passes = []
+    for line in operator.log.read_text(errors="replace").splitlines():
+        if RESYNC_DONE in line:
+            match = RESYNC_LINE.match(line)
+            if match is None:
+                raise RuntimeError(f"cannot read the operator's resync line: {line!r}")
+            at = datetime.datetime.strptime(match["at"], "%Y-%m-%d %H:%M:%S,%f")
+            passes.append((at, int(match["objects"])))
+    return passes
+
+
+class EventLog:
+    """A watch on one collection in the bench namespace: every object state, with the moment it arrived."""
+
+    def __init__(self, cluster: LocalCluster, path: str) -> None:
+        pki = cluster_pki(cluster)
+        self._context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        self._context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self._url = cluster.server + path
+        self._events: list[tuple[float, Obj]] = []
+        self._latest: dict[str, Obj] = {}
+        self._changed = threading.Condition()
+        self._error: str | None = None
+        threading.Thread(target=self._run, name=f"watch {path}", daemon=True).start()
+
+    def _get(self, query: str, timeout: float) -> Any:
+        request = urllib.request.Request(f"{self._url}?{query}", headers={"Accept": "application/json"})
+        return urllib.request.urlopen(request, context=self._context, timeout=timeout)
+
+    def _record(self, obj: Obj) -> None:
+        with self._changed:
+            self._events.append((time.monotonic(), obj))
+            self._latest[obj["metadata"]["name"]] = obj
+            self._changed.notify_all()
+
+    def _run(self) -> None:
+        try:
+            while True:  # a watch that ends (server timeout, 410 Gone) is listed and opened again
+                try:
+                    self._watch()
+                except urllib.error.HTTPError as error:
+                    # 429 while the API server fills a new CRD's watch cache: come back when it says.
+                    if error.code != TOO_MANY_REQUESTS:
+                        raise
+                    time.sleep(float(error.headers.get("Retry-After") or 1))
+        except Exception as error:  # reported by the waiter, on the main thread
+            with self._changed:
+                self._error = f"{type(error).__name__}: {error}"
+                self._changed.notify_all()
+
+    def _watch(self) -> None:
+        with self._get("", 30) as response:
+            listing = json.load(response)
+        for obj in listing["items"]:
+            self._record(obj)
+        version = listing["metadata"]["resourceVersion"]
+        with self._get(f"watch=1&resourceVersion={version}&timeoutSeconds=1800", 1900) as response:
+            for line in response:
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    return
+                if event["type"] != "DELETED":
+                    self._record(event["object"])
+
+    def count(self, predicate: Callable[[Obj], bool]) -> int:
+        """How many objects meet ``predicate`` in their latest state."""
+        with self._changed:
+            if self._error is not None:
+                raise RuntimeError(f"watch failed: {self._error}")
+            return sum(1 for obj in self._latest.values() if predicate(obj))
+
+    def mark(self) -> int:
+        """A position: later waits see only what arrives after it."""
+        with self._changed:
+            return len(self._events)
+
+    def first(self, name: str, until: Callable[[Obj], bool], since: int, timeout: float, what: str) -> float:
+        """When ``name`` first met ``until`` after position ``since`` (monotonic seconds)."""
+        deadline = time.monotonic() + timeout
+        last: Obj | None = None
+        with self._changed:
+            while True:
+                for at, obj in self._events[since:]:
+                    if obj["metadata"]["name"] == name:
+                        last = obj
+                        if until(obj):
+                            return at
+                since = len(self._events)
+                if self._error is not None:
+                    raise RuntimeError(f"watch for {what} failed: {self._error}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    shown = json.dumps((last or {}).get("status"))[:1500]
+                    raise TimeoutError(f"{name}: timed out after {timeout:g} s waiting for {what}; last status {shown}")
+                self._changed.wait(left)
+
+
+def poll(observe: Callable[[], T], until: Callable[[T], bool], timeout: float, what: str, every: float = 0.5) -> T:
+    """Call ``observe`` until ``until`` holds; fail naming ``what`` and the last value after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not until(value := observe()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}; last seen {value!r}")
+        time.sleep(every)
+    return value
+
+
+def is_ready(generation: int) -> Callable[[Obj], bool]:
+    """A service Ready at ``generation``."""
+    return lambda b: phase_of(b) == "Ready" and observed(b) and b["metadata"]["generation"] == generation
+
+
+def observed_at(generation: int) -> Callable[[Obj], bool]:
+    """A service whose status is about ``generation`` or later."""
+    return lambda b: int((b.get("status") or {}).get("observedGeneration") or 0) >= generation
+
+
+def is_available(deployment: Obj) -> bool:
+    """A Deployment Available with all its replicas ready and updated, for its current spec."""
+    status = deployment.get("status") or {}
+    replicas = deployment["spec"]["replicas"]
+    available = any(c["type"] == "Available" and c["status"] == "True" for c in status.get("conditions") or [])
+    return (
+        available
+        and status.get("observedGeneration") == deployment["metadata"]["generation"]
+        and status.get("readyReplicas", 0) == status.get("updatedReplicas", 0) == replicas
+    )
+
+
+def summary(samples: list[float]) -> Obj:
+    """Median, p99 (inclusive quantiles) and the count of latency samples, in seconds."""
+    p99 = statistics.quantiles(samples, n=100, method="inclusive")[98] if len(samples) > 1 else samples[0]
+    return {"median_s": statistics.median(samples), "p99_s": p99, "n": len(samples)}
+
+
+# The phases
+
+
+def plain_objects(name: str, spec: Obj) -> list[Obj]:
+    """What the operator would serve ``spec`` with, as a user's own YAML: no owner, not the operator's label."""
+    parsed = api.parse_service_spec(spec)
+    identity = parsed.identity()
+    served = plan.ServedArtifact(plan.artifact_name(identity), identity.hash(), parsed.compile)
+    owner = plan.Owner(api.API_VERSION, SERVICES_NIS.kind, name, uid="")
+    objects = []
+    for obj in plan.serving_objects(owner, NAMESPACE, parsed, served):
+        obj["metadata"].pop("ownerReferences")
+        objects.append(relabel(obj))
+    return objects
+
+
+def relabel(value: Any) -> Any:
+    """``value`` with every ``neuronfleet.io/service`` key (labels, selectors) renamed to the bench's own."""
+    if isinstance(value, dict):
+        return {(PLAIN_LABEL if k == plan.LABEL_SERVICE else k): relabel(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [relabel(v) for v in value]
+    return value
+
+
+def create_service(kube: Kube, name: str, spec: Obj) -> Obj:
+    """Create a NeuronInferenceService in the bench namespace."""
+    metadata = {"name": name, "namespace": NAMESPACE}
+    return kube.create({"apiVersion": api.API_VERSION, "kind": SERVICES_NIS.kind, "metadata": metadata, "spec": spec})
+
+
+def apply_to_ready(kube: Kube, services: EventLog, deployments: EventLog, count: int) -> dict[str, list[float]]:
+    """Per index: plain YAML to Available, a fresh service to Ready, a service of a compiled artifact to Ready."""
+    times: dict[str, list[float]] = {"plain": [], "fresh": [], "compiled": []}
+    for i in range(count):
+        spec = service_spec(f"bench-{i}", "0s")
+        mark, start = deployments.mark(), time.monotonic()
+        for obj in plain_objects(f"plain-{i}", spec):
+            kube.apply(obj)
+        times["plain"].append(deployments.first(f"plain-{i}", is_available, mark, 60, "Available") - start)
+        # The second service has the first one's identity: its artifact is compiled by the time it is applied.
+        for kind, name in (("fresh", f"fresh-{i}"), ("compiled", f"compiled-{i}")):
+            mark, start = services.mark(), time.monotonic()
+            create_service(kube, name, spec)
+            times[kind].append(services.first(name, is_ready(1), mark, 60, "Ready") - start)
+    return times
+
+
+def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) -> list[float]:
+    """Seconds from a pod-annotation change to the status observing it, one service at a time."""
+    latencies = []
+    for round_ in range(rounds):
+        round_start = services.mark()
+        generations = {}
+        for name in names:
+            mark, start = services.mark(), time.monotonic()
+            patch = {"spec": {"podAnnotations": {ROUND_ANNOTATION: str(round_)}}}
+            generation = int(kube.merge_patch(SERVICES_NIS, NAMESPACE, name, patch)["metadata"]["generation"])
+            latencies.append(services.first(name, observed_at(generation), mark, 60, "observedGeneration") - start)
+            generations[name] = generation
+        # The rollouts finish before the next round (and the next phase) starts.
+        for name, generation in generations.items():
+            services.first(name, is_ready(generation), round_start, 120, f"Ready at generation {generation}")
+    return latencies
+
+
+def settle(requests: Requests, quiet_seconds: float, timeout: float) -> None:
+    """Wait until the operator has sent no request for ``quiet_seconds``."""
+    deadline = time.monotonic() + timeout
+    last, last_change = requests.snapshot(), time.monotonic()
+    while time.monotonic() - last_change < quiet_seconds:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the operator was still sending requests after {timeout:g} s")
+        time.sleep(1)
+        now = requests.snapshot()
+        if now != last:
+            last, last_change = now, time.monotonic()
+
+
+def fleet(
+    kube: Kube, services: EventLog, requests: Requests, existing: int, total: int, identities: int, timeout: float
+) -> Obj:
+    """Grow the namespace to ``total`` services that stay Compiling, over ``identities`` compile identities
+    (in turn, so services created together need different artifacts), until the operator has seen them all."""
+    added = total - existing
+    with requests.counting() as window:
+        start = time.monotonic()
+        for i in range(existing, total):
+            create_service(kube, f"fleet-{i}", service_spec(f"fleet-{i % identities}", FOREVER))
+        created = time.monotonic() - start
+
+        def compiling(body: Obj) -> bool:
+            return body["metadata"]["name"].startswith("fleet-") and phase_of(body) == "Compiling" and observed(body)
+
+        poll(lambda: services.count(compiling), lambda n: n == added, timeout, f"{added} services Compiling", every=1)
+    return {"services": total, "identities": identities, "created_in_s": created, **per_reconcile(window)}
+
+
+def versions(kube: Kube) -> dict[tuple[str, str], str]:
+    """resourceVersion of every object the operator makes or reads in the bench namespace."""
+    kinds = (SERVICES_NIS, ARTIFACTS, DEPLOYMENTS, CONFIGMAPS, SERVICES, PDBS, JOBS)
+    return {
+        (kind.kind, obj["metadata"]["name"]): obj["metadata"]["resourceVersion"]
+        for kind in kinds
+        for obj in kube.list(kind, NAMESPACE)
+    }
+
+
+def idle(
+    operator: OperatorProcess, requests: Requests, kube: Kube, services: int, seconds: float, resync_seconds: float
+) -> Obj:
+    """Writes while nothing changes (right after a full resync, so before the next), then the next resync alone."""
+    # A pass over a thousand services takes most of a minute on 2 busy cores.
+    timeout = 2 * resync_seconds + 240
+    before = operator.resyncs()
+    done = poll(operator.resyncs, lambda n: n > before, timeout, "a full resync to finish")
+    with requests.counting() as quiet:
+        time.sleep(seconds)  # the measurement window itself
+    if operator.resyncs() != done:
+        raise RuntimeError(f"a resync fell inside the {seconds:g} s idle window: use --idle-seconds < --resync-seconds")
+    versions_before = versions(kube)
+    with requests.counting() as resync:
+        poll(operator.resyncs, lambda n: n > done, timeout, "the next full resync")
+    versions_after = versions(kube)
+    (previous, _), (finished, objects) = resync_passes(operator)[done - 1 : done + 1]
+    keys = versions_before.keys() | versions_after.keys()
+    changed = sorted(
+        f"{kind}/{name}" for kind, name in keys if versions_before.get((kind, name)) != versions_after.get((kind, name))
+    )
+    return {
+        "services": services,
+        "idle_seconds": seconds,
+        "idle_writes": per_reconcile(quiet)["writes"],
+        "idle_requests": per_reconcile(quiet)["requests"],
+        # The resync loop sleeps resync_seconds between passes.
+        "resync": {
+            "objects": objects,
+            "took_s": (finished - previous).total_seconds() - resync_seconds,
+            "objects_checked": len(versions_before),
+            "changed_objects": changed,
+            **per_reconcile(resync),
+        },
+    }
+
+
+# The table
+
+
+def seconds(value: float) -> str:
+    """A duration for the table."""
+    return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"
+
+
+def table(results: Obj) -> list[tuple[str, str, str, str]]:
+    """The rows: what, median (or the figure), p99 (or a detail), ratio to the baseline (or a note)."""
+    ready, rows = results["apply_to_ready"], []
+    base = ready["plain"]["median_s"]
+    for key, label in (
+        ("plain", "apply -> Available, plain YAML (baseline)"),
+        ("fresh", "apply -> Ready, new artifact (compile 0 s)"),
+        ("compiled", "apply -> Ready, artifact already compiled"),
+    ):
+        figure = ready[key]
+        ratio = f"{figure['median_s'] / base:.2f}x"
+        rows.append((label, seconds(figure["median_s"]), seconds(figure["p99_s"]), ratio))
+    latency = results["reconcile_latency"]
+    rows.append(
+        (
+            "reconcile latency, spec -> observedGeneration",
+            seconds(latency["median_s"]),
+            seconds(latency["p99_s"]),
+            f"n={latency['n']}",
+        )
+    )
+    fleet_size, idle_size = results["fleet"]["services"], results["idle"]["services"]
+    requests = results["requests"]
+    for key, label in (
+        ("creating", "API requests/reconcile, apply -> Ready"),
+        ("changing", "API requests/reconcile, spec changes"),
+        ("fleet", f"API requests/reconcile, growing to {fleet_size} services"),
+        ("resync", f"API requests/reconcile, full resync at {idle_size} services"),
+    ):
+        figure = requests[key]
+        reconciles = figure["service_reconciles"] + figure["artifact_reconciles"]
+        note = f"{reconciles} reconciles, {figure['operator_cpu_ms_per_reconcile']:.0f} ms CPU each"
+        rows.append(
+            (label, f"{figure['requests_per_reconcile']:.1f}", f"{figure['writes_per_reconcile']:.1f} writes", note)
+        )
+    resync = requests["resync"]
+    rows.append(
+        (
+            f"full resync at {idle_size} services: duration",
+            seconds(resync["took_s"]),
+            f"{resync['objects']} objects",
+            "",
+        )
+    )
+    memory = results["memory"]
+    settled, grown = memory["settled"], memory["fleet"]
+    per_service = 1024 * (grown["rss_mib"] - settled["rss_mib"]) / (grown["services"] - settled["services"])
+    for key, figure in memory.items():
+        rows.append(
+            (
+                f"operator RSS, {key} ({figure['services']} services)",
+                f"{figure['rss_mib']:.0f} MiB",
+                f"peak {figure['peak_mib']:.0f} MiB",
+                f"+{per_service:.0f} KiB/service" if key == "fleet" else "",
+            )
+        )
+    quiet = results["idle"]
+    rows.append(
+        (
+            f"idle writes at {idle_size} services over {quiet['idle_seconds']:g} s (must be 0)",
+            str(quiet["idle_writes"]),
+            "",
+            "",
+        )
+    )
+    rows.append(
+        (
+            "objects the full resync changed (must be 0)",
+            str(len(resync["changed_objects"])),
+            f"of {resync['objects_checked']}",
+            "",
+        )
+    )
+    return rows
+
+
+def main() -> None:
+    """Run every phase on one local control plane; print the table and write it as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", type=int, default=20, help="services timed apply -> Ready (of each kind)")
+    parser.add_argument("--rounds", type=int, default=1, help="spec changes per service, for reconcile latency")
+    parser.add_argument("--fleet", type=int, default=1000, help="services in the namespace for memory and idleness")
+    parser.add_argument("--fleet-identities", type=int, default=30, help="compile identities the fleet shares")
+    parser.add_argument("--idle-seconds", type=float, default=30.0, help="idle window that must see no writes")
+    parser.add_argument("--resync-seconds", type=float, default=40.0, help="the operator's --resync-seconds")
+    parser.add_argument(
+        "--idle-at-fleet",
+        action="store_true",
+        help="check idleness and time a full resync with the whole fleet, not before it (a pass over 1,000 "
+        "services takes about a minute on 2 cores, and waiting for passes some more)",
+    )
+    args = parser.parse_args()
+    if args.idle_seconds >= args.resync_seconds:
+        parser.error("--idle-seconds must be shorter than --resync-seconds (the window falls between two resyncs)")
+    if args.fleet <= 2 * args.services:
+        parser.error("--fleet must be more than twice --services")
+
+    began = time.monotonic()
+    reap_orphans()
+    cluster = LocalCluster.start(f"bench-operator-{os.getpid()}", fleet=NODES, owner_pid=os.getpid())
+    operator: OperatorProcess | None = None
+    client = cluster.api_client()
+    try:
+        kube = Kube(client)
+        work = cluster.state.workdir / "bench"
+        work.mkdir()
+        kubeconfig, schemas = install(cluster, kube, work)
+        services = EventLog(cluster, SERVICES_NIS.path(NAMESPACE))
+        deployments = EventLog(cluster, DEPLOYMENTS.path(NAMESPACE))
+        operator = OperatorProcess(kubeconfig, [NAMESPACE], work, resync_seconds=args.resync_seconds)
+        operator.start(wait_for)
+        assert operator.process is not None
+        pid = operator.process.pid
+        requests = Requests(cluster, pid, schemas)
+        memories = {"started": memory(pid, 0)}
+        progress(began, "cluster and operator up")
+
+        with requests.counting() as creating:
+            ready = apply_to_ready(kube, services, deployments, args.services)
+        progress(began, f"apply -> Ready x {3 * args.services}")
+        names = [f"{kind}-{i}" for i in range(args.services) for kind in ("fresh", "compiled")]
+        with requests.counting() as changing:
+            latencies = spec_changes(kube, services, names, args.rounds)
+        settle(requests, quiet_seconds=3, timeout=60)
+        memories["settled"] = memory(pid, len(names))
+        progress(began, f"{len(latencies)} spec changes")
+        if not args.idle_at_fleet:
+            quiet = idle(operator, requests, kube, len(names), args.idle_seconds, args.resync_seconds)
+            progress(began, f"idle window and a full resync at {len(names)} services")
+        grown = fleet(kube, services, requests, len(names), args.fleet, args.fleet_identities, timeout=600)
+        memories["fleet"] = memory(pid, args.fleet)
+        progress(began, f"{args.fleet} services Compiling")
+        if args.idle_at_fleet:
+            quiet = idle(operator, requests, kube, args.fleet, args.idle_seconds, args.resync_seconds)
+            memories["fleet, after a full resync"] = memory(pid, args.fleet)
+            progress(began, f"idle window and a full resync at {args.fleet} services")
+        refused = [line for line in operator.tail(1_000_000).splitlines() if "Forbidden" in line]
+        cpu = {record.name: cpu_seconds(record.pid) for record in cluster.state.processes}
+        cpu["operator"] = cpu_seconds(pid)
+        cpu["bench"] = time.process_time()
+    except BaseException:
+        if operator is not None:
+            print(f"--- operator log ---\n{operator.tail(60)}", file=sys.stderr)
+        raise
+    finally:
+        if operator is not None:
+            operator.stop()
+        client.close()
+        cluster.stop()
+
+    results: Obj = {
+        "args": vars(args),
+        "wall_s": time.monotonic() - began,
+        "apply_to_ready": {key: summary(values) for key, values in ready.items()},
+        "reconcile_latency": summary(latencies),
+        "requests": {
+            "creating": per_reconcile(creating),
+            "changing": per_reconcile(changing),
+            "fleet": grown,
+            "resync": quiet.pop("resync"),
+        },
+        "fleet": grown,
+        "memory": memories,
+        "idle": quiet,
+        "operator_refused": refused,
+        # What the run cost the machine: on 2 dedicated cores it needs at least half the total in wall time.
+        "cpu_s": cpu,
+    }
+    report(results)
+    problems = []
+    if quiet["idle_writes"]:
+        problems.append(f"the idle operator made {quiet['idle_writes']} write requests in {args.idle_seconds:g} s")
+    if results["requests"]["resync"]["changed_objects"]:
+        problems.append(f"a full resync changed {', '.join(results['requests']['resync']['changed_objects'])}")
+    if refused:
+        problems.append(f"the operator was refused: {refused[0]}")
+    if problems:
+        sys.exit("FAIL: " + "; ".join(problems))
+
+
+def progress(began: float, what: str) -> None:
+    """One line per finished phase, so a slow run shows where it is."""
+    print(f"[{time.monotonic() - began:5.0f} s] {what}", flush=True)
+
+
+def report(results: Obj) -> None:
+    """Print the table and write the results as JSON."""
+    args, rows = results["args"], table(results)
+    width = max(len(row[0]) for row in rows)
+    print(
+        f"\nneuronfleet operator on a local control plane (KWOK nodes): {args['services']} of each kind applied one "
+        f"at a time, {args['rounds']} spec change(s) each, {args['fleet']} services over {args['fleet_identities']} "
+        f"compile identities, resync every {args['resync_seconds']:g} s; took {seconds(results['wall_s'])}"
+    )
+    print(f"{'measure':<{width}}  {'median':>10}  {'p99':>16}  vs baseline / note")
+    for label, median, p99, note in rows:
+        print(f"{label:<{width}}  {median:>10}  {p99:>16}  {note}")
+    cpu = results["cpu_s"]
+    parts = ", ".join(f"{name} {value:.0f}" for name, value in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    print(f"CPU seconds: {sum(cpu.values()):.0f} in all ({parts})")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
