@@ -66,7 +66,8 @@ crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's
 	$(BIN)/neuronfleet-operator crds --output crds
 	$(BIN)/neuronfleet-operator crds --output charts/neuronfleet/crds
 
-bench: bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator  ## Every benchmark; figures in bench/results/.
+bench: bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator  ## Every benchmark, then one table (and summary.json, summary.png) in bench/results/.
+	$(BIN)/python bench/report.py
 
 bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
 	$(BIN)/python bench/padding_waste.py
