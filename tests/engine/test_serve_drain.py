@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from engine_server import EngineServer, ServerPool, write_engine_config
 
+from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.engine.cost_model import CostModel, get_instance_type
 from neuronfleet.engine.model_shapes import get_shape
 
@@ -100,13 +101,14 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(server: EngineSe
     signalled_at = time.monotonic()
     server.process.send_signal(15)
 
+    def new_request_status() -> int:
+        try:
+            return server.post("/v1/completions", {"model": MODEL, "prompt": "bada", "max_tokens": 2}).status
+        except OSError:  # the listener may already be closed to new connections
+            return 0
+
     # New work is refused while the request in flight drains.
-    time.sleep(0.5)
-    try:
-        refused = server.post("/v1/completions", {"model": MODEL, "prompt": "bada", "max_tokens": 2}).status
-    except OSError:
-        refused = 0
-    assert refused != 200
+    wait_for(new_request_status, lambda status: status != 200, timeout=10, what="a new request refused")
 
     reader.join(120)
     assert not reader.is_alive(), "the stream did not end within 120 s of SIGTERM"
