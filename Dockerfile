@@ -52,9 +52,10 @@ COPY --from=operator-build /opt/neuronfleet /opt/neuronfleet
 ENV PATH=/opt/neuronfleet/bin:${PATH} HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Numeric, so Kubernetes can check runAsNonRoot without reading /etc/passwd.
 USER 1000:1000
-EXPOSE 8080
+# Liveness (kopf) and the operator's metrics, where the Helm chart puts them.
+EXPOSE 8080 9090
 ENTRYPOINT ["neuronfleet-operator"]
-# The Helm chart passes the full command line (liveness endpoint, namespaces).
+# The Helm chart passes the full command line (liveness endpoint, metrics port, namespaces).
 CMD ["run"]
 
 FROM ${ENGINE_BASE} AS engine

@@ -136,7 +136,7 @@ def build_registry(
     )
     def artifact_deleted(body: kopf.Body, **_: Any) -> None:
         # Services that still want it create it again (the store keeps compiled files).
-        reconciler.notify_owners(dict(body))
+        reconciler.forget_artifact(dict(body))
 
     @kopf.on.event("batch", "v1", "jobs", labels={plan.LABEL_ARTIFACT: kopf.PRESENT}, registry=registry)
     def compile_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:

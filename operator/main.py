@@ -11,12 +11,14 @@ from typing import Annotated, Any, NoReturn
 
 import kopf
 import kubernetes
+import prometheus_client
 import typer
 from rich.console import Console
 
 from neuronfleet.operator import crdgen
 from neuronfleet.operator.handlers import build_registry
 from neuronfleet.operator.kube import EventRecorder, Kube
+from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcile import Reconciler
 
 #: Exit status for bad input (a missing kubeconfig, CRDs out of date).
@@ -71,12 +73,13 @@ async def operate(
     *,
     resync_seconds: float = 60.0,
     liveness: str | None = None,
+    metrics: OperatorMetrics | None = None,
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal, in the main thread)."""
     kube = Kube(kubernetes.client.ApiClient(configuration))
-    reconciler = Reconciler(kube, EventRecorder(kube))
+    reconciler = Reconciler(kube, EventRecorder(kube), metrics)
     registry = build_registry(reconciler, namespaces, resync_seconds)
 
     @kopf.on.login(registry=registry)
@@ -107,6 +110,11 @@ def run(
         str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.", show_default=False)
     ] = None,
     resync_seconds: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 60.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics).", show_default=False),
+    ] = None,
+    metrics_address: Annotated[str, typer.Option(help="Address the metrics port listens on.")] = "0.0.0.0",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
@@ -119,7 +127,15 @@ def run(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(operate(configuration, namespace or None, resync_seconds=resync_seconds, liveness=liveness))
+    metrics = OperatorMetrics()
+    if metrics_port is not None:
+        try:
+            prometheus_client.start_http_server(metrics_port, metrics_address, registry=metrics.registry)
+        except OSError as error:
+            fail(f"cannot serve metrics on {metrics_address}:{metrics_port}: {error.strerror or error}")
+    asyncio.run(
+        operate(configuration, namespace or None, resync_seconds=resync_seconds, liveness=liveness, metrics=metrics)
+    )
 
 
 @app.command()

@@ -30,6 +30,7 @@ from neuronfleet.operator.kube import (
     Kube,
     Resource,
 )
+from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.status import Event, artifact_status, now
 
 Obj = dict[str, Any]
@@ -51,9 +52,10 @@ class RetryLater(Exception):
 class Reconciler:
     """Reconciles services and artifacts; safe to call from many threads."""
 
-    def __init__(self, kube: Kube, emit: Emit) -> None:
+    def __init__(self, kube: Kube, emit: Emit, metrics: OperatorMetrics | None = None) -> None:
         self.kube = kube
         self.emit = emit
+        self.metrics = metrics if metrics is not None else OperatorMetrics()
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, str, str], threading.Lock] = {}
 
@@ -69,9 +71,10 @@ class Reconciler:
 
     def reconcile_service(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
-        with self._locked("service", namespace, name):
+        with self._locked("service", namespace, name), self.metrics.reconciling(SERVICES_NIS.kind, (RetryLater,)):
             body = self.kube.get(SERVICES_NIS, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
+                self.metrics.forget(SERVICES_NIS.kind, namespace, name)
                 return
             self._reconcile_service(body)
 
@@ -133,6 +136,7 @@ class Reconciler:
     def forget_service(self, service: Obj) -> None:
         """A deleted service's claims on artifacts, dropped now (the garbage collector would, later)."""
         meta = service["metadata"]
+        self.metrics.forget(SERVICES_NIS.kind, meta["namespace"], meta["name"])
         with self._locked("service", meta["namespace"], meta["name"]):
             # By owner uid only: a new service of the same name keeps its ConfigMaps (the GC takes the old ones).
             self._release(service, frozenset(), frozenset(), deleted=True)
@@ -231,9 +235,10 @@ class Reconciler:
 
     def reconcile_artifact(self, namespace: str, name: str) -> None:
         """Run an artifact's compile Job once and mirror it into the artifact's status; tell its services."""
-        with self._locked("artifact", namespace, name):
+        with self._locked("artifact", namespace, name), self.metrics.reconciling(ARTIFACTS.kind, (RetryLater,)):
             body = self.kube.get(ARTIFACTS, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
+                self.metrics.forget(ARTIFACTS.kind, namespace, name)
                 return
             changed = self._reconcile_artifact(body)
         if changed:
@@ -280,6 +285,12 @@ class Reconciler:
         reason = {"Ready": "Compiled", "Compiling": "Compiling", "Pending": "Pending"}[status.phase]
         return [Event("Normal", reason, status.message or status.reason or status.phase)]
 
+    def forget_artifact(self, artifact: Obj) -> None:
+        """A deleted artifact: its services create it again if they still want it."""
+        meta = artifact["metadata"]
+        self.metrics.forget(ARTIFACTS.kind, meta["namespace"], meta["name"])
+        self.notify_owners(artifact)
+
     def notify_owners(self, artifact: Obj) -> None:
         """Reconcile the services that use an artifact (after it changed or went away)."""
         namespace = artifact["metadata"]["namespace"]
@@ -294,10 +305,11 @@ class Reconciler:
         new = status.model_dump(mode="json", exclude_none=True)
         old = body.get("status") or {}
         changed = new != old
+        meta = body["metadata"]
         if changed:
             patch = {**{key: None for key in old if key not in new}, **new}
-            meta = body["metadata"]
             self.kube.merge_patch(resource, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
+        self.metrics.status_written(resource.kind, meta["namespace"], meta["name"], old.get("phase"), new.get("phase"))
         for event in events:
             self.emit(body, event)
         return changed

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.handlers import RESYNC_DONE
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
@@ -43,6 +45,7 @@ class OperatorProcess:
         self.resync_seconds = resync_seconds
         self.process: subprocess.Popen[bytes] | None = None
         self.runs = 0
+        self.metrics_port = 0
 
     @property
     def log(self) -> Path:
@@ -57,6 +60,8 @@ class OperatorProcess:
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
         argv += ["--liveness", f"http://127.0.0.1:{port}/healthz", "--resync-seconds", str(self.resync_seconds)]
+        self.metrics_port = _free_port()
+        argv += ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -68,6 +73,16 @@ class OperatorProcess:
                 return bool(response.status == 200)
 
         wait_for(live, timeout=timeout, what="the operator's liveness endpoint")
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of its ``/metrics``, by name and sorted labels."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
 
     def resyncs(self) -> int:
         """Full resyncs this run has finished (from its log)."""

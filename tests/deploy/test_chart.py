@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.api import API_VERSION
+from neuronfleet.operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"
@@ -192,6 +195,23 @@ def test_monitors_scrape_the_engines_the_operator_runs(render: Render) -> None:
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
 
 
+def test_operator_metrics_are_served_on_a_named_port_and_scraped_by_their_own_monitor(render: Render) -> None:
+    docs = render("metricsPort=9191", "metrics.operatorPodMonitor.enabled=true")
+    deployment = only(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=9191" in container["args"]
+    (port,) = [p for p in container["ports"] if p["name"] == "metrics"]
+    assert port["containerPort"] == 9191
+    monitor = only(docs, "PodMonitor")
+    assert monitor["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert matches(monitor["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    # It selects the operator, not the engines.
+    assert not matches(monitor["spec"]["selector"], plan.serving_labels("llama", "0123456789abcdef"))
+    assert [d["kind"] for d in render() if d["kind"] == "PodMonitor"] == [], "off by default"
+
+
 #: What the engine exports: vLLM's own series (the names its server publishes) and the Neuron
 #: scheduler's, which the serving branch's engine/metrics.py writes (prometheus_client adds _total).
 VLLM_METRICS = {
@@ -211,7 +231,25 @@ NEURONFLEET_METRICS = {
     "neuronfleet:decode_padding_seqs_total",
     "neuronfleet:kv_admission_deferrals_total",
 }
-#: Compile Jobs, from kube-state-metrics (the operator itself exports no metrics).
+#: The operator's own series (operator/metrics.py).
+OPERATOR_METRICS = {
+    "neuronfleet_operator_reconciles_total",
+    "neuronfleet_operator_reconcile_duration_seconds_bucket",
+    "neuronfleet_operator_objects",
+    "neuronfleet_operator_compiles_total",
+}
+
+
+def exported_by_the_operator() -> set[str]:
+    """Every series name the operator's metrics produce once each has a sample."""
+    metrics = OperatorMetrics()
+    with metrics.reconciling("NeuronInferenceService"):
+        metrics.status_written("NeuronCompiledArtifact", "ns", "artifact", "Compiling", "Ready")
+    text = generate_latest(metrics.registry).decode()
+    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+#: Compile Jobs, from kube-state-metrics.
 KUBE_STATE_METRICS = {
     "kube_job_status_start_time",
     "kube_job_status_completion_time",
@@ -228,8 +266,12 @@ def test_dashboard_plots_what_the_engine_exports(render: Render) -> None:
     dashboard = json.loads(config["data"]["neuronfleet.json"])
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in panels}
-    used = {m for expr in exprs.values() for m in re.findall(r"\b(?:vllm|neuronfleet):[a-z_]+|\bkube_[a-z_]+", expr)}
-    assert used <= VLLM_METRICS | NEURONFLEET_METRICS | KUBE_STATE_METRICS, used - VLLM_METRICS - NEURONFLEET_METRICS
+    pattern = r"\b(?:vllm|neuronfleet):[a-z_]+|\bkube_[a-z_]+|\bneuronfleet_operator_[a-z_]+"
+    used = {m for expr in exprs.values() for m in re.findall(pattern, expr)}
+    known = VLLM_METRICS | NEURONFLEET_METRICS | KUBE_STATE_METRICS | OPERATOR_METRICS
+    assert used <= known, used - known
+    assert used >= OPERATOR_METRICS, OPERATOR_METRICS - used
+    assert exported_by_the_operator() >= OPERATOR_METRICS, "the dashboard names series the operator lacks"
     # The issue's panels: requests, TTFT, ITL, padding waste per bucket, KV usage; compile durations.
     wanted = {
         "Requests": "vllm:num_requests_running",
@@ -238,6 +280,8 @@ def test_dashboard_plots_what_the_engine_exports(render: Render) -> None:
         "Prefill padding per bucket": "neuronfleet:padding_tokens_by_bucket_total",
         "KV cache usage": "vllm:kv_cache_usage_perc",
         "Compile durations": "kube_job_status_completion_time",
+        "Services by phase": "neuronfleet_operator_objects",
+        "Reconcile latency": "neuronfleet_operator_reconcile_duration_seconds_bucket",
     }
     for title, metric in wanted.items():
         assert metric in exprs[title], title

@@ -282,12 +282,48 @@ def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
     assert failed["status"]["reason"] == "BackoffLimitExceeded"
     described = cluster.kubectl("describe", "nis", "llama", "-n", namespace).stdout
     assert "BlockedByFailedCompile" in described
+    samples = operator.metrics()
+    assert sample(samples, "neuronfleet_operator_objects", kind=SERVICES_NIS.kind, phase="Blocked") == 1
+    assert sample(samples, "neuronfleet_operator_compiles_total", outcome="Failed") == 1
+    assert sample(samples, "neuronfleet_operator_compiles_total", outcome="Ready") == 1
 
     # Reverting the spec serves the old revision again and lets the failed artifact go.
     services.patch_spec("llama", {"engine": {"num_seqs_buckets": DECODE_A}, "compile": {"podAnnotations": None}})
     back = ready(services, "llama", generation=3)
     assert artifact_hash(back) == old
     assert back["status"]["currentRevision"] == old
+
+
+def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """One sample of the operator's metrics; 0 when absent."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_the_operator_exports_its_reconciles_compiles_and_phases(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
+) -> None:
+    nis, nca = SERVICES_NIS.kind, ARTIFACTS.kind
+    services.create("llama", spec(replicas=1))
+    ready(services, "llama")
+    samples = operator.metrics()
+    assert sample(samples, "neuronfleet_operator_objects", kind=nis, phase="Ready") == 1
+    assert sample(samples, "neuronfleet_operator_objects", kind=nca, phase="Ready") == 1
+    assert sample(samples, "neuronfleet_operator_compiles_total", outcome="Ready") == 1
+    # Compiling, RollingOut and Ready were each written by a reconcile.
+    service_ok = sample(samples, "neuronfleet_operator_reconciles_total", kind=nis, outcome="ok")
+    assert service_ok >= 3
+    timed = sample(samples, "neuronfleet_operator_reconcile_duration_seconds_count", kind=nis)
+    outcomes = sum(
+        sample(samples, "neuronfleet_operator_reconciles_total", kind=nis, outcome=o) for o in ("ok", "retry", "error")
+    )
+    assert timed == outcomes >= service_ok
+
+    assert api.delete(SERVICES_NIS, namespace, "llama")
+    wait_for(
+        operator.metrics,
+        lambda s: sample(s, "neuronfleet_operator_objects", kind=nis, phase="Ready") == 0,
+        what="the deleted service to leave the operator's phase counts",
+    )
 
 
 def test_operator_killed_mid_compile_resumes_without_a_second_job(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -117,3 +118,35 @@ def test_run_without_credentials_is_one_clear_line(run_cli: RunCli, tmp_path: Pa
     result = run_cli("neuronfleet-operator", "run", "--kubeconfig", str(tmp_path / "missing"))
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: kubeconfig {tmp_path / 'missing'} does not exist"
+
+
+def test_run_with_the_metrics_port_taken_is_one_clear_line(run_cli: RunCli, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(
+            "neuronfleet-operator",
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--metrics-port",
+            str(port),
+            "--metrics-address",
+            "127.0.0.1",
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"

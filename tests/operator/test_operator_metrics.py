@@ -1,0 +1,83 @@
+"""The operator's own metrics, read back from their registry as Prometheus would."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from neuronfleet.operator.metrics import OperatorMetrics
+
+NIS, NCA = "NeuronInferenceService", "NeuronCompiledArtifact"
+
+
+class Later(Exception):
+    pass
+
+
+def scrape(metrics: OperatorMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(metrics.registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_reconciles_are_counted_by_outcome_and_timed() -> None:
+    metrics = OperatorMetrics()
+    with metrics.reconciling(NIS, (Later,)):
+        pass
+    with pytest.raises(Later), metrics.reconciling(NIS, (Later,)):
+        raise Later
+    with pytest.raises(KeyError), metrics.reconciling(NCA, (Later,)):
+        raise KeyError("boom")
+    samples = scrape(metrics)
+    total = "neuronfleet_operator_reconciles_total"
+    assert samples[(total, (("kind", NIS), ("outcome", "ok")))] == 1
+    assert samples[(total, (("kind", NIS), ("outcome", "retry")))] == 1
+    assert samples[(total, (("kind", NCA), ("outcome", "error")))] == 1
+    assert (total, (("kind", NCA), ("outcome", "ok"))) not in samples
+    assert samples[("neuronfleet_operator_reconcile_duration_seconds_count", (("kind", NIS),))] == 2
+    assert samples[("neuronfleet_operator_reconcile_duration_seconds_count", (("kind", NCA),))] == 1
+
+
+def test_objects_are_counted_by_phase_and_leave_when_forgotten() -> None:
+    metrics = OperatorMetrics()
+    metrics.status_written(NIS, "a", "llama", None, "Compiling")
+    metrics.status_written(NIS, "a", "mistral", None, "Compiling")
+    metrics.status_written(NIS, "a", "llama", "Compiling", "Ready")
+    metrics.status_written(NIS, "b", "llama", None, "Ready")
+    objects = "neuronfleet_operator_objects"
+    samples = scrape(metrics)
+    assert samples[(objects, (("kind", NIS), ("phase", "Ready")))] == 2
+    assert samples[(objects, (("kind", NIS), ("phase", "Compiling")))] == 1
+    metrics.forget(NIS, "a", "mistral")
+    metrics.forget(NIS, "a", "never-seen")
+    samples = scrape(metrics)
+    assert (objects, (("kind", NIS), ("phase", "Compiling"))) not in samples
+    assert samples[(objects, (("kind", NIS), ("phase", "Ready")))] == 2
+
+
+def test_a_compile_counts_once_when_its_artifact_first_reaches_an_end() -> None:
+    metrics = OperatorMetrics()
+    metrics.status_written(NCA, "a", "x", None, "Pending")
+    metrics.status_written(NCA, "a", "x", "Pending", "Compiling")
+    metrics.status_written(NCA, "a", "x", "Compiling", "Ready")
+    # Later reconciles (and a restarted operator) see Ready already written: no second count.
+    metrics.status_written(NCA, "a", "x", "Ready", "Ready")
+    metrics.status_written(NCA, "a", "y", "Compiling", "Failed")
+    # A service reaching Ready is no compile.
+    metrics.status_written(NIS, "a", "svc", "RollingOut", "Ready")
+    samples = scrape(metrics)
+    assert samples[("neuronfleet_operator_compiles_total", (("outcome", "Ready"),))] == 1
+    assert samples[("neuronfleet_operator_compiles_total", (("outcome", "Failed"),))] == 1
+
+
+def test_each_operator_has_its_own_registry() -> None:
+    first, second = OperatorMetrics(), OperatorMetrics()
+    with first.reconciling(NIS):
+        pass
+    key = ("neuronfleet_operator_reconciles_total", (("kind", NIS), ("outcome", "ok")))
+    assert scrape(first)[key] == 1
+    assert key not in scrape(second)
