@@ -5,9 +5,11 @@ Series (all prefixed ``neuronfleet_operator_``):
 - ``reconciles_total{kind, outcome}``: reconciles run; ``outcome`` is ``ok``, ``retry`` (the
   cluster was mid-change) or ``error`` (kopf retries it with backoff).
 - ``reconcile_duration_seconds{kind}``: how long each took, reads and writes included.
-- ``compiles_total{outcome}``: compile Jobs that ended, ``Ready`` or ``Failed``, counted when an
-  artifact's status first says so (so a restarted operator does not count them again).
-- ``objects{kind, phase}``: services and artifacts by ``status.phase``, as last reconciled.
+- ``compiles_total{outcome}``: compile Jobs that ended, ``Ready`` or ``Failed``, counted when the
+  artifact's stored status first says so (so a restarted operator does not count them again; a
+  retried compile is a new Job and counts again).
+- ``objects{kind, phase}``: services and artifacts by ``status.phase``, as last reconciled; every
+  phase of each kind is exported, 0 when empty, so graphs and alerts see it drop.
 
 ``kind`` is ``NeuronInferenceService`` or ``NeuronCompiledArtifact``.
 """
@@ -18,16 +20,22 @@ import contextlib
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from neuronfleet.operator.api import ArtifactPhase, ServicePhase
+
 #: Reconciles take milliseconds to a few seconds (a slow API server, a large namespace).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Artifact phases that end a compile.
 COMPILE_OUTCOMES = frozenset({"Ready", "Failed"})
+SERVICE_KIND, ARTIFACT_KIND = "NeuronInferenceService", "NeuronCompiledArtifact"
+#: Every phase of each kind, exported even when no object is in it.
+PHASES: dict[str, tuple[str, ...]] = {SERVICE_KIND: get_args(ServicePhase), ARTIFACT_KIND: get_args(ArtifactPhase)}
 
 
 class _PhaseCollector(Collector):
@@ -42,8 +50,10 @@ class _PhaseCollector(Collector):
             "Objects by kind and status.phase, as last reconciled.",
             labels=["kind", "phase"],
         )
-        for (kind, phase), count in sorted(self._metrics.phase_counts().items()):
-            family.add_metric([kind, phase], count)
+        counts = self._metrics.phase_counts()
+        for kind, phases in PHASES.items():
+            for phase in phases:
+                family.add_metric([kind, phase], counts.get((kind, phase), 0))
         yield family
 
 
@@ -91,21 +101,32 @@ class OperatorMetrics:
             self.reconciles.labels(kind, outcome).inc()
 
     def status_written(
-        self, kind: str, namespace: str, name: str, old_phase: str | None, new_phase: str | None
+        self, kind: str, namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]
     ) -> None:
-        """Record an object's phase after a reconcile; count a compile that just ended."""
+        """Record an object's phase from the status it now has; count a compile Job that just ended."""
+        phase = new.get("phase")
         with self._lock:
-            if new_phase is None:
+            if phase is None:
                 self._phases.pop((kind, namespace, name), None)
             else:
-                self._phases[(kind, namespace, name)] = new_phase
-        if kind == "NeuronCompiledArtifact" and new_phase in COMPILE_OUTCOMES and old_phase != new_phase:
-            self.compiles.labels(new_phase).inc()
+                self._phases[(kind, namespace, name)] = str(phase)
+        # A compile ended when a Job ran (an invalid spec fails without one) and the phase just changed.
+        if kind == ARTIFACT_KIND and phase in COMPILE_OUTCOMES and new.get("job") and old.get("phase") != phase:
+            self.compiles.labels(phase).inc()
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         """A deleted object leaves the phase counts."""
         with self._lock:
             self._phases.pop((kind, namespace, name), None)
+
+    def tracked(self, kind: str, namespaces: Collection[str] | None) -> set[tuple[str, str]]:
+        """The (namespace, name) of every ``kind`` object counted, in ``namespaces`` (all when ``None``)."""
+        with self._lock:
+            return {
+                (namespace, name)
+                for (k, namespace, name) in self._phases
+                if k == kind and (namespaces is None or namespace in namespaces)
+            }
 
     def phase_counts(self) -> dict[tuple[str, str], int]:
         """How many objects of each kind are in each phase."""

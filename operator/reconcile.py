@@ -136,8 +136,9 @@ class Reconciler:
     def forget_service(self, service: Obj) -> None:
         """A deleted service's claims on artifacts, dropped now (the garbage collector would, later)."""
         meta = service["metadata"]
-        self.metrics.forget(SERVICES_NIS.kind, meta["namespace"], meta["name"])
         with self._locked("service", meta["namespace"], meta["name"]):
+            # Under the lock: a reconcile that read it before the delete has written its phase by now.
+            self.metrics.forget(SERVICES_NIS.kind, meta["namespace"], meta["name"])
             # By owner uid only: a new service of the same name keeps its ConfigMaps (the GC takes the old ones).
             self._release(service, frozenset(), frozenset(), deleted=True)
 
@@ -288,7 +289,8 @@ class Reconciler:
     def forget_artifact(self, artifact: Obj) -> None:
         """A deleted artifact: its services create it again if they still want it."""
         meta = artifact["metadata"]
-        self.metrics.forget(ARTIFACTS.kind, meta["namespace"], meta["name"])
+        with self._locked("artifact", meta["namespace"], meta["name"]):
+            self.metrics.forget(ARTIFACTS.kind, meta["namespace"], meta["name"])
         self.notify_owners(artifact)
 
     def notify_owners(self, artifact: Obj) -> None:
@@ -309,7 +311,7 @@ class Reconciler:
         if changed:
             patch = {**{key: None for key in old if key not in new}, **new}
             self.kube.merge_patch(resource, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
-        self.metrics.status_written(resource.kind, meta["namespace"], meta["name"], old.get("phase"), new.get("phase"))
+        self.metrics.status_written(resource.kind, meta["namespace"], meta["name"], old, new)
         for event in events:
             self.emit(body, event)
         return changed
@@ -320,13 +322,21 @@ class Reconciler:
         Returns how many objects it reconciled.
         """
         count = 0
+        # Objects counted before the lists and missing from them were deleted unseen (e.g. in a watch gap).
+        counted = {kind: self.metrics.tracked(kind, namespaces) for kind in (ARTIFACTS.kind, SERVICES_NIS.kind)}
+        listed: dict[str, set[tuple[str, str]]] = {ARTIFACTS.kind: set(), SERVICES_NIS.kind: set()}
         for namespace in namespaces if namespaces is not None else [None]:
             for artifact in self.kube.list(ARTIFACTS, namespace):
                 meta = artifact["metadata"]
+                listed[ARTIFACTS.kind].add((meta["namespace"], meta["name"]))
                 count += self._safely(self.reconcile_artifact, meta["namespace"], meta["name"])
             for service in self.kube.list(SERVICES_NIS, namespace):
                 meta = service["metadata"]
+                listed[SERVICES_NIS.kind].add((meta["namespace"], meta["name"]))
                 count += self._safely(self.reconcile_service, meta["namespace"], meta["name"])
+        for kind, keys in counted.items():
+            for namespace, name in keys - listed[kind]:
+                self.metrics.forget(kind, namespace, name)
         return count
 
     @staticmethod

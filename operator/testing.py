@@ -29,10 +29,16 @@ WaitFor = Callable[..., Any]
 SCRIPTS = Path(sys.executable).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (all held open while picking, so they cannot repeat)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class OperatorProcess:
@@ -55,12 +61,11 @@ class OperatorProcess:
     def start(self, wait_for: WaitFor, timeout: float = 60) -> None:
         """Start it and wait until its liveness endpoint answers (it is watching)."""
         self.runs += 1
-        port = _free_port()
+        port, self.metrics_port = _free_ports(2)
         argv = [str(SCRIPTS / "neuronfleet-operator"), "run", "--kubeconfig", str(self.kubeconfig)]
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
         argv += ["--liveness", f"http://127.0.0.1:{port}/healthz", "--resync-seconds", str(self.resync_seconds)]
-        self.metrics_port = _free_port()
         argv += ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -244,7 +244,8 @@ def exported_by_the_operator() -> set[str]:
     """Every series name the operator's metrics produce once each has a sample."""
     metrics = OperatorMetrics()
     with metrics.reconciling("NeuronInferenceService"):
-        metrics.status_written("NeuronCompiledArtifact", "ns", "artifact", "Compiling", "Ready")
+        ended = {"phase": "Ready", "job": "a-compile"}
+        metrics.status_written("NeuronCompiledArtifact", "ns", "a", {"phase": "Compiling"}, ended)
     text = generate_latest(metrics.registry).decode()
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 
@@ -288,3 +289,9 @@ def test_dashboard_plots_what_the_engine_exports(render: Render) -> None:
     assert "by (bucket)" in exprs["Prefill padding per bucket"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_metrics_port_must_not_be_the_liveness_port(helm: Helm) -> None:
+    rendered = helm("template", "neuronfleet", str(CHART), "--set", "metricsPort=8080", "--set", "livenessPort=8080")
+    assert rendered.returncode != 0
+    assert "metricsPort and livenessPort must differ, both are 8080" in rendered.stderr

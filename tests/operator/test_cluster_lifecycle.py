@@ -255,7 +255,12 @@ def test_a_serving_only_change_rolls_the_pods_without_a_compile(
 
 
 def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
-    services: Services, operator: OperatorProcess, api: Kube, namespace: str, cluster: LocalCluster
+    services: Services,
+    operator: OperatorProcess,
+    api: Kube,
+    namespace: str,
+    cluster: LocalCluster,
+    wait_for: WaitFor,
 ) -> None:
     services.create("llama", spec())
     old = artifact_hash(ready(services, "llama"))
@@ -282,8 +287,11 @@ def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
     assert failed["status"]["reason"] == "BackoffLimitExceeded"
     described = cluster.kubectl("describe", "nis", "llama", "-n", namespace).stdout
     assert "BlockedByFailedCompile" in described
-    samples = operator.metrics()
-    assert sample(samples, "neuronfleet_operator_objects", kind=SERVICES_NIS.kind, phase="Blocked") == 1
+    samples = wait_for(
+        operator.metrics,
+        lambda s: sample(s, "neuronfleet_operator_objects", kind=SERVICES_NIS.kind, phase="Blocked") == 1,
+        what="the service counted Blocked",
+    )
     assert sample(samples, "neuronfleet_operator_compiles_total", outcome="Failed") == 1
     assert sample(samples, "neuronfleet_operator_compiles_total", outcome="Ready") == 1
 
@@ -305,18 +313,18 @@ def test_the_operator_exports_its_reconciles_compiles_and_phases(
     nis, nca = SERVICES_NIS.kind, ARTIFACTS.kind
     services.create("llama", spec(replicas=1))
     ready(services, "llama")
-    samples = operator.metrics()
-    assert sample(samples, "neuronfleet_operator_objects", kind=nis, phase="Ready") == 1
+    # The phase is counted just after the status write that a client may already have seen.
+    samples = wait_for(
+        operator.metrics,
+        lambda s: sample(s, "neuronfleet_operator_objects", kind=nis, phase="Ready") == 1,
+        what="the service counted Ready",
+    )
+    assert sample(samples, "neuronfleet_operator_objects", kind=nis, phase="Compiling") == 0
     assert sample(samples, "neuronfleet_operator_objects", kind=nca, phase="Ready") == 1
     assert sample(samples, "neuronfleet_operator_compiles_total", outcome="Ready") == 1
-    # Compiling, RollingOut and Ready were each written by a reconcile.
-    service_ok = sample(samples, "neuronfleet_operator_reconciles_total", kind=nis, outcome="ok")
-    assert service_ok >= 3
-    timed = sample(samples, "neuronfleet_operator_reconcile_duration_seconds_count", kind=nis)
-    outcomes = sum(
-        sample(samples, "neuronfleet_operator_reconciles_total", kind=nis, outcome=o) for o in ("ok", "retry", "error")
-    )
-    assert timed == outcomes >= service_ok
+    # Compiling, RollingOut and Ready were each written by a reconcile, and each was timed.
+    assert sample(samples, "neuronfleet_operator_reconciles_total", kind=nis, outcome="ok") >= 3
+    assert sample(samples, "neuronfleet_operator_reconcile_duration_seconds_count", kind=nis) >= 3
 
     assert api.delete(SERVICES_NIS, namespace, "llama")
     wait_for(
@@ -348,6 +356,20 @@ def test_operator_killed_mid_compile_resumes_without_a_second_job(
     (after,) = compile_jobs(api, namespace)
     assert after["metadata"]["uid"] == job["metadata"]["uid"], "the Job was created again"
     assert done["status"]["readyReplicas"] == 2
+
+    # The restarted operator counts the compile it found ended; a later one reads Ready back and does not.
+    def compiled(s: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> float:
+        return sample(s, "neuronfleet_operator_compiles_total", outcome="Ready")
+
+    wait_for(operator.metrics, lambda s: compiled(s) == 1, what="the compile counted once", show=compiled)
+    operator.stop()
+    operator.start(wait_for)
+    samples = wait_for(
+        operator.metrics,
+        lambda s: sample(s, "neuronfleet_operator_objects", kind=ARTIFACTS.kind, phase="Ready") == 1,
+        what="the artifact reconciled after the restart",
+    )
+    assert compiled(samples) == 0
 
 
 def test_not_enough_neuron_devices_says_so_and_scaling_down_recovers(

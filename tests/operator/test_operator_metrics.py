@@ -42,33 +42,45 @@ def test_reconciles_are_counted_by_outcome_and_timed() -> None:
     assert samples[("neuronfleet_operator_reconcile_duration_seconds_count", (("kind", NCA),))] == 1
 
 
+def phase(value: str | None, **more: str) -> dict[str, str]:
+    return {"phase": value, **more} if value is not None else dict(more)
+
+
 def test_objects_are_counted_by_phase_and_leave_when_forgotten() -> None:
     metrics = OperatorMetrics()
-    metrics.status_written(NIS, "a", "llama", None, "Compiling")
-    metrics.status_written(NIS, "a", "mistral", None, "Compiling")
-    metrics.status_written(NIS, "a", "llama", "Compiling", "Ready")
-    metrics.status_written(NIS, "b", "llama", None, "Ready")
+    metrics.status_written(NIS, "a", "llama", {}, phase("Compiling"))
+    metrics.status_written(NIS, "a", "mistral", {}, phase("Compiling"))
+    metrics.status_written(NIS, "a", "llama", phase("Compiling"), phase("Ready"))
+    metrics.status_written(NIS, "b", "llama", {}, phase("Ready"))
     objects = "neuronfleet_operator_objects"
     samples = scrape(metrics)
     assert samples[(objects, (("kind", NIS), ("phase", "Ready")))] == 2
     assert samples[(objects, (("kind", NIS), ("phase", "Compiling")))] == 1
+    assert metrics.tracked(NIS, ["a"]) == {("a", "llama"), ("a", "mistral")}
+    assert metrics.tracked(NIS, None) == {("a", "llama"), ("a", "mistral"), ("b", "llama")}
     metrics.forget(NIS, "a", "mistral")
     metrics.forget(NIS, "a", "never-seen")
     samples = scrape(metrics)
-    assert (objects, (("kind", NIS), ("phase", "Compiling"))) not in samples
+    # An emptied phase drops to 0 rather than vanishing, and every phase of each kind is there.
+    assert samples[(objects, (("kind", NIS), ("phase", "Compiling")))] == 0
     assert samples[(objects, (("kind", NIS), ("phase", "Ready")))] == 2
+    assert samples[(objects, (("kind", NIS), ("phase", "Blocked")))] == 0
+    assert samples[(objects, (("kind", NCA), ("phase", "Failed")))] == 0
 
 
 def test_a_compile_counts_once_when_its_artifact_first_reaches_an_end() -> None:
     metrics = OperatorMetrics()
-    metrics.status_written(NCA, "a", "x", None, "Pending")
-    metrics.status_written(NCA, "a", "x", "Pending", "Compiling")
-    metrics.status_written(NCA, "a", "x", "Compiling", "Ready")
-    # Later reconciles (and a restarted operator) see Ready already written: no second count.
-    metrics.status_written(NCA, "a", "x", "Ready", "Ready")
-    metrics.status_written(NCA, "a", "y", "Compiling", "Failed")
+    job = {"job": "x-compile"}
+    metrics.status_written(NCA, "a", "x", {}, phase("Pending"))
+    metrics.status_written(NCA, "a", "x", phase("Pending"), phase("Compiling", **job))
+    metrics.status_written(NCA, "a", "x", phase("Compiling", **job), phase("Ready", **job))
+    # Later reconciles (and a restarted operator) read Ready back from the status: no second count.
+    metrics.status_written(NCA, "a", "x", phase("Ready", **job), phase("Ready", **job))
+    metrics.status_written(NCA, "a", "y", phase("Compiling", **job), phase("Failed", **job))
+    # An invalid spec fails without a Job: no compile ended.
+    metrics.status_written(NCA, "a", "z", {}, phase("Failed"))
     # A service reaching Ready is no compile.
-    metrics.status_written(NIS, "a", "svc", "RollingOut", "Ready")
+    metrics.status_written(NIS, "a", "svc", phase("RollingOut"), phase("Ready", **job))
     samples = scrape(metrics)
     assert samples[("neuronfleet_operator_compiles_total", (("outcome", "Ready"),))] == 1
     assert samples[("neuronfleet_operator_compiles_total", (("outcome", "Failed"),))] == 1
