@@ -85,7 +85,7 @@ bench-serving: setup  ## Throughput, TTFT and ITL by request rate on the simulat
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/serving.py
 
 bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.
-	$(BIN)/python bench/operator.py
+	$(BIN)/python bench/control_plane.py
 
 lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
 	$(UV) lock

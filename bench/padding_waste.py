@@ -17,6 +17,7 @@ Run: ``make bench-padding`` (or ``.venv/bin/python bench/padding_waste.py``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -70,6 +71,9 @@ def measure(name: str, samples: int, seed: int, repeats: int, count: int | None 
     result = recommend(chunks, count, limit)
     optimal = result.recommended
     theoretical = bucket_set(chunks, optimal_buckets(chunks, count, limit, granularity=1))
+    # A user picking powers of two by hand could do better than the K largest: the best such subset.
+    subsets = ([*smaller, limit] for smaller in itertools.combinations(powers[:-1], count - 1))
+    best_powers = min((bucket_set(chunks, subset) for subset in subsets), key=lambda s: s.padding_waste)
     return {
         "workload": name,
         "prompts": samples,
@@ -82,6 +86,8 @@ def measure(name: str, samples: int, seed: int, repeats: int, count: int | None 
         "default_waste": power_of_two.padding_waste,
         "recommended_buckets": optimal.buckets,
         "recommended_waste": optimal.padding_waste,
+        "best_power_of_two_buckets": best_powers.buckets,
+        "best_power_of_two_waste": best_powers.padding_waste,
         "theoretical_buckets": theoretical.buckets,
         "theoretical_waste": theoretical.padding_waste,
         "ratio": optimal.padding_waste / power_of_two.padding_waste,
@@ -102,21 +108,23 @@ def main() -> None:
     measured = [("chat", None), ("chat", 5), ("summarization", None), ("code", None)]
     rows = [measure(name, args.samples, args.seed, args.repeats, count) for name, count in measured]
     header = (
-        f"{'workload':<14}{'limits':>12}{'K':>4}{'power of two':>14}{'recommended':>13}{'optimum':>9}"
-        f"{'ratio':>7}{'K to match':>12}"
+        f"{'workload':<14}{'limits':>12}{'K':>4}{'power of two':>14}{'best 2^k':>10}{'recommended':>13}"
+        f"{'optimum':>9}{'ratio':>7}{'K to match':>12}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         limits = f"{row['max_num_batched_tokens']}/{row['max_model_len']}"
         print(
-            f"{row['workload']:<14}{limits:>12}{row['count']:>4}{row['default_waste']:>15.2%}"
+            f"{row['workload']:<14}{limits:>12}{row['count']:>4}{row['default_waste']:>14.2%}"
+            f"{row['best_power_of_two_waste']:>10.2%}"
             f"{row['recommended_waste']:>13.2%}{row['theoretical_waste']:>9.2%}{row['ratio']:>7.2f}"
             f"{row['fewest_buckets_matching_default']:>12}"
         )
     print()
     print(f"{args.samples} prompts per workload, seed {args.seed}; limits are max_num_batched_tokens/max_model_len.")
-    print("waste: share of padded prefill compute spent on padding; power of two: the defaults, or their K largest;")
+    print("waste: share of padded prefill tokens that are padding; power of two: the defaults, or their K largest;")
+    print("best 2^k: the best K powers of two ending on the maximum;")
     print("recommended: the exact optimum on the 128-token granularity; optimum: any sizes (granularity 1);")
     print("ratio: recommended / power of two; K to match: fewest recommended buckets wasting no more.")
     for row in rows:

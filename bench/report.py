@@ -71,7 +71,7 @@ def padding_rows(data: Obj) -> Iterator[Row]:
             f"{row['recommended_waste']:.1%}",
             f"{row['default_waste']:.1%} (power of two)",
             _ratio(row["recommended_waste"], row["default_waste"]),
-            f"optimum at any sizes {row['theoretical_waste']:.1%}",
+            f"best K powers of two {row['best_power_of_two_waste']:.1%}; any sizes {row['theoretical_waste']:.1%}",
         )
 
 
@@ -106,28 +106,39 @@ def kv_rows(data: list[Obj]) -> Iterator[Row]:
 
 
 def serving_rows(data: list[Obj]) -> Iterator[Row]:
-    """Throughput and latency by request rate, default scheduler against the design's."""
-    reference = {row["rate"]: row for row in data if row["scheduler"] == "reference"}
+    """Saturation, then throughput and latency by load, default scheduler against the design's."""
+    reference = {row["load"]: row for row in data if row["scheduler"] == "reference"}
     for row in data:
         if row["scheduler"] != "neuronfleet":
             continue
-        base, rate = reference[row["rate"]], f"{row['rate']:g} req/s"
+        base = reference[row["load"]]
+        if row["load"] is None:
+            yield Row(
+                "serving (sim trn2)",
+                "chat, all requests at once: output tokens/s (saturation)",
+                f"{row['output_tokens_per_s']:,.0f}",
+                f"{base['output_tokens_per_s']:,.0f} (design)",
+                _ratio(row["output_tokens_per_s"], base["output_tokens_per_s"]),
+            )
+            continue
+        at = f"chat at {row['load']:.0%} of saturation ({row['rate']:.1f} req/s)"
         yield Row(
             "serving (sim trn2)",
-            f"chat at {rate}: output tokens/s",
+            f"{at}: output tokens/s",
             f"{row['output_tokens_per_s']:,.0f}",
             f"{base['output_tokens_per_s']:,.0f} (design)",
             _ratio(row["output_tokens_per_s"], base["output_tokens_per_s"]),
         )
         for metric in ("ttft", "itl"):
             p50, p99 = row[f"{metric}_p50_ms"], row[f"{metric}_p99_ms"]
+            base_p50, base_p99 = base[f"{metric}_p50_ms"], base[f"{metric}_p99_ms"]
             yield Row(
                 "serving (sim trn2)",
-                f"chat at {rate}: {metric.upper()} p50 / p99",
+                f"{at}: {metric.upper()} p50 / p99",
                 f"{p50:,.1f} / {p99:,.1f} ms",
-                f"{base[f'{metric}_p50_ms']:,.1f} / {base[f'{metric}_p99_ms']:,.1f} ms",
-                _ratio(p99, base[f"{metric}_p99_ms"]),
-                "ratio of p99",
+                f"{base_p50:,.1f} / {base_p99:,.1f} ms",
+                _ratio(p99, base_p99),
+                f"ratio of p99; p50 {p50 / base_p50:.2f}x",
             )
 
 
@@ -250,14 +261,15 @@ def plot(found: dict[str, Any], path: Path) -> None:
             positions = [i + (offset - 1) * width for i in range(len(data))]
             ax.bar(positions, [100 * row[key] for row in data], width, label=label)
         ax.set_xticks(range(len(data)), labels)
-        ax.set(ylabel="% of prefill compute on padding")
+        ax.set(ylabel="% of padded prefill tokens that are padding")
         ax.set_title("Padding waste at equal bucket counts")
         ax.legend(fontsize=8)
     if "serving.json" in found:
         ax = axes[1][0]
         data = found["serving.json"]
         for scheduler, style in (("reference", "--"), ("neuronfleet", "-")):
-            rows = sorted((row for row in data if row["scheduler"] == scheduler), key=lambda row: row["rate"])
+            loaded = (row for row in data if row["scheduler"] == scheduler and row["rate"] is not None)
+            rows = sorted(loaded, key=lambda row: row["rate"])
             rates = [row["rate"] for row in rows]
             for metric, color in (("ttft", "tab:blue"), ("itl", "tab:orange")):
                 values = [row[f"{metric}_p99_ms"] for row in rows]

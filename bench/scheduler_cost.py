@@ -4,9 +4,10 @@
 admitted: every step is the same decode step). The bench times ``schedule()``
 alone, for vLLM's ``Scheduler``, the reference ``NeuronScheduler`` (which moves
 the whole waiting queue through its holdback queue every step) and the
-``NeuronScheduler`` with ``constant_cost_admission``. Per configuration it takes
-the median step time of each of several runs, and reports the median of those,
-with the ratio to vLLM's base scheduler measured in the same run.
+``NeuronScheduler`` with ``constant_cost_admission``. The three take turns for
+several runs (in a rotating order, so machine noise falls on all alike); each run's
+figure is its median step time, and the bench reports the median over runs, their
+range, and the ratio to vLLM's base scheduler measured in the same run.
 
 Run: ``make bench-scheduler`` (or ``.venv/bin/python bench/scheduler_cost.py``).
 """
@@ -33,6 +34,10 @@ PROMPT_LEN = 16
 MAX_MODEL_LEN = 4096
 BLOCK_SIZE = 16
 
+#: Every running request's prompt length, for the stand-in device.
+PROMPT_LENS = {f"run-{i}": PROMPT_LEN for i in range(RUNNING)}
+#: The configuration the others are compared with.
+BASELINE = "vllm Scheduler"
 CONFIGS: dict[str, tuple[type[vllm_compat.Scheduler], SchedulerOptions]] = {
     "vllm Scheduler": (vllm_compat.Scheduler, REFERENCE_SCHEDULER),
     "NeuronScheduler (reference)": (NeuronScheduler, REFERENCE_SCHEDULER),
@@ -78,23 +83,35 @@ def step(scheduler: vllm_compat.Scheduler, prompt_lens: dict[str, int]) -> float
     return elapsed
 
 
-def measure(cls: type[vllm_compat.Scheduler], options: SchedulerOptions, waiting: int, steps: int, runs: int) -> float:
-    """Median over runs of the median ``schedule()`` time, in microseconds."""
+def prepared(cls: type[vllm_compat.Scheduler], options: SchedulerOptions, waiting: int) -> vllm_compat.Scheduler:
+    """A scheduler with 64 requests decoding and ``waiting`` more queued behind them."""
     scheduler = build(cls, options)
-    prompt_lens = {f"run-{i}": PROMPT_LEN for i in range(RUNNING)}
-    for req_id in prompt_lens:
+    for req_id in PROMPT_LENS:
         add(scheduler, req_id)
     # Bring all 64 into decode: the Neuron scheduler prefills them one per step.
     while len(scheduler.running) < RUNNING or any(r.num_computed_tokens < PROMPT_LEN for r in scheduler.running):
-        step(scheduler, prompt_lens)
+        step(scheduler, PROMPT_LENS)
     for i in range(waiting):
         add(scheduler, f"wait-{i}")
-    per_run = []
-    for _ in range(runs):
-        times = [step(scheduler, prompt_lens) for _ in range(steps)]
-        per_run.append(statistics.median(times))
-    assert len(scheduler.running) == RUNNING, "a waiting request was admitted: the bench no longer measures one shape"
-    return statistics.median(per_run) * 1e6
+    return scheduler
+
+
+def measure(waiting: int, steps: int, runs: int) -> dict[str, list[float]]:
+    """Per configuration, the median ``schedule()`` time of each run, in microseconds.
+
+    The configurations take turns, in a rotating order, so a noisy stretch of the machine
+    falls on all of them alike.
+    """
+    schedulers = {name: prepared(cls, options, waiting) for name, (cls, options) in CONFIGS.items()}
+    names = list(schedulers)
+    per_run: dict[str, list[float]] = {name: [] for name in names}
+    for run in range(runs):
+        for name in names[run % len(names) :] + names[: run % len(names)]:
+            times = [step(schedulers[name], PROMPT_LENS) for _ in range(steps)]
+            per_run[name].append(statistics.median(times) * 1e6)
+    for name, scheduler in schedulers.items():
+        assert len(scheduler.running) == RUNNING, f"{name} admitted a waiting request: the shape changed"
+    return per_run
 
 
 def main() -> None:
@@ -106,17 +123,24 @@ def main() -> None:
     args = parser.parse_args()
 
     rows: list[dict[str, Any]] = []
-    print(f"schedule() cost, {RUNNING} running decodes; median of {args.runs} runs x {args.steps} steps")
-    print(f"{'waiting':>8}  {'scheduler':<32} {'us/step':>10} {'vs vllm':>8}")
+    print(f"schedule() cost, {RUNNING} running decodes; median of {args.runs} interleaved runs x {args.steps} steps")
+    print(f"{'waiting':>8}  {'scheduler':<32} {'us/step':>10} {'runs min-max':>16} {'vs vllm':>8}")
     for waiting in args.waiting:
-        base_us = None
-        for name, (cls, options) in CONFIGS.items():
-            micros = measure(cls, options, waiting, args.steps, args.runs)
-            base_us = base_us or micros
+        per_run = measure(waiting, args.steps, args.runs)
+        base_us = statistics.median(per_run[BASELINE])
+        for name, runs in per_run.items():
+            micros = statistics.median(runs)
             rows.append(
-                {"waiting": waiting, "scheduler": name, "us_per_step": micros, "ratio_to_vllm": micros / base_us}
+                {
+                    "waiting": waiting,
+                    "scheduler": name,
+                    "us_per_step": micros,
+                    "us_per_step_runs": runs,
+                    "ratio_to_vllm": micros / base_us,
+                }
             )
-            print(f"{waiting:>8}  {name:<32} {micros:>10.1f} {micros / base_us:>8.2f}", flush=True)
+            spread = f"{min(runs):.0f}-{max(runs):.0f}"
+            print(f"{waiting:>8}  {name:<32} {micros:>10.1f} {spread:>16} {micros / base_us:>8.2f}", flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"running": RUNNING, "rows": rows}, indent=2))
     print(f"wrote {RESULTS}")

@@ -7,9 +7,15 @@ arrivals at each request rate (an open loop: requests arrive whether or not the
 engine keeps up). The scheduling is the real vLLM scheduler's, step times come
 from the simulated device's cost model on a virtual clock, so a run takes seconds.
 
+First the saturation throughput: every request arriving at once, for each
+scheduler. The request rates are then fractions of the baseline's saturation
+(``LOADS``), so every rate is one the engine keeps up with and the latencies are
+steady-state, not a queue growing for as long as the run lasts.
+
 Each figure is the median over ``SEEDS`` (different prompts, outputs and arrival
 times); the baseline is the design's scheduler as written (``REFERENCE_SCHEDULER``),
-measured in the same run. These are the figures later scheduler work must beat.
+measured in the same run. The synchronous scheduler class runs (the virtual clock
+models one step at a time). These are the figures later scheduler work must beat.
 
 Run: ``make bench-serving`` (or ``.venv/bin/python bench/serving.py``).
 """
@@ -32,7 +38,8 @@ from neuronfleet.engine.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serving.json"
 NUM_REQUESTS = 500
-RATES = [4.0, 8.0, 16.0, 32.0]
+#: Offered load as a fraction of the baseline's saturation throughput.
+LOADS = [0.25, 0.5, 0.75, 0.9]
 SEEDS = [0, 1, 2]
 BLOCK_SIZE = 32
 MEMORY_UTILIZATION = 0.9
@@ -57,20 +64,28 @@ def engine_config(scheduler: SchedulerOptions) -> EngineConfig:
     )
 
 
-def arrivals(rate: float, seed: int) -> list[Arrival]:
-    """Chat requests with Poisson arrivals at ``rate`` per second."""
+def arrivals(rate: float | None, seed: int) -> list[Arrival]:
+    """Chat requests with Poisson arrivals at ``rate`` per second (``None``: all at once).
+
+    The same seed gives the same prompts and outputs at every rate.
+    """
     prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=seed)
-    rng = random.Random(1000 + seed)
+    outputs, gaps = random.Random(1000 + seed), random.Random(2000 + seed)
     at = 0.0
     result = []
     for i, prompt in enumerate(prompts):
-        at += rng.expovariate(rate)
-        max_tokens = max(1, min(2048, round(rng.lognormvariate(5.5, 0.8))))
+        at += 0.0 if rate is None else gaps.expovariate(rate)
+        max_tokens = max(1, min(2048, round(outputs.lognormvariate(5.5, 0.8))))
         result.append(Arrival(at, ScenarioRequest(f"chat-{i}", prompt_len=prompt, max_tokens=max_tokens)))
     return result
 
 
-def measure_once(scheduler: SchedulerOptions, rate: float, seed: int) -> dict[str, float]:
+def mean_output_tokens(seed: int) -> float:
+    """Mean reply length of a seed's requests."""
+    return statistics.mean(arrival.request.max_tokens for arrival in arrivals(None, seed))
+
+
+def measure_once(scheduler: SchedulerOptions, rate: float | None, seed: int) -> dict[str, float]:
     """Throughput and latency percentiles of one run."""
     cost = cost_model()
     engine_cfg = engine_config(scheduler)
@@ -83,6 +98,8 @@ def measure_once(scheduler: SchedulerOptions, rate: float, seed: int) -> dict[st
     timeline = Timeline(cost, engine_cfg.effective_num_seqs_buckets)
     chosen = arrivals(rate, seed)
     serve_arrivals(engine, timeline, chosen)
+    # A preempted request recomputes its prompt, which the timeline would stamp as new tokens.
+    assert not [step for step in engine.steps if step.preempted], "a request was preempted"
     req_ids = [arrival.request.req_id for arrival in chosen]
     ttfts = [timeline.ttft(req_id) for req_id in req_ids]
     gaps = timeline.inter_token_latencies(req_ids)
@@ -96,11 +113,12 @@ def measure_once(scheduler: SchedulerOptions, rate: float, seed: int) -> dict[st
     }
 
 
-def measure(name: str, rate: float) -> dict[str, Any]:
-    """Medians over the seeds of one scheduler at one rate."""
+def measure(name: str, rate: float | None, load: float | None) -> dict[str, Any]:
+    """Medians over the seeds of one scheduler at one rate (``None``: all at once)."""
     runs = [measure_once(SCHEDULERS[name], rate, seed) for seed in SEEDS]
     return {
         "scheduler": name,
+        "load": load,
         "rate": rate,
         **{metric: statistics.median(run[metric] for run in runs) for metric in METRICS},
     }
@@ -108,23 +126,30 @@ def measure(name: str, rate: float) -> dict[str, Any]:
 
 def main() -> None:
     """Print the table and write it as JSON."""
-    rows = [measure(name, rate) for rate in RATES for name in SCHEDULERS]
+    saturation = {name: measure(name, None, None) for name in SCHEDULERS}
+    # Requests per second the baseline sustains: its token throughput over the mean reply.
+    capacity = saturation["reference"]["output_tokens_per_s"] / statistics.median(map(mean_output_tokens, SEEDS))
+    rows = [*saturation.values()]
+    rows += [measure(name, load * capacity, load) for load in LOADS for name in SCHEDULERS]
     print(
-        f"chat workload, {NUM_REQUESTS} requests per run, Poisson arrivals, llama-3.1-8b on trn2.48xlarge TP 8 "
-        f"(virtual clock; medians over {len(SEEDS)} seeds; ratios to the reference scheduler at the same rate)"
+        f"chat workload, {NUM_REQUESTS} requests per run, llama-3.1-8b on trn2.48xlarge TP 8 (virtual clock; "
+        f"medians over {len(SEEDS)} seeds; ratios to the reference scheduler at the same load). Saturation: all "
+        f"requests at once; then Poisson arrivals at fractions of the reference's {capacity:.1f} req/s."
     )
     print(
-        f"{'req/s':>6} {'scheduler':>12} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} "
-        f"{'ITL p99':>8} {'tok/s vs ref':>12} {'TTFT p99 vs ref':>15} {'ITL p99 vs ref':>14}"
+        f"{'load':>11} {'scheduler':>12} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} "
+        f"{'ITL p99':>8} {'tok/s vs ref':>12} {'TTFT p50, p99 vs ref':>20} {'ITL p99 vs ref':>14}"
     )
-    reference = {row["rate"]: row for row in rows if row["scheduler"] == "reference"}
+    reference = {row["load"]: row for row in rows if row["scheduler"] == "reference"}
     for row in rows:
-        base = reference[row["rate"]]
+        base = reference[row["load"]]
+        load = "saturation" if row["load"] is None else f"{row['load']:.0%} {row['rate']:.1f}/s"
+        ttft_ratios = f"{row['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}, {row['ttft_p99_ms'] / base['ttft_p99_ms']:.2f}"
         print(
-            f"{row['rate']:>6.0f} {row['scheduler']:>12} {row['output_tokens_per_s']:>9.0f} "
+            f"{load:>11} {row['scheduler']:>12} {row['output_tokens_per_s']:>9.0f} "
             f"{row['ttft_p50_ms']:>7.0f}ms {row['ttft_p99_ms']:>7.0f}ms {row['itl_p50_ms']:>6.1f}ms "
             f"{row['itl_p99_ms']:>6.1f}ms {row['output_tokens_per_s'] / base['output_tokens_per_s']:>12.2f} "
-            f"{row['ttft_p99_ms'] / base['ttft_p99_ms']:>15.2f} {row['itl_p99_ms'] / base['itl_p99_ms']:>14.2f}"
+            f"{ttft_ratios:>20} {row['itl_p99_ms'] / base['itl_p99_ms']:>14.2f}"
         )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=2))

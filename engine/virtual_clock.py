@@ -101,11 +101,18 @@ def serve_arrivals(
         in_flight_before = len(engine.in_flight)
         record = engine.step()
         timeline.after_step(engine, record, in_flight_before)
+        if (record is None or not record.scheduled) and not engine.in_flight and engine.has_work:
+            # Nothing ran and nothing will finish: only a new arrival can change the scheduler's mind.
+            if not pending:
+                raise RuntimeError(f"the scheduler runs nothing while requests wait: {engine.unfinished()}")
+            timeline.clock = max(timeline.clock, pending[0].at)
     raise RuntimeError(f"arrivals did not finish in {max_iterations} iterations: {engine.unfinished()}")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation."""
+    """The q-th percentile, q a whole number from 1 to 99, by linear interpolation."""
+    if not (1 <= q <= 99 and q == int(q)):
+        raise ValueError(f"percentile must be a whole number from 1 to 99, got {q}")
     if len(values) == 1:
         return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, round(q) - 1))]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]

@@ -64,3 +64,38 @@ def test_percentile_interpolates() -> None:
     assert percentile(values, 50) == pytest.approx(50.5)
     assert percentile(values, 99) == pytest.approx(99.01)
     assert percentile([3.0], 99) == 3.0
+
+
+def test_percentile_refuses_what_it_cannot_answer() -> None:
+    for q in (0, 100, 99.5):
+        with pytest.raises(ValueError, match="whole number from 1 to 99"):
+            percentile([1.0, 2.0], q)
+
+
+def test_gaps_during_a_long_prefill_are_the_ones_that_span_its_chunks() -> None:
+    short = ScenarioRequest("short", prompt_len=64, max_tokens=60)
+    # 1000 tokens over a 512-token budget: two chunks, with a decode step between them (the default bound).
+    long = ScenarioRequest("long", prompt_len=1000, max_tokens=2)
+    _, timeline, cost = run([Arrival(0.0, short), Arrival(0.05, long)])
+    start, end = timeline.prefill_spans["long"]
+    assert end - start > cost.prefill_seconds(512, 0) + cost.prefill_seconds(512, 512)
+    during = timeline.inter_token_latencies(["short"], during=["long"])
+    every = timeline.inter_token_latencies(["short"])
+    assert len(every) == 59
+    # One gap holds each chunk (and the decode after it); every other gap is a decode step alone.
+    assert len(during) == 2
+    assert all(gap > cost.prefill_seconds(512, 0) for gap in during)
+    assert sorted(every)[-2:] == sorted(during)
+    assert max(gap for gap in every if gap not in during) < cost.prefill_seconds(512, 0)
+
+
+def test_a_batched_decode_step_costs_the_context_of_every_request_in_it() -> None:
+    ids = ["r0", "r1", "r2"]
+    _, timeline, cost = run([Arrival(0.0, ScenarioRequest(req_id, prompt_len=100, max_tokens=6)) for req_id in ids])
+    # The first step in which all three decode together (padded to the 4-sequence bucket).
+    together = min(set.intersection(*(set(timeline.token_times[req_id][1:]) for req_id in ids)))
+    before = max(t for req_id in ids for t in timeline.token_times[req_id] if t < together)
+    # Each request's context is its prompt and every token it has so far.
+    context = sum(100 + sum(t < together for t in timeline.token_times[req_id]) for req_id in ids)
+    assert together - before == pytest.approx(cost.decode_seconds(4, context))
+    assert 3 in timeline.decode_batch_sizes

@@ -40,7 +40,7 @@ order:
 1,000 services takes about a minute on 2 cores). The run takes about 5 minutes on 2 idle cores;
 the last line says how many CPU-seconds it used.
 
-Run: ``make bench-operator`` (or ``.venv/bin/python bench/operator.py`` with PYTHONSAFEPATH=1).
+Run: ``make bench-operator`` (or ``.venv/bin/python bench/control_plane.py``).
 Prints one table; writes bench/results/operator.json; exits 1 if the idle operator wrote.
 """
 
