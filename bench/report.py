@@ -188,7 +188,7 @@ def operator_rows(data: Obj) -> Iterator[Row]:
         str(idle["idle_writes"]),
         "",
         None,
-        f"{idle['services']} services",
+        f"{idle['services']} services, between full resyncs",
     )
 
 
