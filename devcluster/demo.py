@@ -29,7 +29,9 @@ from neuronfleet.devcluster import demo_view, sim_engine
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
 from neuronfleet.operator.testing import OperatorProcess
 
@@ -182,6 +184,16 @@ class Demo:
         done = cluster.kubectl("create", "namespace", NAMESPACE)
         if done.returncode != 0:
             raise DemoError(f"kubectl create namespace {NAMESPACE}: {done.stderr.strip()}")
+        claim = parse_service_spec(service["spec"]).compile.store_claim
+        if claim is not None:
+            # A pvc:// store needs its ReadWriteMany claim first; on EKS an admin provisions it (EFS, FSx).
+            volume = workdir / "artifact-volume.yaml"
+            store = workdir / "artifacts"
+            volume.write_text(yaml.safe_dump_all(artifact_volume(NAMESPACE, claim, str(store))))
+            self.say(f"kubectl apply -f {volume.name}  (a ReadWriteMany claim {claim!r} for the artifact store)")
+            bound = cluster.kubectl("apply", "-f", str(volume))
+            if bound.returncode != 0:
+                raise DemoError(f"kubectl apply {volume.name}: {bound.stderr.strip()}")
         manifest = workdir / self.options.example.name
         manifest.write_text(yaml.safe_dump(paced(service) if self.options.pace else service, sort_keys=False))
         try:

@@ -94,10 +94,15 @@ ClockOption = Annotated[
 
 
 def check_device(device: str) -> Device:
-    """``sim`` or ``neuron``; anything else is bad input."""
+    """``sim``, or ``neuron`` where the vLLM Neuron plugin is installed; anything else is bad input."""
     if device == "sim":
         return "sim"
     if device == "neuron":
+        if importlib.util.find_spec("vllm_neuron") is None:
+            fail(
+                "--device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here; "
+                "--device sim runs the simulated Neuron device"
+            )
         return "neuron"
     fail(f"--device must be sim or neuron, got {device!r}")
 
@@ -262,8 +267,6 @@ def serve_command(
     if drain_timeout < 0:
         fail(f"--drain-timeout must not be negative, got {drain_timeout}")
     settings = sim_settings(model, target, shape, instance_type, clock) if chosen == "sim" else SimSettings()
-    if chosen == "neuron" and importlib.util.find_spec("vllm_neuron") is None:
-        fail("--device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here")
     directory = None
     if artifact_store is not None:
         identity = compile_identity(engine, model, revision, target, engine_image)

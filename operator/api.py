@@ -123,7 +123,8 @@ class CompileSettings(K8sModel):
         description=(
             "Where compiled artifacts are kept, one directory per artifact hash: pvc://CLAIM[/PATH] "
             "(a ReadWriteMany claim in the service's namespace, mounted by compile and serving pods) "
-            "or s3://BUCKET[/PREFIX]."
+            "or s3://BUCKET[/PREFIX], which this release's engine does not read or write yet (its compile "
+            "Jobs fail saying so): use pvc://."
         ),
     )
     timeout_seconds: int = Field(

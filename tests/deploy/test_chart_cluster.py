@@ -21,8 +21,10 @@ import yaml
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
+from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, Kube
 from neuronfleet.operator.testing import OperatorProcess, Services
 
@@ -100,8 +102,15 @@ def release(cluster: LocalCluster, crds: Path, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="module")
-def ready_service(release: Release, kube: Any) -> Obj:
+def ready_service(release: Release, kube: Any, tmp_path_factory: pytest.TempPathFactory) -> Obj:
     """The 8B example, applied as a user would, taken to Ready by the operator under the chart's RBAC."""
+    # Its pvc:// store's claim, as an admin provisions it (the operator has no rights on claims).
+    claim = parse_service_spec(yaml.safe_load(EXAMPLE.read_text())["spec"]).compile.store_claim
+    assert claim is not None
+    directory = tmp_path_factory.mktemp("volume")
+    volume = directory / "artifact-volume.yaml"
+    volume.write_text(yaml.safe_dump_all(artifact_volume(release.namespace, claim, str(directory / "store"))))
+    ok(release.cluster.kubectl("apply", "-f", str(volume)))
     ok(release.kubectl("apply", "--server-side", "-f", str(EXAMPLE)))
     name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
     return Services(Kube(kube), release.namespace, wait_for).wait_ready(name, timeout=90)

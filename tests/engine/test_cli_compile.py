@@ -100,9 +100,13 @@ def test_bad_device_target_and_shape_are_one_line_each(run_cli: RunCli, tmp_path
         assert (result.returncode, result.stderr) == (2, message), args
 
 
-def test_serve_on_neuron_needs_the_plugin(run_cli: RunCli) -> None:
-    result = run_cli("neuronfleet-engine", "serve", "--device", "neuron")
-    assert result.returncode == 2
-    assert result.stderr == (
-        "error: --device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here\n"
-    )
+def test_serve_and_compile_on_neuron_need_the_plugin(run_cli: RunCli, tmp_path: Path) -> None:
+    for command in (["serve"], ["compile", "--artifact-store", str(tmp_path / "store")]):
+        result = run_cli("neuronfleet-engine", *command, "--device", "neuron")
+        assert result.returncode == 2, command
+        assert result.stderr == (
+            "error: --device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here; "
+            "--device sim runs the simulated Neuron device\n"
+        ), command
+    # Refused before anything was written.
+    assert not (tmp_path / "store").exists()
