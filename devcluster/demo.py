@@ -259,14 +259,8 @@ class Demo:
 
     def _start_engine(
         self, cluster: LocalCluster, service: Obj, teardown: contextlib.ExitStack
-    ) -> sim_engine.SimEngine | None:
-        """HOOK (issue 6): one engine on the simulated device, if this build's engine can serve there."""
-        if not sim_engine.supports_sim():
-            self.say(
-                "[yellow]engine: this build's neuronfleet-engine has no `serve --device sim` yet (issue 6), so no "
-                "engine answers completions; the service's pods run on fake nodes[/]"
-            )
-            return None
+    ) -> sim_engine.SimEngine:
+        """One engine on the simulated device for the service's model, asked for a completion."""
         engine = sim_engine.SimEngine(cluster.state.workdir / "demo", service)
         self.say(f"starting one engine on the simulated Neuron device for {engine.served_name} (vLLM) ...")
         teardown.callback(engine.stop)

@@ -1,16 +1,10 @@
-"""The demo's engine: one ``neuronfleet-engine serve --device sim`` behind the demo service's model.
-
-HOOK (issue 6): serving on the simulated Neuron device is built on another branch. Until this build's
-engine has ``serve --device sim``, :func:`supports_sim` is False and the demo says so instead of
-starting an engine; nothing else here changes when it arrives.
-"""
+"""The demo's engine: one ``neuronfleet-engine serve --device sim`` behind the demo service's model."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -37,23 +31,6 @@ class EngineError(RuntimeError):
 def engine_program() -> Path:
     """The ``neuronfleet-engine`` to start: this build's, unless ``$NEURONFLEET_DEMO_ENGINE`` names another."""
     return Path(os.environ.get(ENGINE_ENV) or SCRIPTS / "neuronfleet-engine")
-
-
-def supports_sim() -> bool:
-    """Whether this build's engine serves on the simulated device (``serve --device sim``)."""
-    try:
-        shown = subprocess.run(
-            [str(engine_program()), "serve", "--help"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            check=False,
-            env={"PATH": str(engine_program().parent), "COLUMNS": "200", "NO_COLOR": "1"},
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return shown.returncode == 0 and "--device" in shown.stdout
 
 
 def _free_port() -> int:

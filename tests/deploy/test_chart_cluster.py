@@ -165,7 +165,8 @@ def test_operator_pod_passes_the_restricted_pod_security_standard(release: Relea
 
 
 def test_install_notes_tell_how_to_upgrade_the_crds(release: Release) -> None:
-    assert "kubectl apply --server-side -f crds/" in release.notes
+    assert "Before upgrading the chart, apply its CRDs" in release.notes
+    assert "kubectl apply --server-side -f charts/neuronfleet/crds/" in release.notes
     assert f"the namespaces {release.namespace}" in release.notes
 
 
