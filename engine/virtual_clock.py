@@ -34,8 +34,10 @@ class Timeline:
 
     def after_step(self, engine: OfflineEngine, record: StepRecord | None, in_flight_before: int) -> None:
         """``run_scenario``'s hook: advance the clock by the step and stamp its tokens."""
-        for req_id in engine.progress:
-            self.arrival.setdefault(req_id, self.clock)
+        # Requests added since the last step arrived now (unless their arrival was set beforehand).
+        if len(engine.progress) > len(self.arrival):
+            for req_id in engine.progress:
+                self.arrival.setdefault(req_id, self.clock)
         if record is None or not record.scheduled:
             return
         if record.is_prefill:
