@@ -1,8 +1,9 @@
-"""Everything the Neuron scheduler knows about vLLM's internals, for vLLM 0.33.
+"""Everything neuronfleet knows about vLLM's internals, for vLLM 0.33.
 
 The scheduler works by rearranging the base scheduler's queues and limits around
-its ``schedule()`` call. The names of those queues and limits change between vLLM
-releases; they are all here, so an upgrade is reviewed in one file.
+its ``schedule()`` call; the server refuses new work while the engine drains. The
+names involved change between vLLM releases; they are all here, so an upgrade is
+reviewed in one file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "SchedulerOutput",
     "SchedulingPolicy",
     "cap_admissions",
+    "engine_is_shutting_down",
     "hidden_limit_attributes",
     "max_full_length_requests",
     "padded_counts",
@@ -139,3 +141,13 @@ def padded_counts(output: Any) -> dict[str, int]:
     """The padded token counts a Neuron scheduler attached to ``output``."""
     padded: dict[str, int] = output.num_scheduled_tokens_padded
     return padded
+
+
+def engine_is_shutting_down(engine_client: Any) -> bool:
+    """Whether the API server's engine client has begun shutting down (draining, on SIGTERM).
+
+    ``MPClient.shutdown`` detaches its finalizer first thing, before it waits for the engine core
+    to drain; the engine core then refuses new requests, which the server would answer with 500.
+    """
+    finalizer = getattr(getattr(engine_client, "engine_core", None), "_finalizer", None)
+    return finalizer is not None and not finalizer.alive

@@ -44,12 +44,17 @@ def engine_env() -> dict[str, str]:
     return env
 
 
+def _lower(headers: Any) -> dict[str, str]:
+    return {str(name).lower(): str(value) for name, value in headers.items()}
+
+
 @dataclass
 class Response:
-    """An HTTP response: status and body."""
+    """An HTTP response: status, body and headers (names in lower case)."""
 
     status: int
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
 
     def json(self) -> Any:
         """The body as JSON."""
@@ -75,9 +80,9 @@ class EngineServer:
         request = urllib.request.Request(self.url(path), data=body, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return Response(response.status, response.read())
+                return Response(response.status, response.read(), _lower(response.headers))
         except urllib.error.HTTPError as error:
-            return Response(error.code, error.read())
+            return Response(error.code, error.read(), _lower(error.headers))
 
     def post(self, path: str, document: dict[str, Any]) -> Response:
         """POST ``document`` as JSON."""

@@ -101,14 +101,19 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(server: EngineSe
     signalled_at = time.monotonic()
     server.process.send_signal(15)
 
-    def new_request_status() -> int:
-        try:
-            return server.post("/v1/completions", {"model": MODEL, "prompt": "bada", "max_tokens": 2}).status
-        except OSError:  # the listener may already be closed to new connections
-            return 0
-
-    # New work is refused while the request in flight drains.
-    wait_for(new_request_status, lambda status: status != 200, timeout=10, what="a new request refused")
+    # New work is refused with 503 and Retry-After while the request in flight drains.
+    refused = wait_for(
+        lambda: server.post("/v1/completions", {"model": MODEL, "prompt": "bada", "max_tokens": 2}),
+        lambda response: response.status != 200,
+        timeout=10,
+        what="a new request refused",
+        show=lambda response: response.status,
+    )
+    assert refused.status == 503, refused.body
+    assert refused.headers["retry-after"] == "1"
+    assert "draining" in refused.json()["error"]["message"]
+    ready = server.request("/ready")
+    assert (ready.status, ready.json()["reason"]) == (503, "draining")
 
     reader.join(120)
     assert not reader.is_alive(), "the stream did not end within 120 s of SIGTERM"
