@@ -5,9 +5,11 @@
 #   docker build --target operator -t neuronfleet/operator:0.1.0 .   # kopf + kubernetes, no vLLM
 #   docker build --target engine   -t neuronfleet/engine:0.1.0 .     # vLLM + the Neuron scheduler
 #
-# ENGINE_BASE is the engine's base image. The default (plain Python) runs the simulated Neuron
-# device. On Neuron hosts build on the AWS Neuron deep learning container for vLLM inference, which
-# brings the Neuron runtime, neuronx-cc and the vLLM Neuron plugin (its Python must be 3.11+):
+# ENGINE_BASE is the engine's base image. The default (plain Python) has no Neuron runtime: it runs
+# only the simulated Neuron device (`serve --device sim`), and the operator's compile and serving pods,
+# which use the Neuron device, refuse to start on it with one line saying so. For Neuron hosts build
+# on the AWS Neuron deep learning container for vLLM inference, which brings the Neuron runtime,
+# neuronx-cc and the vLLM Neuron plugin (its Python must be 3.11+):
 #
 #   docker build --target engine --build-arg ENGINE_BASE=<Neuron DLC image:tag> -t neuronfleet/engine:0.1.0 .
 #
