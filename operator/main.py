@@ -71,7 +71,7 @@ async def operate(
     configuration: kubernetes.client.Configuration,
     namespaces: Sequence[str] | None,
     *,
-    resync_seconds: float = 60.0,
+    resync_seconds: float = 300.0,
     liveness: str | None = None,
     metrics: OperatorMetrics | None = None,
     stop_flag: Any = None,
@@ -109,7 +109,9 @@ def run(
     liveness: Annotated[
         str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.", show_default=False)
     ] = None,
-    resync_seconds: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 60.0,
+    resync_seconds: Annotated[
+        float, typer.Option(min=1, help="Seconds between full resyncs (a safety net behind the watches).")
+    ] = 300.0,
     metrics_port: Annotated[
         int | None,
         typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics).", show_default=False),
