@@ -28,14 +28,17 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from neuronfleet.operator.api import ArtifactPhase, ServicePhase
+from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
 
 #: Reconciles take milliseconds to a few seconds (a slow API server, a large namespace).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Artifact phases that end a compile.
 COMPILE_OUTCOMES = frozenset({"Ready", "Failed"})
-SERVICE_KIND, ARTIFACT_KIND = "NeuronInferenceService", "NeuronCompiledArtifact"
 #: Every phase of each kind, exported even when no object is in it.
-PHASES: dict[str, tuple[str, ...]] = {SERVICE_KIND: get_args(ServicePhase), ARTIFACT_KIND: get_args(ArtifactPhase)}
+PHASES: dict[str, tuple[str, ...]] = {
+    SERVICES_NIS.kind: get_args(ServicePhase),
+    ARTIFACTS.kind: get_args(ArtifactPhase),
+}
 
 
 class _PhaseCollector(Collector):
@@ -111,7 +114,7 @@ class OperatorMetrics:
             else:
                 self._phases[(kind, namespace, name)] = str(phase)
         # A compile ended when a Job ran (an invalid spec fails without one) and the phase just changed.
-        if kind == ARTIFACT_KIND and phase in COMPILE_OUTCOMES and new.get("job") and old.get("phase") != phase:
+        if kind == ARTIFACTS.kind and phase in COMPILE_OUTCOMES and new.get("job") and old.get("phase") != phase:
             self.compiles.labels(phase).inc()
 
     def forget(self, kind: str, namespace: str, name: str) -> None:

@@ -24,6 +24,8 @@ from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
 
 Obj = dict[str, Any]
 WaitFor = Callable[..., Any]
+#: Prometheus samples by (name, sorted labels).
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 #: The installed console scripts sit beside the running interpreter.
 SCRIPTS = Path(sys.executable).parent
@@ -79,15 +81,10 @@ class OperatorProcess:
 
         wait_for(live, timeout=timeout, what="the operator's liveness endpoint")
 
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Every sample of its ``/metrics``, by name and sorted labels."""
+    def metrics(self) -> Samples:
+        """Every sample of its ``/metrics``."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+            return parse_samples(response.read().decode())
 
     def resyncs(self) -> int:
         """Full resyncs this run has finished (from its log)."""
@@ -115,6 +112,15 @@ class OperatorProcess:
         if not self.log.exists():
             return ""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def parse_samples(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition, by name and sorted labels."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def phase_of(body: Obj) -> str | None:

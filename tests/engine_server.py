@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from neuronfleet.operator.testing import Samples, parse_samples
 
 SCRIPTS = Path(sys.executable).parent
 #: vLLM start-up on a small shared CPU machine: imports, engine core process, model directory.
@@ -104,15 +105,11 @@ class EngineServer:
                 yield json.loads(payload)
         raise AssertionError("the stream ended without [DONE]")
 
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def metrics(self) -> Samples:
         """Every sample of ``/metrics``: (name, sorted labels) -> value."""
         response = self.request("/metrics")
         assert response.status == 200
-        samples = {}
-        for family in text_string_to_metric_families(response.body.decode()):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return samples
+        return parse_samples(response.body.decode())
 
     def log_tail(self, lines: int = 60) -> str:
         """The end of the server's output, for failure messages."""

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.testing import parse_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"
@@ -246,8 +246,7 @@ def exported_by_the_operator() -> set[str]:
     with metrics.reconciling("NeuronInferenceService"):
         ended = {"phase": "Ready", "job": "a-compile"}
         metrics.status_written("NeuronCompiledArtifact", "ns", "a", {"phase": "Compiling"}, ended)
-    text = generate_latest(metrics.registry).decode()
-    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {name for name, _ in parse_samples(generate_latest(metrics.registry).decode())}
 
 
 #: Compile Jobs, from kube-state-metrics.

@@ -12,7 +12,15 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
-from neuronfleet.operator.testing import OperatorProcess, Services, WaitFor, condition, observed, phase_of
+from neuronfleet.operator.testing import (
+    OperatorProcess,
+    Samples,
+    Services,
+    WaitFor,
+    condition,
+    observed,
+    phase_of,
+)
 
 Obj = dict[str, Any]
 
@@ -302,7 +310,7 @@ def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
     assert back["status"]["currentRevision"] == old
 
 
-def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+def sample(samples: Samples, name: str, **labels: str) -> float:
     """One sample of the operator's metrics; 0 when absent."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
@@ -358,7 +366,7 @@ def test_operator_killed_mid_compile_resumes_without_a_second_job(
     assert done["status"]["readyReplicas"] == 2
 
     # The restarted operator counts the compile it found ended; a later one reads Ready back and does not.
-    def compiled(s: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> float:
+    def compiled(s: Samples) -> float:
         return sample(s, "neuronfleet_operator_compiles_total", outcome="Ready")
 
     wait_for(operator.metrics, lambda s: compiled(s) == 1, what="the compile counted once", show=compiled)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.testing import Samples, parse_samples
 
 NIS, NCA = "NeuronInferenceService", "NeuronCompiledArtifact"
 
@@ -15,13 +15,8 @@ class Later(Exception):
     pass
 
 
-def scrape(metrics: OperatorMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(metrics.registry).decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+def scrape(metrics: OperatorMetrics) -> Samples:
+    return parse_samples(generate_latest(metrics.registry).decode())
 
 
 def test_reconciles_are_counted_by_outcome_and_timed() -> None:
