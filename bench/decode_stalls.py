@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
-from neuronfleet.engine.cost_model import CostModel, get_instance_type
-from neuronfleet.engine.model_shapes import get_shape
-from neuronfleet.engine.offline import run_scenario
-from neuronfleet.engine.scenarios import Scenario, ScenarioRequest
-from neuronfleet.engine.virtual_clock import Timeline, percentile
+from neuronfleet.engine.offline.driver import run_scenario
+from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
+from neuronfleet.engine.offline.virtual_clock import Timeline, percentile
+from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.model_shapes import get_shape
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_stalls.json"
 BOUNDS: list[int | None] = [None, 3, 2, 1]

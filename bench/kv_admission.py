@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, KvAdmission
-from neuronfleet.engine.cost_model import CostModel, get_instance_type
-from neuronfleet.engine.model_shapes import get_shape
-from neuronfleet.engine.offline import run_scenario
-from neuronfleet.engine.scenarios import Scenario, ScenarioRequest
-from neuronfleet.engine.virtual_clock import Timeline
-from neuronfleet.engine.workloads import WORKLOADS
+from neuronfleet.engine.offline.driver import run_scenario
+from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
+from neuronfleet.engine.offline.virtual_clock import Timeline
+from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.model_shapes import get_shape
+from neuronfleet.engine.tuning.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kv_admission.json"
 NUM_REQUESTS = 400

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.engine.buckets import effective_max_num_batched_tokens, get_default_num_batched_tokens_buckets
-from neuronfleet.engine.recommend import (
+from neuronfleet.engine.tuning.recommend import (
     Histogram,
     bucket_set,
     chunk_histogram,
@@ -35,7 +35,7 @@ from neuronfleet.engine.recommend import (
     prompt_histogram,
     recommend,
 )
-from neuronfleet.engine.workloads import WORKLOADS
+from neuronfleet.engine.tuning.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "padding_waste.json"
 

@@ -23,10 +23,10 @@ from typing import Any
 
 from vllm.sampling_params import SamplingParams
 
-from neuronfleet.engine import vllm_compat
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
-from neuronfleet.engine.offline import build_vllm_config, construct_scheduler, stand_in_device_output
-from neuronfleet.engine.scheduler import NeuronScheduler
+from neuronfleet.engine.offline.driver import build_vllm_config, construct_scheduler, stand_in_device_output
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.scheduler.neuron import NeuronScheduler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scheduler_cost.json"
 RUNNING = 64

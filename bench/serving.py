@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
-from neuronfleet.engine.cost_model import CostModel, get_instance_type
-from neuronfleet.engine.model_shapes import get_shape
-from neuronfleet.engine.offline import OfflineEngine, build_scheduler
-from neuronfleet.engine.scenarios import ScenarioRequest
-from neuronfleet.engine.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
-from neuronfleet.engine.workloads import WORKLOADS
+from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
+from neuronfleet.engine.offline.scenarios import ScenarioRequest
+from neuronfleet.engine.offline.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
+from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.model_shapes import get_shape
+from neuronfleet.engine.tuning.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serving.json"
 NUM_REQUESTS = 500

@@ -25,7 +25,7 @@ class SimSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    shape: str = Field("tiny", description="Named model shape (see neuronfleet.engine.model_shapes).")
+    shape: str = Field("tiny", description="Named model shape (see neuronfleet.engine.sim.model_shapes).")
     instance_type: str = Field("trn2.48xlarge", description="Instance type the cost model stands for.")
     clock: Clock = Field("real", description="real: sleep for each step's time; virtual: only count it.")
     artifact_dir: str | None = Field(

@@ -31,7 +31,8 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
             stdin=subprocess.DEVNULL,
             cwd=cwd,
             check=False,
-            env={"PATH": str(SCRIPTS), "COLUMNS": "120", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"},
+            # vLLM inspects models in a `python -m` child: it must not import `operator/` from the cwd.
+            env={"PATH": str(SCRIPTS), "COLUMNS": "120", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1", "PYTHONSAFEPATH": "1"},
         )
 
     return run

@@ -213,7 +213,7 @@ def test_operator_metrics_are_served_on_a_named_port_and_scraped_by_their_own_mo
 
 
 #: What the engine exports: vLLM's own series (the names its server publishes) and the Neuron
-#: scheduler's, which the serving branch's engine/metrics.py writes (prometheus_client adds _total).
+#: scheduler's, which the serving branch's engine/scheduler/metrics.py writes (prometheus_client adds _total).
 VLLM_METRICS = {
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronfleet.engine.artifacts import (
+from neuronfleet.engine.artifacts.store import (
     MANIFEST,
     ArtifactError,
     BucketEntry,

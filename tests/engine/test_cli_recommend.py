@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.recommend import chunk_histogram, optimal_buckets, padding_waste, prompt_histogram
-from neuronfleet.engine.workloads import WORKLOADS
+from neuronfleet.engine.tuning.recommend import chunk_histogram, optimal_buckets, padding_waste, prompt_histogram
+from neuronfleet.engine.tuning.workloads import WORKLOADS
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from neuronfleet.engine.cost_model import (
+from neuronfleet.engine.sim.cost_model import (
     GIB,
     INSTANCE_TYPES,
     STEP_OVERHEAD_S,
     CostModel,
     get_instance_type,
 )
-from neuronfleet.engine.model_shapes import get_shape
+from neuronfleet.engine.sim.model_shapes import get_shape
 
 LLAMA_8B = get_shape("llama-3.1-8b")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from neuronfleet.engine.exposition import CHUNK_METRIC, Kind, observed_lengths
-from neuronfleet.engine.metrics import NeuronMetrics, SchedulerObserver, chunk_bounds
-from neuronfleet.engine.offline import run_scenario
-from neuronfleet.engine.scenarios import SCENARIOS
-from neuronfleet.engine.scheduler import NeuronScheduler
+from neuronfleet.engine.offline.driver import run_scenario
+from neuronfleet.engine.offline.scenarios import SCENARIOS
+from neuronfleet.engine.scheduler.metrics import NeuronMetrics, SchedulerObserver, chunk_bounds
+from neuronfleet.engine.scheduler.neuron import NeuronScheduler
+from neuronfleet.engine.tuning.exposition import CHUNK_METRIC, Kind, observed_lengths
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from neuronfleet.engine.model_dir import model_dir
-from neuronfleet.engine.model_runner import PAD_TOKEN_ID
-from neuronfleet.engine.model_shapes import SHAPES, get_shape
-from neuronfleet.engine.tokenizer import FIRST_WORD_ID, PAD_TOKEN, vocabulary, words
+from neuronfleet.engine.scheduler.padding import PAD_TOKEN_ID
+from neuronfleet.engine.sim.model_dir import model_dir
+from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
+from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID, PAD_TOKEN, vocabulary, words
 
 
 def test_llama_shapes_have_the_published_sizes() -> None:

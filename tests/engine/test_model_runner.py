@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuronfleet.engine.model_runner import PAD_SLOT, PAD_TOKEN_ID, pad_decode, pad_prefill
+from neuronfleet.engine.scheduler.padding import PAD_SLOT, PAD_TOKEN_ID, pad_decode, pad_prefill
 
 
 def test_prefill_of_200_tokens_in_the_256_bucket() -> None:

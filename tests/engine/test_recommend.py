@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuronfleet.engine.buckets import get_default_num_batched_tokens_buckets, validate_num_batched_tokens_buckets
-from neuronfleet.engine.exposition import CHUNK_METRIC, PROMPT_METRIC, ExpositionError, Kind, observed_lengths
-from neuronfleet.engine.recommend import (
+from neuronfleet.engine.tuning.exposition import CHUNK_METRIC, PROMPT_METRIC, ExpositionError, Kind, observed_lengths
+from neuronfleet.engine.tuning.recommend import (
     RecommendError,
     candidate_weights,
     chunk_histogram,
@@ -23,7 +23,7 @@ from neuronfleet.engine.recommend import (
     prompt_histogram,
     recommend,
 )
-from neuronfleet.engine.workloads import WORKLOADS
+from neuronfleet.engine.tuning.workloads import WORKLOADS
 
 
 def brute_force_cost(chunks: dict[int, int], count: int, effective_max: int, granularity: int) -> int:

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, SchedulerOptions
-from neuronfleet.engine.offline import OfflineEngine, run_scenario
-from neuronfleet.engine.scenarios import SCENARIOS, Scenario
+from neuronfleet.engine.offline.driver import OfflineEngine, run_scenario
+from neuronfleet.engine.offline.scenarios import SCENARIOS, Scenario
 
 
 def with_options(scenario: Scenario, options: SchedulerOptions) -> Scenario:

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
-from neuronfleet.engine.offline import OfflineEngine, StepRecord, run_scenario
-from neuronfleet.engine.scenarios import Scenario, ScenarioRequest
+from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, run_scenario
+from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
 
 OPTION_SETS = {
     "reference": REFERENCE_SCHEDULER,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from neuronfleet.engine.offline import OfflineEngine, StepRecord, run_scenario
-from neuronfleet.engine.scenarios import SCENARIOS
-from neuronfleet.engine.scheduler import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
+from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, run_scenario
+from neuronfleet.engine.offline.scenarios import SCENARIOS
+from neuronfleet.engine.scheduler.neuron import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
 
 both_classes = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from neuronfleet.engine import vllm_compat
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.offline import OfflineEngine, build_scheduler, build_vllm_config, construct_scheduler
-from neuronfleet.engine.scheduler import NeuronScheduler, read_neuron_config
+from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler, build_vllm_config, construct_scheduler
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.scheduler.neuron import NeuronScheduler, read_neuron_config
 
 SMALL = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024, block_size=16)
 

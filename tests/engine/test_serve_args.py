@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.serve import (
+from neuronfleet.engine.serving.serve import (
     SIM_EXECUTOR_CLS,
     ServeRequest,
     plugin_allowlist,
@@ -18,7 +18,7 @@ from neuronfleet.engine.serve import (
     shape_for_model,
     vllm_serve_argv,
 )
-from neuronfleet.engine.sim_platform import activate
+from neuronfleet.engine.sim.platform import activate
 from neuronfleet.engine.sim_settings import SimSettings
 
 ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=8192, tensor_parallel_size=8)
@@ -139,4 +139,4 @@ def test_the_platform_plugin_answers_only_for_the_simulated_device(monkeypatch: 
     monkeypatch.setenv("NEURONFLEET_DEVICE", "neuron")
     assert activate() is None
     monkeypatch.setenv("NEURONFLEET_DEVICE", "sim")
-    assert activate() == "neuronfleet.engine.sim_platform.SimNeuronPlatform"
+    assert activate() == "neuronfleet.engine.sim.platform.SimNeuronPlatform"

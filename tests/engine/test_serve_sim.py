@@ -15,7 +15,7 @@ import pytest
 from engine_server import SCRIPTS, EngineServer, ServerPool, write_engine_config
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
-from neuronfleet.engine.tokenizer import words
+from neuronfleet.engine.sim.tokenizer import words
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 import pytest
 from vllm.sampling_params import SamplingParams
 
-from neuronfleet.engine import vllm_compat
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.cost_model import CostModel, get_instance_type
-from neuronfleet.engine.model_shapes import get_shape
-from neuronfleet.engine.offline import build_scheduler, construct_scheduler
-from neuronfleet.engine.sim_device import Clock, ClockMode, ShapeNotCompiledError, SimulatedNeuronDevice, sampled_token
-from neuronfleet.engine.tokenizer import FIRST_WORD_ID
+from neuronfleet.engine.offline.driver import build_scheduler, construct_scheduler
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.device import Clock, ClockMode, ShapeNotCompiledError, SimulatedNeuronDevice, sampled_token
+from neuronfleet.engine.sim.model_shapes import get_shape
+from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
 
 ENGINE = EngineConfig(
     max_num_seqs=4,

@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from neuronfleet.engine.model_shapes import get_shape
-from neuronfleet.engine.tokenizer import write_tokenizer
+from neuronfleet.engine.sim.model_shapes import get_shape
+from neuronfleet.engine.sim.tokenizer import write_tokenizer
 
 #: Bumped when the files written change, so stale cached directories are not reused.
 LAYOUT_VERSION = 1

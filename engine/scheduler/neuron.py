@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 
 from vllm.logger import init_logger
 
-from neuronfleet.engine import vllm_compat
 from neuronfleet.engine.buckets import (
     NUM_BATCHED_TOKENS_BUCKETS,
     NUM_SEQS_BUCKETS,
@@ -35,7 +34,8 @@ from neuronfleet.engine.buckets import (
     validate_num_seqs_buckets,
 )
 from neuronfleet.engine.config import SchedulerOptions
-from neuronfleet.engine.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.scheduler.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput
 
 logger = init_logger(__name__)
 

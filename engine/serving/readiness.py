@@ -12,7 +12,7 @@ While the engine drains (SIGTERM), ``/ready`` answers 503 and new POSTs are refu
 
 Registered under vLLM's ``vllm.endpoint_plugins`` entry point group; vLLM
 loads endpoint plugins only when named in ``VLLM_PLUGINS``, which the serve
-command sets (see ``neuronfleet.engine.serve.plugin_allowlist``).
+command sets (see ``neuronfleet.engine.serving.serve.plugin_allowlist``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import State
 from starlette.middleware.base import RequestResponseEndpoint
 
-from neuronfleet.engine import vllm_compat
-from neuronfleet.engine.serve import READY_PLUGIN
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.serving.serve import READY_PLUGIN
 
 #: Seconds a client is asked to wait before retrying a request refused while draining.
 DRAINING_RETRY_AFTER_S = 1

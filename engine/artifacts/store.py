@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from neuronfleet.engine.cost_model import CostModel
 from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.engine.sim.cost_model import CostModel
 
 MANIFEST = "manifest.json"
 LOCK = ".compile.lock"

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
-from neuronfleet.engine.cli_common import (
+from neuronfleet.engine.cli.common import (
     ConfigOption,
     DecodeBuckets,
     MaxModelLen,
@@ -21,9 +21,9 @@ from neuronfleet.engine.cli_common import (
     load_config,
     out,
 )
-from neuronfleet.engine.cli_recommend import recommend_buckets
-from neuronfleet.engine.cli_serve import compile_command, serve_command
-from neuronfleet.engine.scenarios import SCENARIOS
+from neuronfleet.engine.cli.recommend import recommend_buckets
+from neuronfleet.engine.cli.serve import compile_command, serve_command
+from neuronfleet.engine.offline.scenarios import SCENARIOS
 
 app = typer.Typer(help="The neuronfleet serving engine.", no_args_is_help=True, pretty_exceptions_enable=False)
 buckets_app = typer.Typer(help="Validate and inspect compiled bucket sets.", no_args_is_help=True)
@@ -128,8 +128,8 @@ def trace(
     # vLLM's start-up chatter would drown the trace; its warnings still show.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # vLLM takes seconds to import: only a trace that runs pays for it.
-    from neuronfleet.engine.offline import run_scenario
-    from neuronfleet.engine.trace import format_step
+    from neuronfleet.engine.offline.driver import run_scenario
+    from neuronfleet.engine.offline.trace import format_step
 
     engine_config = chosen.engine
     scheduler_name = "NeuronAsyncScheduler" if async_scheduling else "NeuronScheduler"

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from neuronfleet.engine.cli_common import (
+from neuronfleet.engine.cli.common import (
     ConfigOption,
     MaxModelLen,
     MaxNumBatchedTokens,
@@ -20,8 +20,8 @@ from neuronfleet.engine.cli_common import (
     out,
 )
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.exposition import ExpositionError, Kind, observed_lengths
-from neuronfleet.engine.recommend import (
+from neuronfleet.engine.tuning.exposition import ExpositionError, Kind, observed_lengths
+from neuronfleet.engine.tuning.recommend import (
     DEFAULT_GRANULARITY,
     BucketSet,
     Histogram,
@@ -32,7 +32,7 @@ from neuronfleet.engine.recommend import (
     prompt_histogram,
     recommend,
 )
-from neuronfleet.engine.workloads import WORKLOADS, Workload
+from neuronfleet.engine.tuning.workloads import WORKLOADS, Workload
 
 #: How long ``--metrics URL`` waits for the engine, and the most it reads.
 METRICS_TIMEOUT_S = 10

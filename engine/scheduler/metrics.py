@@ -21,10 +21,10 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
 
-from neuronfleet.engine import vllm_compat
 from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.exposition import CHUNK_METRIC
-from neuronfleet.engine.scheduler import NeuronScheduler, SchedulerState
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.scheduler.neuron import NeuronScheduler, SchedulerState
+from neuronfleet.engine.tuning.exposition import CHUNK_METRIC
 
 PREFIX = "neuronfleet:"
 #: At most this many histogram bounds for prefill chunk lengths.

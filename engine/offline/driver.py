@@ -27,11 +27,11 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
-from neuronfleet.engine import vllm_compat
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.model_shapes import TINY_VOCAB_SIZE, tiny_llama_config
-from neuronfleet.engine.scenarios import Scenario, prompt_token_ids
-from neuronfleet.engine.scheduler import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
+from neuronfleet.engine.offline.scenarios import Scenario, prompt_token_ids
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.scheduler.neuron import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
+from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE, tiny_llama_config
 
 AnyScheduler = TypeVar("AnyScheduler", bound=vllm_compat.Scheduler)
 

@@ -1,7 +1,7 @@
 """vLLM's executor for the simulated Neuron device.
 
 vLLM takes it through its own extension point (``--distributed-executor-backend
-neuronfleet.engine.sim_executor.SimNeuronExecutor``) and runs it inside the
+neuronfleet.engine.sim.executor.SimNeuronExecutor``) and runs it inside the
 engine core, beside the scheduler. Every call vLLM makes on its workers goes to
 one in-process :class:`SimNeuronWorker`, which answers the KV cache questions
 from the model shape and the cost model and runs steps on the simulated device.
@@ -25,11 +25,12 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.serial_utils import run_method
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from neuronfleet.engine import artifacts, metrics
-from neuronfleet.engine.cost_model import CostModel, get_instance_type
-from neuronfleet.engine.model_shapes import get_shape
-from neuronfleet.engine.scheduler import read_neuron_config
-from neuronfleet.engine.sim_device import Clock, SimulatedNeuronDevice
+from neuronfleet.engine.artifacts import store as artifacts
+from neuronfleet.engine.scheduler import metrics
+from neuronfleet.engine.scheduler.neuron import read_neuron_config
+from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
+from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim_settings import SimSettings, read_settings
 
 logger = init_logger(__name__)

@@ -10,7 +10,7 @@ plugin at again. The command is, for an engine configuration rendered as in
 
     VLLM_NEURON_CPU_COMPILE=1 NEURON_PLATFORM_TARGET_OVERRIDE=trn2 \\
     NEURON_LIBTORCH_REMOTE_CACHE=STORE/HASH/neff \\
-    python -m neuronfleet.engine.neuron_compile MODEL --max-num-seqs ... --additional-config ...
+    python -m neuronfleet.engine.artifacts.neuron_compile MODEL --max-num-seqs ... --additional-config ...
 
 This path needs the Neuron SDK and the plugin; it is not exercised by the test
 suite (no Neuron SDK on CI machines).
@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.engine.artifacts import BucketEntry, artifact_dir
+from neuronfleet.engine.artifacts.store import BucketEntry, artifact_dir
 from neuronfleet.engine.config import EngineConfig
 
 
 def compile_command(model: str, engine: EngineConfig, target: str, neff_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The argv and extra environment of one Neuron compile of every bucket."""
-    argv = [sys.executable, "-m", "neuronfleet.engine.neuron_compile", model, *engine.vllm_serve_args()]
+    argv = [sys.executable, "-m", "neuronfleet.engine.artifacts.neuron_compile", model, *engine.vllm_serve_args()]
     env = {
         "VLLM_NEURON_CPU_COMPILE": "1",
         "NEURON_PLATFORM_TARGET_OVERRIDE": target,

@@ -28,6 +28,6 @@ def register() -> None:
     """vLLM's general plugin hook."""
     route_logs()
     # Imported here: vLLM loads plugins early, and the scheduler imports vLLM's internals.
-    from neuronfleet.engine import metrics
+    from neuronfleet.engine.scheduler import metrics
 
     metrics.subscribe()

@@ -11,7 +11,7 @@ import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from neuronfleet.engine.artifacts import (
+from neuronfleet.engine.artifacts.store import (
     ArtifactError,
     BucketEntry,
     Manifest,
@@ -21,7 +21,7 @@ from neuronfleet.engine.artifacts import (
     load_for_serving,
     simulated_compiler,
 )
-from neuronfleet.engine.cli_common import (
+from neuronfleet.engine.cli.common import (
     EXIT_INVALID,
     ConfigOption,
     err,
@@ -31,10 +31,10 @@ from neuronfleet.engine.cli_common import (
     out,
 )
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.cost_model import INSTANCE_TYPES, CostModel, get_instance_type
 from neuronfleet.engine.identity import CompileIdentity, ModelSource, NeuronTarget
-from neuronfleet.engine.model_shapes import SHAPES, get_shape
-from neuronfleet.engine.serve import Device, ServeRequest, exec_vllm_serve, served_name, shape_for_model
+from neuronfleet.engine.serving.serve import Device, ServeRequest, exec_vllm_serve, served_name, shape_for_model
+from neuronfleet.engine.sim.cost_model import INSTANCE_TYPES, CostModel, get_instance_type
+from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
 from neuronfleet.engine.sim_settings import Clock, SimSettings
 
 #: Exit status when the compiled artifact to serve is missing or incomplete.
@@ -150,7 +150,7 @@ def run_compile(
 ) -> tuple[Manifest, int]:
     """Compile the artifact into ``store``, with a progress bar on stderr; one line and exit 2 on failure."""
     if device == "neuron":
-        from neuronfleet.engine.neuron_compile import neuron_compile_bucket
+        from neuronfleet.engine.artifacts.neuron_compile import neuron_compile_bucket
 
         compile_bucket = neuron_compile_bucket(engine, identity, store)
     else:
@@ -279,7 +279,7 @@ def serve_command(
         fail("--device neuron needs --artifact-store: compile with `neuronfleet-engine compile` first")
     model_to_load = model.removeprefix("hf://")
     if chosen == "sim":
-        from neuronfleet.engine.model_dir import model_dir
+        from neuronfleet.engine.sim.model_dir import model_dir
 
         try:
             model_to_load = str(model_dir(settings.shape, engine.max_model_len))

@@ -20,11 +20,11 @@ from typing import Literal
 
 from vllm.v1.outputs import ModelRunnerOutput
 
-from neuronfleet.engine import vllm_compat
 from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.cost_model import CostModel
-from neuronfleet.engine.model_runner import kv_slot, pad_decode, pad_prefill
-from neuronfleet.engine.tokenizer import FIRST_WORD_ID
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.scheduler.padding import kv_slot, pad_decode, pad_prefill
+from neuronfleet.engine.sim.cost_model import CostModel
+from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
 
 ClockMode = Literal["real", "virtual"]
 

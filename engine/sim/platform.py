@@ -6,7 +6,7 @@ one answers only when ``NEURONFLEET_DEVICE=sim`` is set (the serve command sets
 it), so installing neuronfleet changes nothing for any other vLLM use.
 
 The platform is a host (CPU) device to PyTorch; the model never runs on it.
-The engine's executor (:mod:`neuronfleet.engine.sim_executor`) does the work.
+The engine's executor (:mod:`neuronfleet.engine.sim.executor`) does the work.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from neuronfleet.engine.sim_settings import DEVICE_ENV
 
 #: The executor the simulated platform runs vLLM's model execution on.
-EXECUTOR_CLS = "neuronfleet.engine.sim_executor.SimNeuronExecutor"
+EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"
 
 
 def activate() -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.offline import StepRecord
+from neuronfleet.engine.offline.driver import StepRecord
 
 
 def format_step(record: StepRecord, num_seqs_buckets: Sequence[int]) -> str:

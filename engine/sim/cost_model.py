@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from neuronfleet.engine.model_shapes import ModelShape
+from neuronfleet.engine.sim.model_shapes import ModelShape
 
 Family = Literal["trn2", "inf2"]
 

@@ -3,7 +3,7 @@
 The first four are the examples of the Neuron scheduler design; the others show
 its admission rules at work. They run the reference scheduler's behaviour
 (``REFERENCE_SCHEDULER``), so the trace shows the design as written.
-``neuronfleet.engine.offline.run_scenario`` runs one on the real vLLM scheduler.
+``neuronfleet.engine.offline.driver.run_scenario`` runs one on the real vLLM scheduler.
 This module is plain data: listing scenarios does not import vLLM.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
-from neuronfleet.engine.model_shapes import TINY_VOCAB_SIZE
+from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE
 
 
 @dataclass(frozen=True)

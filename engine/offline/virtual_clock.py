@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.cost_model import CostModel
-from neuronfleet.engine.offline import OfflineEngine, StepRecord
-from neuronfleet.engine.scenarios import ScenarioRequest, prompt_token_ids
+from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord
+from neuronfleet.engine.offline.scenarios import ScenarioRequest, prompt_token_ids
+from neuronfleet.engine.sim.cost_model import CostModel
 
 
 @dataclass

@@ -25,12 +25,12 @@ from neuronfleet.engine.sim_settings import DEVICE_ENV, SETTINGS_KEY, SimSetting
 Device = Literal["sim", "neuron"]
 
 #: The executor vLLM runs the simulated device on (``--distributed-executor-backend``).
-SIM_EXECUTOR_CLS = "neuronfleet.engine.sim_executor.SimNeuronExecutor"
+SIM_EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
 NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
 
 
-#: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.readiness``), for ``VLLM_PLUGINS``.
+#: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.serving.readiness``), for ``VLLM_PLUGINS``.
 READY_PLUGIN = "neuronfleet_ready"
 _VLLM_GROUPS = (
     "vllm.platform_plugins",

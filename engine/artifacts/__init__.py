@@ -1,0 +1,1 @@
+"""Compiled artifacts: the store and its manifest, and the real Neuron compile."""

@@ -1,0 +1,1 @@
+"""``neuronfleet-engine``: the engine's command line (``main.py`` holds the app)."""

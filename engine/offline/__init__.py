@@ -1,0 +1,1 @@
+"""The real vLLM scheduler driven offline: the driver, scripted scenarios, the virtual clock, the trace."""
