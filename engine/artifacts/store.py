@@ -15,7 +15,6 @@ import fcntl
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -25,7 +24,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from neuronfleet.engine.identity import CompileIdentity
-from neuronfleet.engine.sim.cost_model import CostModel
 
 MANIFEST = "manifest.json"
 LOCK = ".compile.lock"
@@ -138,18 +136,6 @@ def compile_lock(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def simulated_compiler(cost: CostModel, *, sleep: bool) -> Callable[[BucketEntry], float]:
-    """Compile one bucket on the simulated device: take (or, with ``sleep=False``, only count) its time."""
-
-    def compile_bucket(entry: BucketEntry) -> float:
-        seconds = cost.compile_seconds(entry.size)
-        if sleep:
-            time.sleep(seconds)
-        return seconds
-
-    return compile_bucket
 
 
 def is_complete(store: str, artifact_hash: str) -> bool:

@@ -19,7 +19,6 @@ from neuronfleet.engine.artifacts.store import (
     compile_artifact,
     is_complete,
     load_for_serving,
-    simulated_compiler,
 )
 from neuronfleet.engine.cli.common import (
     EXIT_INVALID,
@@ -33,6 +32,7 @@ from neuronfleet.engine.cli.common import (
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity, ModelSource, NeuronTarget
 from neuronfleet.engine.serving.serve import Device, ServeRequest, exec_vllm_serve, served_name, shape_for_model
+from neuronfleet.engine.sim.compiler import simulated_compiler
 from neuronfleet.engine.sim.cost_model import INSTANCE_TYPES, CostModel, get_instance_type
 from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
 from neuronfleet.engine.sim_settings import Clock, SimSettings
