@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
+from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import run_scenario
 from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Timeline, percentile
-from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_stalls.json"

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, KvAdmission
+from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import run_scenario
 from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Timeline
-from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.tuning.workloads import WORKLOADS
 

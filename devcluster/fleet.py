@@ -7,15 +7,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from neuronfleet.engine.hardware import (
+    INSTANCE_TYPE_LABEL,
+    NEURON_CORE_RESOURCE,
+    NEURON_DEVICE_RESOURCE,
+    NEURON_TAINT_KEY,
+    get_instance_type,
+)
+
 #: KWOK manages only nodes carrying this annotation (``--manage-nodes-with-annotation-selector``).
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"
 
-#: Extended resources the Neuron device plugin advertises.
-NEURON_DEVICE = "aws.amazon.com/neuron"
-NEURON_CORE = "aws.amazon.com/neuroncore"
-
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 REGION_LABEL = "topology.kubernetes.io/region"
 #: The pool a fake node belongs to, so tests can select a pool without naming instance types.
@@ -37,18 +40,22 @@ class InstanceShape:
     neuron_cores: int = 0
     max_pods: int = 110
 
+    @classmethod
+    def neuron(cls, instance_type: str) -> InstanceShape:
+        """A Neuron instance type's shape: host and devices as the hardware catalogue has them."""
+        instance = get_instance_type(instance_type)
+        return cls(instance_type, instance.vcpus, instance.memory_gib, instance.devices, instance.cores)
+
     @property
     def is_neuron(self) -> bool:
         """Whether the instance carries Neuron devices (and so the Neuron taint)."""
         return self.neuron_devices > 0
 
 
-# trn2: 16 Trainium2 devices of 8 physical cores, exposed as 4 logical cores each at the default LNC=2.
-TRN2_48XLARGE = InstanceShape("trn2.48xlarge", cpu=192, memory_gib=2048, neuron_devices=16, neuron_cores=64)
-# inf2: Inferentia2 devices of 2 NeuronCores each.
-INF2_XLARGE = InstanceShape("inf2.xlarge", cpu=4, memory_gib=16, neuron_devices=1, neuron_cores=2)
-INF2_48XLARGE = InstanceShape("inf2.48xlarge", cpu=192, memory_gib=768, neuron_devices=12, neuron_cores=24)
-# Compile Jobs and the operator run on plain CPU nodes.
+TRN2_48XLARGE = InstanceShape.neuron("trn2.48xlarge")
+INF2_48XLARGE = InstanceShape.neuron("inf2.48xlarge")
+# Compile Jobs and the operator run on plain CPU nodes: 32 vCPUs, 128 GiB
+# (https://aws.amazon.com/ec2/instance-types/m7i/).
 M7I_8XLARGE = InstanceShape("m7i.8xlarge", cpu=32, memory_gib=128)
 
 
@@ -96,10 +103,10 @@ def node_manifest(name: str, pool: NodePool, zone: str, address: str) -> dict[st
     }
     taints: list[dict[str, str]] = []
     if shape.is_neuron:
-        resources[NEURON_DEVICE] = str(shape.neuron_devices)
-        resources[NEURON_CORE] = str(shape.neuron_cores)
+        resources[NEURON_DEVICE_RESOURCE] = str(shape.neuron_devices)
+        resources[NEURON_CORE_RESOURCE] = str(shape.neuron_cores)
         # Keeps pods that do not ask for Neuron devices off these (expensive) nodes, as on EKS.
-        taints.append({"key": NEURON_DEVICE, "effect": "NoSchedule"})
+        taints.append({"key": NEURON_TAINT_KEY, "effect": "NoSchedule"})
     return {
         "apiVersion": "v1",
         "kind": "Node",

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from neuronfleet.devcluster.processes import ProcessRecord, is_alive, spawn, stop
+from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
 
 #: The installed console scripts sit beside the running interpreter.
 SCRIPTS = Path(sys.executable).parent
@@ -39,10 +40,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _target(instance_type: str) -> str:
-    return instance_type.split(".", 1)[0].removesuffix("u").removesuffix("n")
-
-
 class SimEngine:
     """One engine on the simulated device, serving ``model`` with the service's engine configuration."""
 
@@ -51,7 +48,7 @@ class SimEngine:
         self.workdir = workdir
         self.model = str(spec["model"]["uri"])
         self.served_name = self.model.split("://", 1)[-1]
-        self.instance_type = str(spec.get("instanceType", "trn2.48xlarge"))
+        self.instance_type = str(spec.get("instanceType", DEFAULT_INSTANCE_TYPE))
         self.engine = dict(spec.get("engine") or {})
         self.port = _free_port()
         self.record: ProcessRecord | None = None
@@ -80,7 +77,7 @@ class SimEngine:
             "--model",
             self.model,
             "--target",
-            _target(self.instance_type),
+            get_instance_type(self.instance_type).target,
             "--instance-type",
             self.instance_type,
             "--served-model-name",

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import NeuronTarget
 
 #: Bumped when the hashed document changes shape, so old and new hashes never collide.
 IDENTITY_SCHEMA = 1
@@ -38,9 +39,6 @@ COMPILE_FIELDS = (
     "tensor_parallel_size",
     "dtype",
 )
-
-#: Neuron compiler targets: the instance family a graph is compiled for.
-NeuronTarget = Literal["trn1", "trn2", "inf2"]
 
 MODEL_URI_PATTERN = (
     r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]+|hf://([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*)$"

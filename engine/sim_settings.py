@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE
+
 #: The ``additional_config`` key holding :class:`SimSettings`.
 SETTINGS_KEY = "neuronfleet_sim"
 #: Environment variable that activates the simulated platform in every vLLM process.
@@ -26,7 +28,7 @@ class SimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     shape: str = Field("tiny", description="Named model shape (see neuronfleet.engine.sim.model_shapes).")
-    instance_type: str = Field("trn2.48xlarge", description="Instance type the cost model stands for.")
+    instance_type: str = Field(DEFAULT_INSTANCE_TYPE, description="Instance type the cost model stands for.")
     clock: Clock = Field("real", description="real: sleep for each step's time; virtual: only count it.")
     artifact_dir: str | None = Field(
         None, description="Compiled artifact to load (its manifest fixes the compiled buckets); None: compile now."

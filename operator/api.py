@@ -23,9 +23,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
 from neuronfleet.operator import __version__
-from neuronfleet.operator.instances import INSTANCE_TYPES, InstanceType
 
 GROUP = "neuronfleet.io"
 VERSION = "v1alpha1"
@@ -46,23 +46,9 @@ REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 LabelValue = Annotated[str, Field(max_length=63)]
 AnnotationValue = Annotated[str, Field(max_length=1024)]
 
-InstanceTypeName = Literal[
-    "trn2.3xlarge",
-    "trn2.48xlarge",
-    "trn2u.48xlarge",
-    "trn1.2xlarge",
-    "trn1.32xlarge",
-    "trn1n.32xlarge",
-    "inf2.xlarge",
-    "inf2.8xlarge",
-    "inf2.24xlarge",
-    "inf2.48xlarge",
-]
-DEFAULT_INSTANCE_TYPE: InstanceTypeName = "trn2.48xlarge"
-
 
 def _cel_map(values: dict[str, int]) -> str:
-    """A CEL map literal, so admission rules read the same table the operator does."""
+    """A CEL map literal, so admission rules read the hardware catalogue the operator does."""
     return "{" + ", ".join(f"'{key}': {value}" for key, value in sorted(values.items())) + "}"
 
 

@@ -16,9 +16,9 @@ import yaml
 
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.engine.identity import CompileIdentity
 from neuronfleet.operator import api
-from neuronfleet.operator.instances import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 Obj = dict[str, Any]
 

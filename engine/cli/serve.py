@@ -30,10 +30,11 @@ from neuronfleet.engine.cli.common import (
     out,
 )
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import CompileIdentity, ModelSource, NeuronTarget
+from neuronfleet.engine.hardware import INSTANCE_TYPES, NeuronTarget, get_instance_type, largest_instance_type
+from neuronfleet.engine.identity import CompileIdentity, ModelSource
 from neuronfleet.engine.serving.serve import Device, ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.compiler import simulated_compiler
-from neuronfleet.engine.sim.cost_model import INSTANCE_TYPES, CostModel, get_instance_type
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
 from neuronfleet.engine.sim_settings import Clock, SimSettings
 
@@ -53,7 +54,7 @@ ModelOption = Annotated[
     str, typer.Option("--model", help="hf://org/name or s3://bucket/path; on the sim device it picks the shape.")
 ]
 RevisionOption = Annotated[str, typer.Option("--revision", help="Model revision (part of the artifact identity).")]
-TargetOption = Annotated[str, typer.Option("--target", help="Neuron target: trn2 or inf2 (trn1: neuron device only).")]
+TargetOption = Annotated[str, typer.Option("--target", help="Neuron target: trn1, trn2 or inf2.")]
 ImageOption = Annotated[
     str | None,
     typer.Option(
@@ -84,7 +85,7 @@ InstanceOption = Annotated[
     str | None,
     typer.Option(
         "--instance-type",
-        help="Instance type the simulated device stands for. Default: TARGET.48xlarge.",
+        help="Instance type the simulated device stands for. Default: the target's largest.",
         show_default=False,
     ),
 ]
@@ -111,15 +112,21 @@ def compile_identity(
     engine: EngineConfig, model: str, revision: str, target: str, image: str | None
 ) -> CompileIdentity:
     """The artifact identity of serving ``model`` with ``engine``: the function the operator uses."""
-    if target not in get_args(NeuronTarget):
-        fail(f"--target must be one of {', '.join(get_args(NeuronTarget))}, got {target!r}")
+    checked = check_target(target)
     try:
         source = ModelSource(uri=model, revision=revision)
-        return CompileIdentity.of(source, engine, cast(NeuronTarget, target), image or default_image())
+        return CompileIdentity.of(source, engine, checked, image or default_image())
     except ValidationError as error:
         for line in format_validation_errors(error):
             err.print(line, markup=False)
         raise typer.Exit(EXIT_INVALID) from None
+
+
+def check_target(target: str) -> NeuronTarget:
+    """``target`` as a Neuron target; one line and exit 2 for anything else."""
+    if target not in get_args(NeuronTarget):
+        fail(f"--target must be one of {', '.join(get_args(NeuronTarget))}, got {target!r}")
+    return cast(NeuronTarget, target)
 
 
 def default_image() -> str:
@@ -132,13 +139,12 @@ def sim_settings(model: str, target: str, shape: str | None, instance_type: str 
     shape = shape or shape_for_model(model)
     if shape not in SHAPES:
         fail(f"unknown --shape {shape!r}; known: {', '.join(SHAPES)}")
-    if target not in ("trn2", "inf2"):
-        fail(f"the simulated device models trn2 and inf2, not --target {target}")
-    instance_type = instance_type or f"{target}.48xlarge"
+    family = check_target(target)
+    instance_type = instance_type or largest_instance_type(family).name
     instance = INSTANCE_TYPES.get(instance_type)
     if instance is None:
         fail(f"unknown --instance-type {instance_type!r}; known: {', '.join(INSTANCE_TYPES)}")
-    if instance.family != target:
+    if instance.target != family:
         fail(f"--instance-type {instance_type} is not a {target} instance")
     if clock not in ("real", "virtual"):
         fail(f"--clock must be real or virtual, got {clock!r}")

@@ -3,24 +3,17 @@
 A prefill step is bound by compute on the *padded* tokens (the compiled graph
 computes every position of its bucket); a decode step by reading the weights and
 the real requests' KV cache from HBM. Both pay a fixed per-step overhead. The
-hardware figures are public (sources in ``INSTANCE_TYPES`` and docs/engine.md);
-the efficiencies and the overhead are assumptions, marked as such.
+hardware figures are public (``neuronfleet.engine.hardware`` names their
+sources); the efficiencies and the overhead are assumptions, marked as such.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
+from neuronfleet.engine.hardware import InstanceType
 from neuronfleet.engine.sim.model_shapes import ModelShape
-
-Family = Literal["trn2", "inf2"]
-
-GIB = 1024**3
-TRN2_ARCH = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trn2-arch.html"
-TRAINIUM2 = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trainium2.html"
-INF2_ARCH = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/inf2-arch.html"
 
 #: Assumed share of peak BF16 throughput a prefill graph reaches (approximation).
 COMPUTE_EFFICIENCY = 0.5
@@ -28,54 +21,6 @@ COMPUTE_EFFICIENCY = 0.5
 BANDWIDTH_EFFICIENCY = 0.7
 #: Assumed fixed cost of one step: host launch, collectives, sampling (approximation).
 STEP_OVERHEAD_S = 0.001
-
-
-@dataclass(frozen=True)
-class InstanceType:
-    """An EC2 Neuron instance type, per Neuron device (chip)."""
-
-    name: str
-    family: Family
-    devices: int
-    #: Logical NeuronCores per device: the unit ``tensor_parallel_size`` counts. Trn2
-    #: runs with LNC=2 by default (two of its eight physical NeuronCore-v3 per logical core).
-    cores_per_device: int
-    #: Dense BF16 TFLOPS per device.
-    bf16_tflops_per_device: float
-    hbm_bytes_per_device: int
-    #: HBM bandwidth per device, bytes per second.
-    hbm_bandwidth_per_device: float
-    source: str
-
-    @property
-    def cores(self) -> int:
-        """Logical NeuronCores in the instance."""
-        return self.devices * self.cores_per_device
-
-
-INSTANCE_TYPES: dict[str, InstanceType] = {
-    instance.name: instance
-    for instance in (
-        # 16 Trainium2 chips: 667 BF16 TFLOPS, 96 GiB HBM at 2.9 TB/s each (10.7 PFLOPS, 1.5 TiB, 46.4 TB/s).
-        InstanceType("trn2.48xlarge", "trn2", 16, 4, 667.0, 96 * GIB, 2.9e12, f"{TRN2_ARCH}; {TRAINIUM2}"),
-        # Inferentia2: 2 NeuronCore-v2, 190 BF16 TFLOPS, 32 GiB HBM at 820 GiB/s per chip.
-        InstanceType("inf2.xlarge", "inf2", 1, 2, 190.0, 32 * GIB, 820.0 * GIB, INF2_ARCH),
-        InstanceType("inf2.8xlarge", "inf2", 1, 2, 190.0, 32 * GIB, 820.0 * GIB, INF2_ARCH),
-        InstanceType("inf2.24xlarge", "inf2", 6, 2, 190.0, 32 * GIB, 820.0 * GIB, INF2_ARCH),
-        InstanceType("inf2.48xlarge", "inf2", 12, 2, 190.0, 32 * GIB, 820.0 * GIB, INF2_ARCH),
-    )
-}
-
-#: The instance type the simulated device stands for when none is named.
-DEFAULT_INSTANCE_TYPE = "trn2.48xlarge"
-
-
-def get_instance_type(name: str) -> InstanceType:
-    """The named instance type; a ``ValueError`` naming the known ones otherwise."""
-    instance = INSTANCE_TYPES.get(name)
-    if instance is None:
-        raise ValueError(f"unknown instance type {name!r}; known: {', '.join(INSTANCE_TYPES)}")
-    return instance
 
 
 @dataclass(frozen=True)
@@ -102,17 +47,17 @@ class CostModel:
     @property
     def peak_flops(self) -> float:
         """Dense BF16 FLOP/s of the replica's cores."""
-        return self.instance.bf16_tflops_per_device * 1e12 * self._core_share
+        return self.instance.chip.bf16_tflops * 1e12 * self._core_share
 
     @property
     def hbm_bandwidth(self) -> float:
         """HBM bytes per second of the replica's cores."""
-        return self.instance.hbm_bandwidth_per_device * self._core_share
+        return self.instance.chip.hbm_bandwidth * self._core_share
 
     @property
     def hbm_bytes(self) -> int:
         """HBM capacity of the replica's cores."""
-        return int(self.instance.hbm_bytes_per_device * self._core_share)
+        return int(self.instance.chip.hbm_bytes * self._core_share)
 
     @property
     def weight_bytes(self) -> int:

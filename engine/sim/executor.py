@@ -26,9 +26,10 @@ from vllm.v1.serial_utils import run_method
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from neuronfleet.engine.artifacts import store as artifacts
+from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.scheduler import metrics
 from neuronfleet.engine.scheduler.neuron import read_neuron_config
-from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim_settings import SimSettings, read_settings

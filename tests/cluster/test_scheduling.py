@@ -8,11 +8,12 @@ from typing import Any
 
 from kubernetes.client import AppsV1Api, CoreV1Api, V1Deployment
 
-from neuronfleet.devcluster.fleet import INSTANCE_TYPE_LABEL, NEURON_DEVICE, POOL_LABEL
+from neuronfleet.devcluster.fleet import POOL_LABEL
 from neuronfleet.devcluster.kwok import FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.waiting import WaitFor
+from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
-NEURON_TOLERATION = {"key": NEURON_DEVICE, "operator": "Exists", "effect": "NoSchedule"}
+NEURON_TOLERATION = {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 
 
 def deployment(
@@ -25,7 +26,7 @@ def deployment(
 ) -> V1Deployment:
     resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "1Gi"}}
     if neuron_devices:
-        resources["limits"] = {NEURON_DEVICE: str(neuron_devices)}
+        resources["limits"] = {NEURON_DEVICE_RESOURCE: str(neuron_devices)}
     return V1Deployment.model_validate(
         {
             "metadata": {"name": name},
@@ -87,7 +88,7 @@ def test_neuron_deployment_runs_on_trn2_nodes(
     for pod in pods:
         node = node_of(core, pod)
         assert node["metadata"]["labels"][INSTANCE_TYPE_LABEL] == "trn2.48xlarge"
-        assert node["status"]["allocatable"][NEURON_DEVICE] == "16"
+        assert node["status"]["allocatable"][NEURON_DEVICE_RESOURCE] == "16"
         assert node["status"]["allocatable"]["aws.amazon.com/neuroncore"] == "64"
     wait_for(
         lambda: apps.read_namespaced_deployment(namespace=namespace, name="serve").to_dict()["status"],
@@ -111,9 +112,9 @@ def test_inf2_node_offers_its_twelve_devices(
 
     node = node_of(core, pod)
     assert node["metadata"]["labels"][POOL_LABEL] == "inf2"
-    assert node["status"]["allocatable"][NEURON_DEVICE] == "12"
+    assert node["status"]["allocatable"][NEURON_DEVICE_RESOURCE] == "12"
     assert node["status"]["allocatable"]["aws.amazon.com/neuroncore"] == "24"
-    assert [t["key"] for t in node["spec"]["taints"]] == [NEURON_DEVICE]
+    assert [t["key"] for t in node["spec"]["taints"]] == [NEURON_TAINT_KEY]
 
 
 def test_more_devices_than_any_node_stays_pending(
@@ -131,7 +132,7 @@ def test_more_devices_than_any_node_stays_pending(
     scheduled = condition(pod, "PodScheduled")
     assert scheduled is not None
     assert scheduled["status"] == "False"
-    assert f"Insufficient {NEURON_DEVICE}" in scheduled["message"]
+    assert f"Insufficient {NEURON_DEVICE_RESOURCE}" in scheduled["message"]
     assert pod["status"]["phase"] == "Pending"
     assert pod["spec"]["node_name"] is None
 

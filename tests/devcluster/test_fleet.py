@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import pytest
+
 from neuronfleet.devcluster.fleet import (
     DEFAULT_FLEET,
     INF2_48XLARGE,
     M7I_8XLARGE,
-    NEURON_CORE,
-    NEURON_DEVICE,
     TRN2_48XLARGE,
+    InstanceShape,
     NodePool,
     fleet_nodes,
 )
+from neuronfleet.engine.hardware import INSTANCE_TYPES, NEURON_CORE_RESOURCE, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 
 def test_trn2_node_has_sixteen_devices_sixty_four_cores_and_the_neuron_taint() -> None:
     node = NodePool("trn2", TRN2_48XLARGE, count=1).nodes()[0]
 
-    assert node["status"]["capacity"][NEURON_DEVICE] == "16"
-    assert node["status"]["allocatable"][NEURON_CORE] == "64"
-    assert node["spec"]["taints"] == [{"key": NEURON_DEVICE, "effect": "NoSchedule"}]
+    assert node["status"]["capacity"][NEURON_DEVICE_RESOURCE] == "16"
+    assert node["status"]["allocatable"][NEURON_CORE_RESOURCE] == "64"
+    assert node["spec"]["taints"] == [{"key": NEURON_TAINT_KEY, "effect": "NoSchedule"}]
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "trn2.48xlarge"
     assert node["metadata"]["labels"]["topology.kubernetes.io/zone"] == "us-east-2a"
     assert node["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}
@@ -28,7 +30,7 @@ def test_trn2_node_has_sixteen_devices_sixty_four_cores_and_the_neuron_taint() -
 def test_cpu_nodes_have_no_neuron_resources_or_taint() -> None:
     node = NodePool("cpu", M7I_8XLARGE, count=1).nodes()[0]
 
-    assert NEURON_DEVICE not in node["status"]["capacity"]
+    assert NEURON_DEVICE_RESOURCE not in node["status"]["capacity"]
     assert node["spec"]["taints"] == []
 
 
@@ -50,3 +52,13 @@ def test_default_fleet_has_trn2_inf2_and_cpu_pools_with_distinct_addresses() -> 
     addresses = [n["status"]["addresses"][0] for n in nodes]
     assert all(a["type"] == "InternalIP" for a in addresses)
     assert len({a["address"] for a in addresses}) == len(nodes) == 5
+
+
+@pytest.mark.parametrize("name", list(INSTANCE_TYPES))
+def test_a_neuron_node_advertises_the_catalogued_devices_cores_and_host(name: str) -> None:
+    instance = INSTANCE_TYPES[name]
+    capacity = NodePool("pool", InstanceShape.neuron(name), count=1).nodes()[0]["status"]["capacity"]
+
+    assert capacity[NEURON_DEVICE_RESOURCE] == str(instance.devices)
+    assert capacity[NEURON_CORE_RESOURCE] == str(instance.devices * instance.cores_per_device)
+    assert (capacity["cpu"], capacity["memory"]) == (str(instance.vcpus), f"{instance.memory_gib}Gi")

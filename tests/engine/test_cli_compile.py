@@ -82,12 +82,7 @@ def test_bad_device_target_and_shape_are_one_line_each(run_cli: RunCli, tmp_path
     store = str(tmp_path)
     cases = {
         ("--device", "gpu"): "error: --device must be sim or neuron, got 'gpu'\n",
-        (
-            "--device",
-            "sim",
-            "--target",
-            "trn1",
-        ): "error: the simulated device models trn2 and inf2, not --target trn1\n",
+        ("--device", "sim", "--target", "inf1"): "error: --target must be one of trn1, trn2, inf2, got 'inf1'\n",
         ("--device", "sim", "--shape", "gpt"): (
             "error: unknown --shape 'gpt'; known: tiny, llama-3.1-8b, llama-3.1-70b\n"
         ),

@@ -17,7 +17,8 @@ import pytest
 from engine_server import EngineServer, ServerPool, write_engine_config
 
 from neuronfleet.devcluster.waiting import wait_for
-from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 
 MODEL = "meta-llama/Llama-3.1-8B"

@@ -9,9 +9,10 @@ import pytest
 from vllm.sampling_params import SamplingParams
 
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import build_scheduler, construct_scheduler
 from neuronfleet.engine.scheduler import vllm_compat
-from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, ClockMode, ShapeNotCompiledError, SimulatedNeuronDevice, sampled_token
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID

@@ -6,10 +6,11 @@ import pytest
 
 from neuronfleet.engine.buckets import get_bucket_for_count
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
 from neuronfleet.engine.offline.scenarios import ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
-from neuronfleet.engine.sim.cost_model import CostModel, get_instance_type
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 
 ENGINE = EngineConfig(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -12,6 +14,7 @@ import pytest
 import yaml
 
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from neuronfleet.operator import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +87,20 @@ def test_the_artifact_is_immutable_and_carries_the_same_bucket_rules() -> None:
             ]
         )
     )
+
+
+def test_the_instance_type_enum_and_cel_maps_are_the_hardware_catalogue() -> None:
+    spec = schema_of("NeuronInferenceService")["properties"]["spec"]
+    assert spec["properties"]["instanceType"]["enum"] == list(INSTANCE_TYPES)
+    assert spec["properties"]["instanceType"]["default"] == DEFAULT_INSTANCE_TYPE
+    cel = " ".join(str(text) for rule in spec["x-kubernetes-validations"] for text in rule.values())
+    maps = [ast.literal_eval(literal) for literal in re.findall(r"(\{[^{}]*\})\[self\.instanceType\]", cel)]
+    devices = {name: instance.devices for name, instance in INSTANCE_TYPES.items()}
+    cores_per_device = {name: instance.cores_per_device for name, instance in INSTANCE_TYPES.items()}
+    # Every map the rules index by instance type is one of the two, and each is used.
+    assert all(m in (devices, cores_per_device) for m in maps)
+    assert devices in maps
+    assert cores_per_device in maps
 
 
 def test_service_crd_has_scale_columns_and_names() -> None:

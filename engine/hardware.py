@@ -1,0 +1,146 @@
+"""The Neuron hardware catalogue: every instance type neuronfleet runs on, defined once.
+
+The CRD's ``instanceType`` enum and its CEL maps, the operator's device counts,
+the simulated device's cost model, the fake cluster's node shapes and the
+compile target of an instance type all read this table. It depends on the
+standard library alone, so the operator imports it without vLLM.
+
+Tensor parallelism counts logical NeuronCores. At the default logical-NeuronCore
+setting (LNC=2) a Trainium2 device pairs its 8 physical NeuronCore-v3 into 4
+logical cores; Trainium and Inferentia2 devices have 2 NeuronCore-v2 each. Pods
+request whole devices, as the Neuron device plugin hands them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: Neuron compiler targets: the instance family a graph is compiled for.
+NeuronTarget = Literal["trn1", "trn2", "inf2"]
+
+#: Every instance type the catalogue holds, in its order: the CRD's enum. A static type, so the
+#: names are written twice: mypy checks each entry below against it, a test that none is missing.
+InstanceTypeName = Literal[
+    "trn2.3xlarge",
+    "trn2.48xlarge",
+    "trn2u.48xlarge",
+    "trn1.2xlarge",
+    "trn1.32xlarge",
+    "trn1n.32xlarge",
+    "inf2.xlarge",
+    "inf2.8xlarge",
+    "inf2.24xlarge",
+    "inf2.48xlarge",
+]
+#: The instance type a service runs on, and the simulated device stands for, when none is named.
+DEFAULT_INSTANCE_TYPE: InstanceTypeName = "trn2.48xlarge"
+
+#: The extended resources the Neuron device plugin advertises: devices, and logical NeuronCores.
+NEURON_DEVICE_RESOURCE = "aws.amazon.com/neuron"
+NEURON_CORE_RESOURCE = "aws.amazon.com/neuroncore"
+#: The taint EKS Neuron node groups carry; serving pods tolerate it, compile pods do not.
+NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+#: The well-known node label serving pods select on.
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+GIB = 1024**3
+
+_NEURON_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
+_NEURON_HARDWARE = f"{_NEURON_DOCS}/general/arch/neuron-hardware"
+_TRN2_ARCH = f"{_NEURON_HARDWARE}/trn2-arch.html"
+_TRAINIUM2_ARCH = f"{_NEURON_DOCS}/about-neuron/arch/neuron-hardware/trainium2.html"
+_TRN2_INSTANCES = "https://aws.amazon.com/ec2/instance-types/trn2/"
+_TRN1_ARCH = f"{_NEURON_HARDWARE}/trn1-arch.html"
+_TRAINIUM_ARCH = f"{_NEURON_HARDWARE}/trainium.html"
+_INF2_ARCH = f"{_NEURON_HARDWARE}/inf2-arch.html"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One kind of Neuron device: the figures of each device of an instance."""
+
+    name: str
+    target: NeuronTarget
+    #: Logical NeuronCores per device: the unit ``tensor_parallel_size`` counts.
+    cores: int
+    #: Peak dense BF16 TFLOPS.
+    bf16_tflops: float
+    hbm_bytes: int
+    #: HBM bandwidth, bytes per second.
+    hbm_bandwidth: float
+    source: str
+
+
+# Eight NeuronCore-v3 (4 logical at LNC=2): 667 dense BF16 TFLOPS, 96 GiB of HBM at 2.9 TB/s.
+TRAINIUM2 = Chip("Trainium2", "trn2", 4, 667.0, 96 * GIB, 2.9e12, f"{_TRN2_ARCH}; {_TRAINIUM2_ARCH}")
+# Two NeuronCore-v2: 190 BF16 TFLOPS, 32 GiB of HBM at 820 GiB/s.
+TRAINIUM = Chip("Trainium", "trn1", 2, 190.0, 32 * GIB, 820.0 * GIB, _TRAINIUM_ARCH)
+# Two NeuronCore-v2: 190 BF16 TFLOPS, 32 GiB of HBM at 820 GiB/s (the same figures as Trainium).
+INFERENTIA2 = Chip("Inferentia2", "inf2", 2, 190.0, 32 * GIB, 820.0 * GIB, _INF2_ARCH)
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One EC2 Neuron instance size: its devices, and the host around them."""
+
+    name: InstanceTypeName
+    chip: Chip
+    devices: int
+    vcpus: int
+    memory_gib: int
+    source: str
+
+    @property
+    def target(self) -> NeuronTarget:
+        """The compile target of the instance's family."""
+        return self.chip.target
+
+    @property
+    def cores_per_device(self) -> int:
+        """Logical NeuronCores per device."""
+        return self.chip.cores
+
+    @property
+    def cores(self) -> int:
+        """Logical NeuronCores on one node: the most tensor parallelism one replica can use."""
+        return self.devices * self.chip.cores
+
+    def devices_for(self, tensor_parallel_size: int) -> int:
+        """The fewest devices that hold ``tensor_parallel_size`` logical NeuronCores."""
+        return -(-tensor_parallel_size // self.chip.cores)
+
+
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    instance.name: instance
+    for instance in (
+        # One Trainium2, 12 vCPUs, 128 GiB (the AWS Trn2 page; the Neuron docs list only the 48xlarge).
+        InstanceType("trn2.3xlarge", TRAINIUM2, 1, 12, 128, _TRN2_INSTANCES),
+        # 16 Trainium2, 192 vCPUs, 2,048 GiB (10.7 PFLOPS, 1,536 GiB of HBM, 46.4 TB/s in all);
+        # trn2u.48xlarge is the same node, four of them make a Trn2 UltraServer.
+        InstanceType("trn2.48xlarge", TRAINIUM2, 16, 192, 2048, _TRN2_ARCH),
+        InstanceType("trn2u.48xlarge", TRAINIUM2, 16, 192, 2048, _TRN2_ARCH),
+        # 1 Trainium, 8 vCPUs, 32 GiB; 16 Trainium, 128 vCPUs, 512 GiB (3,040 TFLOPS, 512 GiB of HBM).
+        InstanceType("trn1.2xlarge", TRAINIUM, 1, 8, 32, _TRN1_ARCH),
+        InstanceType("trn1.32xlarge", TRAINIUM, 16, 128, 512, _TRN1_ARCH),
+        InstanceType("trn1n.32xlarge", TRAINIUM, 16, 128, 512, _TRN1_ARCH),
+        # 1, 1, 6 and 12 Inferentia2 (the 48xlarge: 2,280 TFLOPS, 384 GiB of HBM).
+        InstanceType("inf2.xlarge", INFERENTIA2, 1, 4, 16, _INF2_ARCH),
+        InstanceType("inf2.8xlarge", INFERENTIA2, 1, 32, 128, _INF2_ARCH),
+        InstanceType("inf2.24xlarge", INFERENTIA2, 6, 96, 384, _INF2_ARCH),
+        InstanceType("inf2.48xlarge", INFERENTIA2, 12, 192, 768, _INF2_ARCH),
+    )
+}
+
+
+def get_instance_type(name: str) -> InstanceType:
+    """The named instance type; a ``ValueError`` naming the known ones otherwise."""
+    instance = INSTANCE_TYPES.get(name)
+    if instance is None:
+        raise ValueError(f"unknown instance type {name!r}; known: {', '.join(INSTANCE_TYPES)}")
+    return instance
+
+
+def largest_instance_type(target: NeuronTarget) -> InstanceType:
+    """The target's instance type with the most devices (the first listed among equals)."""
+    return max((i for i in INSTANCE_TYPES.values() if i.target == target), key=lambda i: i.devices)
