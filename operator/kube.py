@@ -60,8 +60,8 @@ PODS = Resource("", "v1", "pods", "Pod")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
-SERVICES_NIS = Resource(api.GROUP, api.VERSION, "neuroninferenceservices", "NeuronInferenceService")
-ARTIFACTS = Resource(api.GROUP, api.VERSION, "neuroncompiledartifacts", "NeuronCompiledArtifact")
+SERVICES_NIS = Resource(api.GROUP, api.VERSION, api.SERVICE_KIND.plural, api.SERVICE_KIND.kind)
+ARTIFACTS = Resource(api.GROUP, api.VERSION, api.ARTIFACT_KIND.plural, api.ARTIFACT_KIND.kind)
 
 BY_KIND = {r.kind: r for r in (CONFIGMAPS, SERVICES, PODS, DEPLOYMENTS, JOBS, PDBS, SERVICES_NIS, ARTIFACTS)}
 

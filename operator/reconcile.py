@@ -31,7 +31,7 @@ from neuronfleet.operator.kube import (
     Resource,
 )
 from neuronfleet.operator.metrics import OperatorMetrics
-from neuronfleet.operator.status import Event, artifact_status, now
+from neuronfleet.operator.status import Event, Reason, artifact_status, now
 
 Obj = dict[str, Any]
 M = TypeVar("M", bound=api.K8sModel)
@@ -85,7 +85,7 @@ class Reconciler:
         try:
             spec = api.parse_service_spec(body.get("spec") or {})
         except ValidationError as error:
-            reason = "InvalidBuckets" if api.is_bucket_error(error) else "InvalidSpec"
+            reason = Reason.INVALID_BUCKETS if api.is_bucket_error(error) else Reason.INVALID_SPEC
             status, events = decide.invalid_status(api.describe_errors(error), reason, generation, previous, now())
             self._write_status(SERVICES_NIS, body, status, events)
             return
@@ -155,7 +155,7 @@ class Reconciler:
                     if error.status == CONFLICT:
                         continue
                     raise
-                self.emit(service, Event("Normal", "ArtifactCreated", f"created {name} to compile"))
+                self.emit(service, Event("Normal", Reason.ARTIFACT_CREATED, f"created {name} to compile"))
                 return created
             if existing["metadata"].get("deletionTimestamp"):
                 raise RetryLater(f"{name} is being deleted")
@@ -174,7 +174,7 @@ class Reconciler:
                 if error.status == CONFLICT:
                     continue
                 raise
-            self.emit(service, Event("Normal", "ArtifactShared", f"using existing artifact {name}"))
+            self.emit(service, Event("Normal", Reason.ARTIFACT_SHARED, f"using existing artifact {name}"))
             return shared
         raise RetryLater(f"{name} kept changing under concurrent updates")
 
@@ -200,10 +200,10 @@ class Reconciler:
                 if remaining:
                     patch = {"metadata": {"resourceVersion": art_meta["resourceVersion"], "ownerReferences": remaining}}
                     self.kube.merge_patch(ARTIFACTS, namespace, art_meta["name"], patch)
-                    event = Event("Normal", "ArtifactReleased", f"no longer uses {art_meta['name']}")
+                    event = Event("Normal", Reason.ARTIFACT_RELEASED, f"no longer uses {art_meta['name']}")
                 else:
                     self._delete_unowned(artifact)
-                    event = Event("Normal", "ArtifactDeleted", f"deleted {art_meta['name']}: no service uses it")
+                    event = Event("Normal", Reason.ARTIFACT_DELETED, f"deleted {art_meta['name']}: no service uses it")
                 if not deleted:
                     self.emit(service, event)
             except ApiError as error:
@@ -253,7 +253,10 @@ class Reconciler:
             spec = api.parse_artifact_spec(body.get("spec") or {})
         except ValidationError as error:
             status = api.NeuronCompiledArtifactStatus(
-                phase="Failed", reason="InvalidSpec", message=api.describe_errors(error), observed_generation=generation
+                phase="Failed",
+                reason=Reason.INVALID_SPEC,
+                message=api.describe_errors(error),
+                observed_generation=generation,
             )
             return self._write_status(ARTIFACTS, body, status, self._artifact_events(previous, status))
         owner = plan.Owner.of(body)
@@ -270,7 +273,7 @@ class Reconciler:
                     raise
                 job = self.kube.get(JOBS, namespace, job_name)
             else:
-                self.emit(body, Event("Normal", "CompileStarted", f"started compile Job {job_name}"))
+                self.emit(body, Event("Normal", Reason.COMPILE_STARTED, f"started compile Job {job_name}"))
         pods = self.kube.list(PODS, namespace, f"{JOB_NAME_LABEL}={job_name}") if job is not None else []
         status = artifact_status(spec, job, pods, previous, generation)
         return self._write_status(ARTIFACTS, body, status, self._artifact_events(previous, status))
@@ -282,8 +285,8 @@ class Reconciler:
         if previous.phase == status.phase and previous.observed_generation is not None:
             return []
         if status.phase == "Failed":
-            return [Event("Warning", "CompileFailed", f"{status.reason}: {status.message}")]
-        reason = {"Ready": "Compiled", "Compiling": "Compiling", "Pending": "Pending"}[status.phase]
+            return [Event("Warning", Reason.COMPILE_FAILED, f"{status.reason}: {status.message}")]
+        reason = {"Ready": Reason.COMPILED, "Compiling": Reason.COMPILING, "Pending": Reason.PENDING}[status.phase]
         return [Event("Normal", reason, status.message or status.reason or status.phase)]
 
     def forget_artifact(self, artifact: Obj) -> None:

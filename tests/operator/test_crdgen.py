@@ -13,6 +13,7 @@ import yaml
 
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.operator import crdgen
+from neuronfleet.operator.kube import BY_KIND
 
 ROOT = Path(__file__).resolve().parents[2]
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
@@ -150,3 +151,14 @@ def test_run_with_the_metrics_port_taken_is_one_clear_line(run_cli: RunCli, tmp_
         )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize("kind", crdgen.KINDS, ids=lambda k: k.kind)
+def test_the_crds_and_the_client_name_each_kind_alike(kind: crdgen.Kind) -> None:
+    spec = crdgen.crd(kind)["spec"]
+    resource = BY_KIND[kind.kind]
+    assert (spec["group"], spec["versions"][0]["name"], spec["names"]["plural"]) == (
+        resource.group,
+        resource.version,
+        resource.plural,
+    )
