@@ -34,7 +34,6 @@ T = TypeVar("T")
 
 #: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix.
 ANNOTATION_PREFIX = "neuronfleet.io"
-FINALIZER = "neuronfleet.io/finalizer"
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,6 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
