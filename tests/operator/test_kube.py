@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import kubernetes
 import pytest
+from prometheus_client import generate_latest
 
 from neuronfleet.operator.kube import (
     ARTIFACTS,
@@ -27,7 +28,9 @@ from neuronfleet.operator.kube import (
     EventRecorder,
     Kube,
 )
+from neuronfleet.operator.reconcile import Reconciler
 from neuronfleet.operator.status import Event
+from neuronfleet.operator.testing import parse_samples
 
 TOKEN = "s3cr3t-token"
 
@@ -129,3 +132,13 @@ def test_the_event_recorder_survives_an_unreachable_server(closed_port: int, cap
         EventRecorder(client_for(closed_port))(body, Event("Normal", "Ready", "2/2 replicas ready"))
     assert "could not post event Ready on ns/llama" in caplog.text
     assert CONNECTION_FAILED in caplog.text
+
+
+def test_a_resync_that_cannot_list_fails_as_an_api_error_and_is_counted(closed_port: int) -> None:
+    reconciler = Reconciler(client_for(closed_port), lambda body, event: None)
+    with pytest.raises(ApiError) as caught:
+        reconciler.resync(["ns"])
+    assert caught.value.reason == CONNECTION_FAILED
+    samples = parse_samples(generate_latest(reconciler.metrics.registry).decode())
+    assert samples[("neuronfleet_operator_resyncs_total", (("outcome", "error"),))] == 1
+    assert samples[("neuronfleet_operator_resyncs_total", (("outcome", "ok"),))] == 0
