@@ -2,7 +2,7 @@
 
 - A service's spec (create, update, resume after a restart) -> reconcile it.
 - An artifact's creation or resume -> run its compile Job; its deletion -> its services.
-- A compile Job's events -> its artifact (which tells its services when it changes).
+- A compile Job's events -> its artifact, then its services when the artifact's status changed.
 - A serving Deployment's events, and a serving pod the scheduler cannot place -> its service.
 - A service's deletion -> drop its claims on artifacts (the garbage collector would, later).
 - A periodic resync reconciles everything, behind the watches.
