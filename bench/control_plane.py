@@ -47,7 +47,6 @@ Prints one table; writes bench/results/operator.json; exits 1 if the idle operat
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -74,7 +73,6 @@ from neuronfleet.devcluster.fleet import M7I_8XLARGE, TRN2_48XLARGE, NodePool
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.operator import api, plan
-from neuronfleet.operator.handlers import RESYNC_DONE
 from neuronfleet.operator.kube import (
     ARTIFACTS,
     CONFIGMAPS,
@@ -85,7 +83,8 @@ from neuronfleet.operator.kube import (
     SERVICES_NIS,
     Kube,
 )
-from neuronfleet.operator.testing import OperatorProcess, observed, phase_of
+from neuronfleet.operator.metrics import RESYNC_DURATION, RESYNC_OBJECTS, RESYNCS
+from neuronfleet.operator.testing import OperatorProcess, Samples, observed, phase_of
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -117,8 +116,6 @@ DISPATCHED_SAMPLE = re.compile(
 )
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 TOO_MANY_REQUESTS = 429
-#: The operator's log line after a full resync (``%(asctime)s`` of the logging default, then the message).
-RESYNC_LINE = re.compile(rf"(?P<at>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}}) .*{RESYNC_DONE}: (?P<objects>\d+) objects")
 
 
 # The cluster and the operator's identity
@@ -303,17 +300,27 @@ def memory(pid: int, services: int) -> Obj:
     return {"services": services, "rss_mib": rss, "peak_mib": peak}
 
 
-def resync_passes(operator: OperatorProcess) -> list[tuple[datetime.datetime, int]]:
-    """When each full resync finished and how many objects it reconciled, from the operator's log."""
-    passes = []
-    for line in operator.log.read_text(errors="replace").splitlines():
-        if RESYNC_DONE in line:
-            match = RESYNC_LINE.match(line)
-            if match is None:
-                raise RuntimeError(f"cannot read the operator's resync line: {line!r}")
-            at = datetime.datetime.strptime(match["at"], "%Y-%m-%d %H:%M:%S,%f")
-            passes.append((at, int(match["objects"])))
-    return passes
+@dataclass(frozen=True)
+class Resyncs:
+    """The operator's full resyncs so far, from its ``/metrics``."""
+
+    passes: int
+    seconds: float
+    objects: float
+
+    @classmethod
+    def of(cls, samples: Samples) -> Resyncs:
+        """From one scrape."""
+        return cls(
+            passes=int(samples.get((f"{RESYNCS}_total", (("outcome", "ok"),)), 0)),
+            seconds=samples.get((f"{RESYNC_DURATION}_sum", ()), 0.0),
+            objects=samples.get((f"{RESYNC_OBJECTS}_total", ()), 0.0),
+        )
+
+
+def resyncs(operator: OperatorProcess) -> Resyncs:
+    """Scrape the operator's resync counters."""
+    return Resyncs.of(operator.metrics())
 
 
 class EventLog:
@@ -555,16 +562,16 @@ def idle(
     # A pass over a thousand services takes most of a minute on 2 busy cores.
     timeout = 2 * resync_seconds + 240
     before = operator.resyncs()
-    done = poll(operator.resyncs, lambda n: n > before, timeout, "a full resync to finish")
+    # Every 2 s, not 0.5: each scrape costs the operator a little CPU, which the windows measure.
+    done = poll(lambda: resyncs(operator), lambda r: r.passes > before, timeout, "a full resync", every=2)
     with requests.counting() as quiet:
         time.sleep(seconds)  # the measurement window itself
-    if operator.resyncs() != done:
+    if operator.resyncs() != done.passes:
         raise RuntimeError(f"a resync fell inside the {seconds:g} s idle window: use --idle-seconds < --resync-seconds")
     versions_before = versions(kube)
     with requests.counting() as resync:
-        poll(operator.resyncs, lambda n: n > done, timeout, "the next full resync")
+        finished = poll(lambda: resyncs(operator), lambda r: r.passes > done.passes, timeout, "the next one", every=2)
     versions_after = versions(kube)
-    (previous, _), (finished, objects) = resync_passes(operator)[done - 1 : done + 1]
     keys = versions_before.keys() | versions_after.keys()
     changed = sorted(
         f"{kind}/{name}" for kind, name in keys if versions_before.get((kind, name)) != versions_after.get((kind, name))
@@ -574,10 +581,9 @@ def idle(
         "idle_seconds": seconds,
         "idle_writes": per_reconcile(quiet)["writes"],
         "idle_requests": per_reconcile(quiet)["requests"],
-        # The resync loop sleeps resync_seconds between passes.
         "resync": {
-            "objects": objects,
-            "took_s": (finished - previous).total_seconds() - resync_seconds,
+            "objects": int(finished.objects - done.objects),
+            "took_s": finished.seconds - done.seconds,
             "objects_checked": len(versions_before),
             "changed_objects": changed,
             **per_reconcile(resync),

@@ -15,6 +15,7 @@ block keeps the engine's snake_case names, so it can be copied from an
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
@@ -30,6 +31,24 @@ from neuronfleet.operator import __version__
 GROUP = "neuronfleet.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+
+
+@dataclass(frozen=True)
+class KindNames:
+    """How the API server names one of the operator's kinds (the CRDs and the client take them from here)."""
+
+    kind: str
+    plural: str
+    short_names: tuple[str, ...]
+
+    @property
+    def singular(self) -> str:
+        """The kind in lower case."""
+        return self.kind.lower()
+
+
+SERVICE_KIND = KindNames("NeuronInferenceService", "neuroninferenceservices", ("nis",))
+ARTIFACT_KIND = KindNames("NeuronCompiledArtifact", "neuroncompiledartifacts", ("nca",))
 
 DEFAULT_IMAGE = f"neuronfleet/engine:{__version__}"
 

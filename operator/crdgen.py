@@ -100,9 +100,7 @@ NAME_RULE = {
 class Kind:
     """One custom resource kind and how kubectl shows it."""
 
-    kind: str
-    plural: str
-    short_names: list[str]
+    names: api.KindNames
     spec: type[BaseModel]
     status: type[BaseModel]
     description: str
@@ -111,9 +109,14 @@ class Kind:
     scale: bool = False
 
     @property
+    def kind(self) -> str:
+        """The kind's name."""
+        return self.names.kind
+
+    @property
     def name(self) -> str:
         """The CRD's name: plural.group."""
-        return f"{self.plural}.{api.GROUP}"
+        return f"{self.names.plural}.{api.GROUP}"
 
 
 def _column(name: str, path: str, kind: str = "string", description: str = "", priority: int = 0) -> Schema:
@@ -129,9 +132,7 @@ _AGE = _column("Age", ".metadata.creationTimestamp", "date")
 
 KINDS = [
     Kind(
-        kind="NeuronInferenceService",
-        plural="neuroninferenceservices",
-        short_names=["nis"],
+        names=api.SERVICE_KIND,
         spec=api.NeuronInferenceServiceSpec,
         status=api.NeuronInferenceServiceStatus,
         description=(
@@ -165,9 +166,7 @@ KINDS = [
         scale=True,
     ),
     Kind(
-        kind="NeuronCompiledArtifact",
-        plural="neuroncompiledartifacts",
-        short_names=["nca"],
+        names=api.ARTIFACT_KIND,
         spec=api.NeuronCompiledArtifactSpec,
         status=api.NeuronCompiledArtifactStatus,
         description=(
@@ -301,9 +300,9 @@ def crd(kind: Kind) -> Schema:
             "names": {
                 "kind": kind.kind,
                 "listKind": f"{kind.kind}List",
-                "plural": kind.plural,
-                "singular": kind.kind.lower(),
-                "shortNames": kind.short_names,
+                "plural": kind.names.plural,
+                "singular": kind.names.singular,
+                "shortNames": list(kind.names.short_names),
                 "categories": ["neuron"],
             },
             "versions": [

@@ -18,11 +18,9 @@ from typing import Any
 
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.status import (
-    ARTIFACT_READY,
-    AVAILABLE,
-    READY,
-    VALIDATED,
+    ConditionType,
     Event,
+    Reason,
     condition,
     merge_conditions,
     transitions,
@@ -149,43 +147,43 @@ class ServiceStatusInput:
     decision: Decision
 
 
-def _artifact_condition(target: ArtifactView) -> tuple[bool, str, str]:
+def _artifact_condition(target: ArtifactView) -> tuple[bool, Reason, str]:
     if target.phase == "Ready":
-        return True, "Compiled", f"{target.name} is compiled"
+        return True, Reason.COMPILED, f"{target.name} is compiled"
     if target.phase == "Failed":
-        return False, "CompileFailed", f"{target.name}: {target.reason}: {target.message}"
-    return False, "Compiling", f"{target.name}: {target.message or target.reason or 'waiting for the compile Job'}"
+        return False, Reason.COMPILE_FAILED, f"{target.name}: {target.reason}: {target.message}"
+    return False, Reason.COMPILING, f"{target.name}: {target.message or target.reason or 'waiting for the compile Job'}"
 
 
-def _available_condition(given: ServiceStatusInput) -> tuple[bool, str, str]:
+def _available_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
     deployment, spec = given.deployment, given.spec
     if deployment is None:
         if given.target.phase == "Failed":
-            return False, "CompileFailed", "nothing to serve: the compile failed"
-        return False, "WaitingForArtifact", f"no replicas until {given.target.name} is compiled"
+            return False, Reason.COMPILE_FAILED, "nothing to serve: the compile failed"
+        return False, Reason.WAITING_FOR_ARTIFACT, f"no replicas until {given.target.name} is compiled"
     if spec.replicas == 0:
-        return True, "ScaledToZero", "0 replicas requested"
+        return True, Reason.SCALED_TO_ZERO, "0 replicas requested"
     if deployment.ready > 0:
-        return True, "MinimumReplicasAvailable", f"{deployment.ready}/{spec.replicas} replicas ready"
+        return True, Reason.MINIMUM_REPLICAS_AVAILABLE, f"{deployment.ready}/{spec.replicas} replicas ready"
     if given.unschedulable:
-        return False, "InsufficientNeuronCapacity", given.unschedulable[0]
-    return False, "NoReplicasReady", f"0/{spec.replicas} replicas ready"
+        return False, Reason.INSUFFICIENT_NEURON_CAPACITY, given.unschedulable[0]
+    return False, Reason.NO_REPLICAS_READY, f"0/{spec.replicas} replicas ready"
 
 
-def _ready_condition(given: ServiceStatusInput) -> tuple[bool, str, str]:
+def _ready_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
     target, deployment, spec = given.target, given.deployment, given.spec
     serving = deployment.artifact_hash if deployment is not None and deployment.ready > 0 else None
     if target.phase == "Failed":
         failure = f"compile of {target.name} failed: {target.reason}: {target.message}"
         if serving is not None and serving != target.hash:
-            return False, "BlockedByFailedCompile", f"{failure}; revision {serving} keeps serving"
-        return False, "CompileFailed", failure
+            return False, Reason.BLOCKED_BY_FAILED_COMPILE, f"{failure}; revision {serving} keeps serving"
+        return False, Reason.COMPILE_FAILED, failure
     if target.phase != "Ready":
         if serving is not None and serving != target.hash:
-            return False, "Compiling", f"{target.name} is compiling; revision {serving} keeps serving"
-        return False, "Compiling", f"{target.name} is compiling"
+            return False, Reason.COMPILING, f"{target.name} is compiling; revision {serving} keeps serving"
+        return False, Reason.COMPILING, f"{target.name} is compiling"
     if given.unschedulable:
-        return False, "InsufficientNeuronCapacity", given.unschedulable[0]
+        return False, Reason.INSUFFICIENT_NEURON_CAPACITY, given.unschedulable[0]
     if (
         deployment is not None
         and deployment.rolled_out
@@ -193,19 +191,20 @@ def _ready_condition(given: ServiceStatusInput) -> tuple[bool, str, str]:
         and deployment.replicas == spec.replicas
         and deployment.ready >= spec.replicas
     ):
-        return True, "Ready", f"{spec.replicas}/{spec.replicas} replicas ready at revision {target.hash}"
+        return True, Reason.READY, f"{spec.replicas}/{spec.replicas} replicas ready at revision {target.hash}"
     updated = deployment.updated if deployment is not None and deployment.artifact_hash == target.hash else 0
     ready = deployment.ready if deployment is not None else 0
-    return False, "RollingOut", f"{updated}/{spec.replicas} replicas at revision {target.hash}, {ready} ready"
+    return False, Reason.ROLLING_OUT, f"{updated}/{spec.replicas} replicas at revision {target.hash}, {ready} ready"
 
 
-_PHASES: dict[str, api.ServicePhase] = {
-    "Ready": "Ready",
-    "Compiling": "Compiling",
-    "CompileFailed": "CompileFailed",
-    "BlockedByFailedCompile": "Blocked",
-    "InsufficientNeuronCapacity": "Unschedulable",
-    "RollingOut": "RollingOut",
+#: A valid service's phase, by its Ready condition's reason.
+_PHASES: dict[Reason, api.ServicePhase] = {
+    Reason.READY: "Ready",
+    Reason.COMPILING: "Compiling",
+    Reason.COMPILE_FAILED: "CompileFailed",
+    Reason.BLOCKED_BY_FAILED_COMPILE: "Blocked",
+    Reason.INSUFFICIENT_NEURON_CAPACITY: "Unschedulable",
+    Reason.ROLLING_OUT: "RollingOut",
 }
 
 
@@ -216,10 +215,10 @@ def service_status(
     generation = given.generation
     ready = _ready_condition(given)
     updates = [
-        condition(VALIDATED, True, "Valid", "the spec passed validation", generation, at),
-        condition(ARTIFACT_READY, *_artifact_condition(given.target), generation, at),
-        condition(AVAILABLE, *_available_condition(given), generation, at),
-        condition(READY, *ready, generation, at),
+        condition(ConditionType.VALIDATED, True, Reason.VALID, "the spec passed validation", generation, at),
+        condition(ConditionType.ARTIFACT_READY, *_artifact_condition(given.target), generation, at),
+        condition(ConditionType.AVAILABLE, *_available_condition(given), generation, at),
+        condition(ConditionType.READY, *ready, generation, at),
     ]
     conditions = merge_conditions(previous.conditions, updates)
     deployment = given.deployment
@@ -240,15 +239,15 @@ def service_status(
 
 def invalid_status(
     message: str,
-    reason: str,
+    reason: Reason,
     generation: int,
     previous: api.NeuronInferenceServiceStatus,
     at: datetime.datetime,
 ) -> tuple[api.NeuronInferenceServiceStatus, list[Event]]:
     """Validated=False with the exact validation message; what serves (if anything) is left alone."""
     updates = [
-        condition(VALIDATED, False, reason, message, generation, at),
-        condition(READY, False, reason, message, generation, at),
+        condition(ConditionType.VALIDATED, False, reason, message, generation, at),
+        condition(ConditionType.READY, False, reason, message, generation, at),
     ]
     conditions = merge_conditions(previous.conditions, updates)
     status = previous.model_copy(

@@ -2,43 +2,40 @@
 
 - A service's spec (create, update, resume after a restart) -> reconcile it.
 - An artifact's creation or resume -> run its compile Job; its deletion -> its services.
-- A compile Job's events -> its artifact (which tells its services when it changes).
+- A compile Job's events -> its artifact, then its services when the artifact's status changed.
 - A serving Deployment's events, and a serving pod the scheduler cannot place -> its service.
 - A service's deletion -> drop its claims on artifacts (the garbage collector would, later).
 - A periodic resync reconciles everything, behind the watches.
 
 Status writes never wake a handler: services and artifacts are reconciled on
 spec changes (``field="spec"``), never on their own status. The handlers need no
-finalizer: children are owned and garbage-collected by Kubernetes.
+finalizer: children are owned and garbage-collected by Kubernetes. Every handler
+retries what fails retryably (``neuronfleet.operator.retries``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import kopf
 
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
-from neuronfleet.operator.reconcile import Reconciler, RetryLater
+from neuronfleet.operator.reconcile import Reconciler
+from neuronfleet.operator.retries import Retries, or_temporary_error
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 
 #: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix.
 ANNOTATION_PREFIX = "neuronfleet.io"
-FINALIZER = "neuronfleet.io/finalizer"
-#: Logged after each full resync.
-RESYNC_DONE = "resync done"
 
 log = logging.getLogger(__name__)
-
-
-def _retrying(error: RetryLater) -> kopf.TemporaryError:
-    return kopf.TemporaryError(str(error), delay=2)
 
 
 def _owner_name(body: Obj, kind: str) -> str | None:
@@ -68,10 +65,29 @@ def build_registry(
     """A kopf registry whose handlers drive ``reconciler``."""
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {"last_resync": None}
+    retries = Retries()
+
+    async def in_worker(call: Callable[..., T], *args: Any) -> T:
+        # On kopf's worker threads (settings.execution.max_workers), where its sync handlers run.
+        return await asyncio.get_running_loop().run_in_executor(state["executor"], functools.partial(call, *args))
+
+    async def reconcile_service(namespace: str, name: str) -> None:
+        reconcile = functools.partial(in_worker, reconciler.reconcile_service, namespace, name)
+        await retries.run(("service", namespace, name), reconcile)
+
+    async def reconcile_services(namespace: str, names: Sequence[str]) -> None:
+        # Each on its own: one that fails is retried alone.
+        for name in names:
+            await reconcile_service(namespace, name)
+
+    async def reconcile_artifact(namespace: str, name: str) -> None:
+        async def run() -> None:
+            await reconcile_services(namespace, await in_worker(reconciler.reconcile_artifact, namespace, name))
+
+        await retries.run(("artifact", namespace, name), run)
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
@@ -82,6 +98,7 @@ def build_registry(
         settings.watching.label_selectors["batch", "jobs"] = plan.LABEL_ARTIFACT
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
+        state["executor"] = settings.execution.executor
         state["resync"] = asyncio.create_task(resync_forever())
 
     async def resync_forever() -> None:
@@ -93,13 +110,14 @@ def build_registry(
                 log.exception("resync failed")
             else:
                 state["last_resync"] = datetime.datetime.now(datetime.UTC)
-                log.info("%s: %d objects reconciled", RESYNC_DONE, count)
+                log.info("resync done: %d objects reconciled", count)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(**_: Any) -> None:
         task = state.get("resync")
         if task is not None:
             task.cancel()
+        retries.cancel()
 
     @kopf.on.probe(id="resync", registry=registry)
     def resync_probe(**_: Any) -> str:
@@ -110,48 +128,55 @@ def build_registry(
             raise RuntimeError(f"no successful resync since {last.isoformat()}")
         return last.isoformat() if last is not None else "pending"
 
+    # Change handlers: kopf retries what they raise, after the delay they name.
+
     @kopf.on.resume(api.GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
     @kopf.on.create(api.GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
     @kopf.on.update(api.GROUP, api.VERSION, SERVICES_NIS.plural, field="spec", registry=registry)
-    def service_spec(name: str, namespace: str | None, **_: Any) -> None:
-        try:
-            reconciler.reconcile_service(_namespaced(namespace), name)
-        except RetryLater as error:
-            raise _retrying(error) from None
+    async def service_spec(name: str, namespace: str | None, **_: Any) -> None:
+        await or_temporary_error(in_worker(reconciler.reconcile_service, _namespaced(namespace), name))
+
+    @kopf.on.resume(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
+    @kopf.on.create(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
+    async def artifact_created(name: str, namespace: str | None, **_: Any) -> None:
+        namespace = _namespaced(namespace)
+        services = await or_temporary_error(in_worker(reconciler.reconcile_artifact, namespace, name))
+        await reconcile_services(namespace, services)
+
+    # Event handlers: kopf only logs what they raise, so they retry through `retries`.
 
     @kopf.on.event(
         api.GROUP, api.VERSION, SERVICES_NIS.plural, when=lambda type, **_: type == "DELETED", registry=registry
     )
-    def service_deleted(body: kopf.Body, **_: Any) -> None:
+    async def service_deleted(body: kopf.Body, **_: Any) -> None:
         # Its children go with it (owner references); its artifacts go now if nobody else uses them.
-        reconciler.forget_service(dict(body))
-
-    @kopf.on.resume(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
-    @kopf.on.create(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
-    def artifact_created(name: str, namespace: str | None, **_: Any) -> None:
-        reconciler.reconcile_artifact(_namespaced(namespace), name)
+        service = dict(body)
+        forget = functools.partial(in_worker, reconciler.forget_service, service)
+        await retries.run(("deleted service", service["metadata"]["uid"]), forget)
 
     @kopf.on.event(
         api.GROUP, api.VERSION, ARTIFACTS.plural, when=lambda type, **_: type == "DELETED", registry=registry
     )
-    def artifact_deleted(body: kopf.Body, **_: Any) -> None:
+    async def artifact_deleted(body: kopf.Body, **_: Any) -> None:
         # Services that still want it create it again (the store keeps compiled files).
-        reconciler.forget_artifact(dict(body))
+        artifact = dict(body)
+        services = await in_worker(reconciler.forget_artifact, artifact)
+        await reconcile_services(artifact["metadata"]["namespace"], services)
 
     @kopf.on.event("batch", "v1", "jobs", labels={plan.LABEL_ARTIFACT: kopf.PRESENT}, registry=registry)
-    def compile_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def compile_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         artifact = _owner_name(dict(body), ARTIFACTS.kind)
         if artifact is not None:
-            reconciler.reconcile_artifact(_namespaced(namespace), artifact)
+            await reconcile_artifact(_namespaced(namespace), artifact)
 
     @kopf.on.event("apps", "v1", "deployments", labels={plan.LABEL_SERVICE: kopf.PRESENT}, registry=registry)
-    def serving_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def serving_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         service = _owner_name(dict(body), SERVICES_NIS.kind)
         if service is not None:
-            reconciler.reconcile_service(_namespaced(namespace), service)
+            await reconcile_service(_namespaced(namespace), service)
 
     @kopf.on.event("v1", "pods", labels={plan.LABEL_SERVICE: kopf.PRESENT}, when=_is_unschedulable, registry=registry)
-    def unschedulable_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        reconciler.reconcile_service(_namespaced(namespace), labels[plan.LABEL_SERVICE])
+    async def unschedulable_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        await reconcile_service(_namespaced(namespace), labels[plan.LABEL_SERVICE])
 
     return registry

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from neuronfleet.operator import api
 from neuronfleet.operator.plan import FIELD_MANAGER
@@ -59,14 +60,14 @@ PODS = Resource("", "v1", "pods", "Pod")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
-SERVICES_NIS = Resource(api.GROUP, api.VERSION, "neuroninferenceservices", "NeuronInferenceService")
-ARTIFACTS = Resource(api.GROUP, api.VERSION, "neuroncompiledartifacts", "NeuronCompiledArtifact")
+SERVICES_NIS = Resource(api.GROUP, api.VERSION, api.SERVICE_KIND.plural, api.SERVICE_KIND.kind)
+ARTIFACTS = Resource(api.GROUP, api.VERSION, api.ARTIFACT_KIND.plural, api.ARTIFACT_KIND.kind)
 
 BY_KIND = {r.kind: r for r in (CONFIGMAPS, SERVICES, PODS, DEPLOYMENTS, JOBS, PDBS, SERVICES_NIS, ARTIFACTS)}
 
 
 class ApiError(Exception):
-    """A request the API server refused."""
+    """A request the API server refused, or one that got no answer (``status`` :data:`NO_RESPONSE`)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
@@ -76,13 +77,19 @@ class ApiError(Exception):
 
 
 NOT_FOUND, CONFLICT = 404, 409
+#: ``ApiError.status`` when no HTTP response came back.
+NO_RESPONSE = 0
+#: ``ApiError.reason`` for no answer within the request timeout, and for a connection that failed
+#: (refused, reset, closed mid-response, TLS).
+TIMEOUT, CONNECTION_FAILED = "Timeout", "ConnectionFailed"
 
 
 class Kube:
     """Requests to one API server, as plain dicts."""
 
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+    def __init__(self, client: kubernetes.client.ApiClient, timeout: float = REQUEST_TIMEOUT) -> None:
         self._client = client
+        self.timeout = timeout
 
     def request(
         self,
@@ -93,7 +100,7 @@ class Kube:
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
-        """One request; raises :class:`ApiError` unless it succeeds."""
+        """One request; raises :class:`ApiError` unless it succeeds (no answer in time is one too)."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -107,11 +114,17 @@ class Kube:
         )
         try:
             response = self._client.call_api(
-                method, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT
+                method, url, header_params=headers, body=payload, _request_timeout=self.timeout
             )
+            # The body is streamed: reading it can time out or break too.
+            data: bytes = response.read()
         except kubernetes.client.ApiException as error:
-            raise _api_error(int(error.status or 0), error.body) from None
-        data: bytes = response.read()
+            if not error.status:  # the client's wrapping of a TLS failure
+                first = str(error.reason or "").replace("\n", ": ")
+                raise ApiError(NO_RESPONSE, CONNECTION_FAILED, f"{method} {path}: {first}") from None
+            raise _api_error(int(error.status), error.body) from None
+        except urllib3.exceptions.HTTPError as error:
+            raise _no_response(method, path, error, self.timeout) from None
         if not 200 <= response.status <= 299:
             raise _api_error(response.status, data)
         return json.loads(data) if data else {}
@@ -221,3 +234,30 @@ def _api_error(status: int, data: str | bytes | None) -> ApiError:
     if not isinstance(parsed, dict):
         parsed = {}
     return ApiError(status, str(parsed.get("reason", "")), str(parsed.get("message", data or "")))
+
+
+def _no_response(method: str, path: str, error: urllib3.exceptions.HTTPError, timeout: float) -> ApiError:
+    """A timeout or a failed connection as an :class:`ApiError`; the message names no host, header or body."""
+    cause = error.reason if isinstance(error, urllib3.exceptions.MaxRetryError) and error.reason else error
+    # A refused connection is a ConnectTimeoutError too, in urllib3's hierarchy.
+    if isinstance(cause, urllib3.exceptions.TimeoutError) and not isinstance(
+        cause, urllib3.exceptions.NewConnectionError
+    ):
+        return ApiError(NO_RESPONSE, TIMEOUT, f"{method} {path}: no answer within {timeout:g} s")
+    detail = next((e.strerror for e in _chain(cause) if isinstance(e, OSError) and e.strerror), None)
+    return ApiError(
+        NO_RESPONSE, CONNECTION_FAILED, f"{method} {path}: {type(cause).__name__}" + (f" ({detail})" if detail else "")
+    )
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error``, what caused it, and exceptions among its arguments (urllib3 nests them there), breadth first."""
+    seen: list[BaseException] = []
+    queue = [error]
+    while queue and len(seen) < 16:
+        current = queue.pop(0)
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        queue += [e for e in (current.__cause__, current.__context__, *current.args) if isinstance(e, BaseException)]
+    return seen

@@ -21,7 +21,7 @@ from neuronfleet.operator.kube import EventRecorder, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcile import Reconciler
 
-#: Exit status for bad input (a missing kubeconfig, CRDs out of date).
+#: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
 EXIT_INVALID = 2
 
 app = typer.Typer(help="The neuronfleet Kubernetes operator.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -104,7 +104,13 @@ def run(
         typer.Option("--namespace", "-n", help="Watch this namespace (repeatable). Default: all namespaces."),
     ] = None,
     kubeconfig: Annotated[
-        Path | None, typer.Option(help="Kubeconfig file. Default: in-cluster, else $KUBECONFIG.", show_default=False)
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Kubeconfig file. Default: in-cluster, else $KUBECONFIG.",
+            show_default=False,
+        ),
     ] = None,
     liveness: Annotated[
         str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.", show_default=False)
@@ -120,8 +126,6 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
-    if kubeconfig is not None and not kubeconfig.is_file():
-        fail(f"kubeconfig {kubeconfig} does not exist")
     try:
         configuration = load_configuration(kubeconfig)
     except kubernetes.config.ConfigException as error:

@@ -10,6 +10,10 @@ Series (all prefixed ``neuronfleet_operator_``):
   retried compile is a new Job and counts again).
 - ``objects{kind, phase}``: services and artifacts by ``status.phase``, as last reconciled; every
   phase of each kind is exported, 0 when empty, so graphs and alerts see it drop.
+- ``resyncs_total{outcome}``: full resyncs (the periodic pass over everything) that ended; ``ok``, or
+  ``error`` when a list failed and ended the pass early.
+- ``resync_duration_seconds``: how long each full resync took.
+- ``resync_objects_total``: objects the full resyncs reconciled (one that failed counts next pass).
 
 ``kind`` is ``NeuronInferenceService`` or ``NeuronCompiledArtifact``.
 """
@@ -20,7 +24,7 @@ import contextlib
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -32,6 +36,12 @@ from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
 
 #: Reconciles take milliseconds to a few seconds (a slow API server, a large namespace).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: A full resync takes from a fraction of a second (a few services) to minutes (a thousand, on 2 cores).
+RESYNC_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: Series names, for readers of ``/metrics`` (tests, the bench) as much as for the registry.
+RESYNCS = "neuronfleet_operator_resyncs"
+RESYNC_DURATION = "neuronfleet_operator_resync_duration_seconds"
+RESYNC_OBJECTS = "neuronfleet_operator_resync_objects"
 #: Artifact phases that end a compile.
 COMPILE_OUTCOMES = frozenset({"Ready", "Failed"})
 #: Every phase of each kind, exported even when no object is in it.
@@ -84,24 +94,30 @@ class OperatorMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.resyncs = Counter(
+            RESYNCS, "Full resyncs that ended, by outcome (ok, error).", ["outcome"], registry=self.registry
+        )
+        for outcome in ("ok", "error"):
+            self.resyncs.labels(outcome)  # exported as 0 before the first pass
+        self.resync_duration = Histogram(
+            RESYNC_DURATION, "Seconds per full resync.", buckets=RESYNC_BUCKETS, registry=self.registry
+        )
+        self.resync_objects = Counter(RESYNC_OBJECTS, "Objects reconciled by full resyncs.", registry=self.registry)
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], str] = {}
         self.registry.register(_PhaseCollector(self))
 
-    @contextlib.contextmanager
-    def reconciling(self, kind: str, retryable: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    def reconciling(
+        self, kind: str, retryable: tuple[type[Exception], ...] = ()
+    ) -> contextlib.AbstractContextManager[None]:
         """Time one reconcile of ``kind`` and count its outcome (``retryable`` errors: retry); errors pass through."""
-        start = time.perf_counter()
-        outcome = "error"
-        try:
-            yield
-            outcome = "ok"
-        except retryable:
-            outcome = "retry"
-            raise
-        finally:
-            self.reconcile_duration.labels(kind).observe(time.perf_counter() - start)
-            self.reconciles.labels(kind, outcome).inc()
+        return _timed(
+            lambda outcome: self.reconciles.labels(kind, outcome), self.reconcile_duration.labels(kind), retryable
+        )
+
+    def resyncing(self) -> contextlib.AbstractContextManager[None]:
+        """Time one full resync and count its outcome; errors pass through."""
+        return _timed(self.resyncs.labels, self.resync_duration)
 
     def status_written(
         self, kind: str, namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]
@@ -135,3 +151,21 @@ class OperatorMetrics:
         """How many objects of each kind are in each phase."""
         with self._lock:
             return dict(Tally((kind, phase) for (kind, _, _), phase in self._phases.items()))
+
+
+@contextlib.contextmanager
+def _timed(
+    outcomes: Callable[[str], Counter], duration: Histogram, retryable: tuple[type[Exception], ...] = ()
+) -> Iterator[None]:
+    """Observe the block's duration, then count its outcome: ``ok``, ``retry`` (``retryable``) or ``error``."""
+    start = time.perf_counter()
+    outcome = "error"
+    try:
+        yield
+        outcome = "ok"
+    except retryable:
+        outcome = "retry"
+        raise
+    finally:
+        duration.observe(time.perf_counter() - start)
+        outcomes(outcome).inc()

@@ -206,7 +206,7 @@ def artifact(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec)
     )
     return {
         "apiVersion": api.API_VERSION,
-        "kind": "NeuronCompiledArtifact",
+        "kind": api.ARTIFACT_KIND.kind,
         "metadata": {
             "name": artifact_name(identity),
             "namespace": namespace,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -24,6 +24,7 @@ from neuronfleet.operator.kube import (
     CONFLICT,
     DEPLOYMENTS,
     JOBS,
+    NOT_FOUND,
     PODS,
     SERVICES_NIS,
     ApiError,
@@ -31,7 +32,7 @@ from neuronfleet.operator.kube import (
     Resource,
 )
 from neuronfleet.operator.metrics import OperatorMetrics
-from neuronfleet.operator.status import Event, artifact_status, now
+from neuronfleet.operator.status import Event, Reason, artifact_status, now
 
 Obj = dict[str, Any]
 M = TypeVar("M", bound=api.K8sModel)
@@ -49,6 +50,36 @@ class RetryLater(Exception):
     """The cluster is mid-change (e.g. an object is being deleted); try again."""
 
 
+class KeyedLocks:
+    """One lock per key, kept only while someone holds or waits for it (so the map never grows)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        # key -> (lock, holders and waiters)
+        self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def held(self, key: Hashable) -> Iterator[None]:
+        """Hold ``key``'s lock for the block."""
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._locks)
+
+
 class Reconciler:
     """Reconciles services and artifacts; safe to call from many threads."""
 
@@ -56,16 +87,11 @@ class Reconciler:
         self.kube = kube
         self.emit = emit
         self.metrics = metrics if metrics is not None else OperatorMetrics()
-        self._guard = threading.Lock()
-        self._locks: dict[tuple[str, str, str], threading.Lock] = {}
-
-    @contextlib.contextmanager
-    def _locked(self, kind: str, namespace: str, name: str) -> Iterator[None]:
         # One reconcile per object at a time: triggers from several watches may overlap.
-        with self._guard:
-            lock = self._locks.setdefault((kind, namespace, name), threading.Lock())
-        with lock:
-            yield
+        self.locks = KeyedLocks()
+
+    def _locked(self, kind: str, namespace: str, name: str) -> contextlib.AbstractContextManager[None]:
+        return self.locks.held((kind, namespace, name))
 
     # Services
 
@@ -85,7 +111,7 @@ class Reconciler:
         try:
             spec = api.parse_service_spec(body.get("spec") or {})
         except ValidationError as error:
-            reason = "InvalidBuckets" if api.is_bucket_error(error) else "InvalidSpec"
+            reason = Reason.INVALID_BUCKETS if api.is_bucket_error(error) else Reason.INVALID_SPEC
             status, events = decide.invalid_status(api.describe_errors(error), reason, generation, previous, now())
             self._write_status(SERVICES_NIS, body, status, events)
             return
@@ -155,7 +181,7 @@ class Reconciler:
                     if error.status == CONFLICT:
                         continue
                     raise
-                self.emit(service, Event("Normal", "ArtifactCreated", f"created {name} to compile"))
+                self.emit(service, Event("Normal", Reason.ARTIFACT_CREATED, f"created {name} to compile"))
                 return created
             if existing["metadata"].get("deletionTimestamp"):
                 raise RetryLater(f"{name} is being deleted")
@@ -174,7 +200,7 @@ class Reconciler:
                 if error.status == CONFLICT:
                     continue
                 raise
-            self.emit(service, Event("Normal", "ArtifactShared", f"using existing artifact {name}"))
+            self.emit(service, Event("Normal", Reason.ARTIFACT_SHARED, f"using existing artifact {name}"))
             return shared
         raise RetryLater(f"{name} kept changing under concurrent updates")
 
@@ -200,13 +226,15 @@ class Reconciler:
                 if remaining:
                     patch = {"metadata": {"resourceVersion": art_meta["resourceVersion"], "ownerReferences": remaining}}
                     self.kube.merge_patch(ARTIFACTS, namespace, art_meta["name"], patch)
-                    event = Event("Normal", "ArtifactReleased", f"no longer uses {art_meta['name']}")
+                    event = Event("Normal", Reason.ARTIFACT_RELEASED, f"no longer uses {art_meta['name']}")
                 else:
                     self._delete_unowned(artifact)
-                    event = Event("Normal", "ArtifactDeleted", f"deleted {art_meta['name']}: no service uses it")
+                    event = Event("Normal", Reason.ARTIFACT_DELETED, f"deleted {art_meta['name']}: no service uses it")
                 if not deleted:
                     self.emit(service, event)
             except ApiError as error:
+                if error.status == NOT_FOUND:
+                    continue  # the garbage collector deleted it first: nothing left to release
                 if error.status != CONFLICT:
                     raise
                 log.info(
@@ -234,16 +262,18 @@ class Reconciler:
 
     # Artifacts
 
-    def reconcile_artifact(self, namespace: str, name: str) -> None:
-        """Run an artifact's compile Job once and mirror it into the artifact's status; tell its services."""
+    def reconcile_artifact(self, namespace: str, name: str) -> list[str]:
+        """Run an artifact's compile Job once and mirror it into the artifact's status.
+
+        Returns the services to reconcile now: its owners, when its status changed.
+        """
         with self._locked("artifact", namespace, name), self.metrics.reconciling(ARTIFACTS.kind, (RetryLater,)):
             body = self.kube.get(ARTIFACTS, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 self.metrics.forget(ARTIFACTS.kind, namespace, name)
-                return
+                return []
             changed = self._reconcile_artifact(body)
-        if changed:
-            self.notify_owners(body)
+        return owner_services(body) if changed else []
 
     def _reconcile_artifact(self, body: Obj) -> bool:
         meta = body["metadata"]
@@ -253,7 +283,10 @@ class Reconciler:
             spec = api.parse_artifact_spec(body.get("spec") or {})
         except ValidationError as error:
             status = api.NeuronCompiledArtifactStatus(
-                phase="Failed", reason="InvalidSpec", message=api.describe_errors(error), observed_generation=generation
+                phase="Failed",
+                reason=Reason.INVALID_SPEC,
+                message=api.describe_errors(error),
+                observed_generation=generation,
             )
             return self._write_status(ARTIFACTS, body, status, self._artifact_events(previous, status))
         owner = plan.Owner.of(body)
@@ -270,7 +303,7 @@ class Reconciler:
                     raise
                 job = self.kube.get(JOBS, namespace, job_name)
             else:
-                self.emit(body, Event("Normal", "CompileStarted", f"started compile Job {job_name}"))
+                self.emit(body, Event("Normal", Reason.COMPILE_STARTED, f"started compile Job {job_name}"))
         pods = self.kube.list(PODS, namespace, f"{JOB_NAME_LABEL}={job_name}") if job is not None else []
         status = artifact_status(spec, job, pods, previous, generation)
         return self._write_status(ARTIFACTS, body, status, self._artifact_events(previous, status))
@@ -282,23 +315,17 @@ class Reconciler:
         if previous.phase == status.phase and previous.observed_generation is not None:
             return []
         if status.phase == "Failed":
-            return [Event("Warning", "CompileFailed", f"{status.reason}: {status.message}")]
-        reason = {"Ready": "Compiled", "Compiling": "Compiling", "Pending": "Pending"}[status.phase]
+            return [Event("Warning", Reason.COMPILE_FAILED, f"{status.reason}: {status.message}")]
+        reason = {"Ready": Reason.COMPILED, "Compiling": Reason.COMPILING, "Pending": Reason.PENDING}[status.phase]
         return [Event("Normal", reason, status.message or status.reason or status.phase)]
 
-    def forget_artifact(self, artifact: Obj) -> None:
-        """A deleted artifact: its services create it again if they still want it."""
+    def forget_artifact(self, artifact: Obj) -> list[str]:
+        """A deleted artifact leaves the metrics; returns its services, to reconcile now (they create it again
+        if they still want it)."""
         meta = artifact["metadata"]
         with self._locked("artifact", meta["namespace"], meta["name"]):
             self.metrics.forget(ARTIFACTS.kind, meta["namespace"], meta["name"])
-        self.notify_owners(artifact)
-
-    def notify_owners(self, artifact: Obj) -> None:
-        """Reconcile the services that use an artifact (after it changed or went away)."""
-        namespace = artifact["metadata"]["namespace"]
-        for ref in artifact["metadata"].get("ownerReferences") or []:
-            if ref.get("kind") == SERVICES_NIS.kind:
-                self.reconcile_service(namespace, ref["name"])
+        return owner_services(artifact)
 
     # Shared
 
@@ -319,8 +346,17 @@ class Reconciler:
     def resync(self, namespaces: Sequence[str] | None) -> int:
         """Reconcile everything in ``namespaces`` (all when ``None``): the safety net behind the watches.
 
+        An object whose reconcile fails is left for the next pass; a list that fails ends the pass
+        (:class:`ApiError`). Artifacts go first, so their services see what changed in the same pass.
         Returns how many objects it reconciled.
         """
+        with self.metrics.resyncing():
+            count = self._resync(namespaces)
+            # Inside: a reader that sees the pass counted sees its objects too.
+            self.metrics.resync_objects.inc(count)
+        return count
+
+    def _resync(self, namespaces: Sequence[str] | None) -> int:
         count = 0
         # Objects counted before the lists and missing from them were deleted unseen (e.g. in a watch gap).
         counted = {kind: self.metrics.tracked(kind, namespaces) for kind in (ARTIFACTS.kind, SERVICES_NIS.kind)}
@@ -340,13 +376,19 @@ class Reconciler:
         return count
 
     @staticmethod
-    def _safely(reconcile: Callable[[str, str], None], namespace: str, name: str) -> int:
+    def _safely(reconcile: Callable[[str, str], object], namespace: str, name: str) -> int:
         try:
             reconcile(namespace, name)
         except (ApiError, RetryLater) as error:
             log.warning("resync of %s/%s failed, retried next pass: %s", namespace, name, error)
             return 0
         return 1
+
+
+def owner_services(artifact: Obj) -> list[str]:
+    """The names of the services that use an artifact (its owners)."""
+    refs = artifact["metadata"].get("ownerReferences") or []
+    return [ref["name"] for ref in refs if ref.get("kind") == SERVICES_NIS.kind]
 
 
 def _previous(model: type[M], body: Obj) -> M:

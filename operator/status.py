@@ -5,25 +5,67 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from neuronfleet.operator import api, plan
 
 Obj = dict[str, Any]
 
-#: Condition types of a NeuronInferenceService, in the order they are shown.
-VALIDATED, ARTIFACT_READY, AVAILABLE, READY = "Validated", "ArtifactReady", "Available", "Ready"
-CONDITION_TYPES = (VALIDATED, ARTIFACT_READY, AVAILABLE, READY)
+
+class ConditionType(StrEnum):
+    """The conditions of a NeuronInferenceService, in the order they are shown."""
+
+    VALIDATED = "Validated"
+    ARTIFACT_READY = "ArtifactReady"
+    AVAILABLE = "Available"
+    READY = "Ready"
+
+
+class Reason(StrEnum):
+    """Every reason the operator writes: of a service's conditions, of an artifact's status, of its events."""
+
+    # Validated
+    VALID = "Valid"
+    INVALID_BUCKETS = "InvalidBuckets"
+    INVALID_SPEC = "InvalidSpec"
+    # ArtifactReady (and the artifact's own events)
+    COMPILED = "Compiled"
+    COMPILING = "Compiling"
+    COMPILE_FAILED = "CompileFailed"
+    # Available
+    MINIMUM_REPLICAS_AVAILABLE = "MinimumReplicasAvailable"
+    WAITING_FOR_ARTIFACT = "WaitingForArtifact"
+    NO_REPLICAS_READY = "NoReplicasReady"
+    SCALED_TO_ZERO = "ScaledToZero"
+    INSUFFICIENT_NEURON_CAPACITY = "InsufficientNeuronCapacity"
+    # Ready
+    READY = "Ready"
+    ROLLING_OUT = "RollingOut"
+    BLOCKED_BY_FAILED_COMPILE = "BlockedByFailedCompile"
+    # An artifact's status.reason (a failed Job's own reason is passed through)
+    JOB_PENDING = "JobPending"
+    JOB_STARTING = "Starting"
+    JOB_RUNNING = "Running"
+    JOB_FAILED = "JobFailed"
+    # Events that are no condition's transition
+    PENDING = "Pending"
+    ARTIFACT_CREATED = "ArtifactCreated"
+    ARTIFACT_SHARED = "ArtifactShared"
+    ARTIFACT_RELEASED = "ArtifactReleased"
+    ARTIFACT_DELETED = "ArtifactDeleted"
+    COMPILE_STARTED = "CompileStarted"
+
 
 #: Reasons that mean something needs a human: posted as Warning events.
 WARNING_REASONS = frozenset(
     {
-        "InvalidBuckets",
-        "InvalidSpec",
-        "CompileFailed",
-        "BlockedByFailedCompile",
-        "InsufficientNeuronCapacity",
-        "NoReplicasReady",
+        Reason.INVALID_BUCKETS,
+        Reason.INVALID_SPEC,
+        Reason.COMPILE_FAILED,
+        Reason.BLOCKED_BY_FAILED_COMPILE,
+        Reason.INSUFFICIENT_NEURON_CAPACITY,
+        Reason.NO_REPLICAS_READY,
     }
 )
 
@@ -43,7 +85,7 @@ def now() -> datetime.datetime:
 
 
 def condition(
-    type_: str, status: bool, reason: str, message: str, generation: int, at: datetime.datetime
+    type_: ConditionType, status: bool, reason: Reason, message: str, generation: int, at: datetime.datetime
 ) -> api.Condition:
     """A condition at ``at``."""
     return api.Condition(
@@ -64,7 +106,7 @@ def merge_conditions(previous: Sequence[api.Condition], updates: Iterable[api.Co
         if old is not None and old.status == update.status:
             update = update.model_copy(update={"last_transition_time": old.last_transition_time})
         merged[update.type] = update
-    known = [merged.pop(t) for t in CONDITION_TYPES if t in merged]
+    known = [merged.pop(t) for t in ConditionType if t in merged]
     return known + sorted(merged.values(), key=lambda c: c.type)
 
 
@@ -80,7 +122,7 @@ def transitions(previous: Sequence[api.Condition], current: Sequence[api.Conditi
     for c in current:
         if before.get(c.type) == (c.status, c.reason) or c.reason in told:
             continue
-        if c.type == AVAILABLE and not (before.get(c.type, ("",))[0] == "True" and c.status == "False"):
+        if c.type == ConditionType.AVAILABLE and not (before.get(c.type, ("",))[0] == "True" and c.status == "False"):
             continue
         told.add(c.reason)
         kind = "Warning" if c.reason in WARNING_REASONS else "Normal"
@@ -152,7 +194,7 @@ def artifact_status(
         if previous.phase == "Ready":
             return previous.model_copy(update=base)
         return api.NeuronCompiledArtifactStatus(
-            phase="Pending", reason="JobPending", buckets=bucket_progress(spec, "Pending"), **base
+            phase="Pending", reason=Reason.JOB_PENDING, buckets=bucket_progress(spec, "Pending"), **base
         )
     status = job.get("status", {})
     attempts = sum(int(status.get(k) or 0) for k in ("active", "succeeded", "failed"))
@@ -166,7 +208,7 @@ def artifact_status(
     if complete is not None:
         return api.NeuronCompiledArtifactStatus(
             phase="Ready",
-            reason="Compiled",
+            reason=Reason.COMPILED,
             message=f"compiled {len(bucket_progress(spec, 'Compiled'))} buckets",
             buckets=bucket_progress(spec, "Compiled"),
             completed_at=_parse_time(status.get("completionTime")) or _parse_time(complete.get("lastTransitionTime")),
@@ -174,7 +216,7 @@ def artifact_status(
         )
     failed = _job_condition(job, "Failed")
     if failed is not None:
-        reason = failed.get("reason") or "JobFailed"
+        reason = failed.get("reason") or Reason.JOB_FAILED
         detail = failed.get("message") or ""
         last_words = last_pod_failure(pods)
         message = "; ".join(part for part in (detail, f"last compile pod: {last_words}" if last_words else "") if part)
@@ -189,7 +231,7 @@ def artifact_status(
     running = int(status.get("active") or 0) > 0
     return api.NeuronCompiledArtifactStatus(
         phase="Compiling",
-        reason="Running" if running else "Starting",
+        reason=Reason.JOB_RUNNING if running else Reason.JOB_STARTING,
         message=(
             f"compile Job {job['metadata']['name']}: attempt {max(attempts, 1)} of {spec.compile.backoff_limit + 1}"
         ),

@@ -19,8 +19,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from neuronfleet.operator.api import API_VERSION
-from neuronfleet.operator.handlers import RESYNC_DONE
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
+from neuronfleet.operator.metrics import RESYNCS
 
 Obj = dict[str, Any]
 WaitFor = Callable[..., Any]
@@ -87,8 +87,8 @@ class OperatorProcess:
             return parse_samples(response.read().decode())
 
     def resyncs(self) -> int:
-        """Full resyncs this run has finished (from its log)."""
-        return self.log.read_text(errors="replace").count(RESYNC_DONE) if self.log.exists() else 0
+        """Full resyncs this run has finished (its resyncs counter)."""
+        return int(self.metrics().get((f"{RESYNCS}_total", (("outcome", "ok"),)), 0))
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when its node dies."""

@@ -83,6 +83,11 @@ INVALID: list[tuple[str, Obj, str]] = [
         "resources.neuronDevices (1) holds 4 logical NeuronCores on trn2.48xlarge, "
         "fewer than engine.tensor_parallel_size (8)",
     ),
+    (
+        "devices-beyond-node",
+        {"instanceType": "inf2.xlarge", "resources": {"neuronDevices": 2}},
+        "resources.neuronDevices (2) exceeds the 1 Neuron devices of one inf2.xlarge",
+    ),
     ("instance-type", {"instanceType": "p5.48xlarge"}, 'spec.instanceType: Unsupported value: "p5.48xlarge"'),
     ("model-uri", {"model": {"uri": "meta-llama/Llama-3.1-8B"}}, "spec.model.uri: Invalid value"),
     (
@@ -103,17 +108,31 @@ def test_invalid_spec_is_rejected_at_admission(api: Kube, case: str, spec: Obj, 
     assert message in rejection(api, service(f"invalid-{case}", **spec))
 
 
-@pytest.mark.parametrize(
-    "case", ["last-decode", "last-prefill", "last-prefill-above-model-len", "empty", "tp-beyond-node", "rollout"]
-)
+#: The rules written twice, as CEL and in the models: buckets, Neuron fit (device counts), rollout, drain.
+PARITY = [
+    "last-decode",
+    "last-prefill",
+    "last-prefill-above-model-len",
+    "empty",
+    "tp-beyond-node",
+    "devices-below-tp",
+    "devices-beyond-node",
+    "rollout",
+    "drain",
+]
+
+
+@pytest.mark.parametrize("case", PARITY)
 def test_admission_and_the_operator_say_the_same_thing(api: Kube, case: str) -> None:
     # The CEL rules and the pydantic models are one set of rules: the operator's own message
-    # (what a spec that slipped past admission shows in its status) is the API server's.
+    # (what a spec that slipped past admission shows in its status) is the API server's, on the same field.
     spec = next(s for c, s, _ in INVALID if c == case)
     with pytest.raises(ValidationError) as caught:
         parse_service_spec({"model": MODEL, **spec})
-    operator_message = describe_errors(caught.value).split(": ", 1)[1]
-    assert operator_message in rejection(api, service(f"same-{case}", **spec))
+    field, operator_message = describe_errors(caught.value).split(": ", 1)
+    rejected = rejection(api, service(f"same-{case}", **spec))
+    assert f"{field}: " in rejected
+    assert operator_message in rejected
 
 
 def test_invalid_metadata_name_is_rejected(api: Kube) -> None:

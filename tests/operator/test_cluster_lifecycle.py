@@ -12,6 +12,7 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
+from neuronfleet.operator.reconcile import Reconciler
 from neuronfleet.operator.testing import (
     OperatorProcess,
     Samples,
@@ -443,3 +444,63 @@ def test_spec_past_admission_is_invalid_in_status_with_no_children(
         what="the fix to be admitted",
     )
     ready(services, "legacy", generation=fixed["metadata"]["generation"])
+
+
+def test_an_event_handler_retries_a_refused_request_without_waiting_for_a_resync(
+    services: Services, api: Kube, namespace: str, cluster: LocalCluster, wait_for: WaitFor, tmp_path: Path
+) -> None:
+    # No full resync within the test: only the handler's own retry can recover.
+    operator = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=3600)
+    operator.start(wait_for)
+    try:
+        services.create("llama", spec(replicas=1))
+        ready(services, "llama")
+        (artifact,) = services.artifacts()
+        # A quota the operator does not watch: lifting it wakes no handler. Until the quota controller
+        # counts custom resources (its discovery lags), admission refuses every create it covers.
+        quotas = f"/api/v1/namespaces/{namespace}/resourcequotas"
+        quota = {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "no-artifacts"},
+            "spec": {"hard": {f"count/{ARTIFACTS.plural}.{ARTIFACTS.group}": "0"}},
+        }
+        api.request("POST", quotas, body=quota)
+
+        def refused(samples: Samples) -> float:
+            return sample(samples, "neuronfleet_operator_reconciles_total", kind=SERVICES_NIS.kind, outcome="error")
+
+        before = refused(operator.metrics())
+        assert api.delete(ARTIFACTS, namespace, artifact["metadata"]["name"])
+        # The artifact's DELETED event reconciles its service, whose new artifact the quota refuses.
+        wait_for(operator.metrics, lambda s: refused(s) > before, what="the quota refusing the artifact", show=refused)
+        assert services.artifacts() == []
+
+        api.request("DELETE", f"{quotas}/no-artifacts")
+        (again,) = wait_for(services.artifacts, what="the artifact created again by the retry", timeout=30)
+        assert again["metadata"]["uid"] != artifact["metadata"]["uid"]
+        services.wait(
+            "llama", lambda b: condition(b, "ArtifactReady").get("status") == "True", "its artifact compiled again"
+        )
+    finally:
+        operator.stop()
+        print(f"--- operator log ---\n{operator.tail(60)}")
+
+
+def test_the_reconciler_keeps_no_lock_for_objects_it_is_not_reconciling(
+    services: Services, api: Kube, namespace: str
+) -> None:
+    reconciler = Reconciler(api, lambda body, event: None)
+    names = ["a", "b", "c"]
+    for name in names:
+        services.create(name, spec(replicas=1))
+        reconciler.reconcile_service(namespace, name)
+    for artifact in services.artifacts():
+        reconciler.reconcile_artifact(namespace, artifact["metadata"]["name"])
+    assert len(reconciler.locks) == 0
+    for name in names:
+        body = services.get(name)
+        assert api.delete(SERVICES_NIS, namespace, name)
+        reconciler.reconcile_service(namespace, name)
+        reconciler.forget_service(body)
+    assert len(reconciler.locks) == 0

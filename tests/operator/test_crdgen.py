@@ -16,6 +16,7 @@ import yaml
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from neuronfleet.operator import crdgen
+from neuronfleet.operator.kube import BY_KIND
 
 ROOT = Path(__file__).resolve().parents[2]
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
@@ -131,10 +132,20 @@ def test_crds_command_writes_then_checks(run_cli: RunCli, tmp_path: Path) -> Non
     assert (fresh.returncode, fresh.stdout, fresh.stderr) == (0, "", "")
 
 
-def test_run_without_credentials_is_one_clear_line(run_cli: RunCli, tmp_path: Path) -> None:
-    result = run_cli("neuronfleet-operator", "run", "--kubeconfig", str(tmp_path / "missing"))
+def test_run_with_a_missing_kubeconfig_is_refused_naming_it(run_cli: RunCli, tmp_path: Path) -> None:
+    # Relative, so typer's boxed message has room for it on one line.
+    result = run_cli("neuronfleet-operator", "run", "--kubeconfig", "missing", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: kubeconfig {tmp_path / 'missing'} does not exist"
+    assert "Invalid value for '--kubeconfig': file 'missing' does not exist." in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_with_bad_credentials_is_one_clear_line(run_cli: RunCli, tmp_path: Path) -> None:
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    result = run_cli("neuronfleet-operator", "run", "--kubeconfig", "kubeconfig", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: cannot load Kubernetes credentials: ")
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_run_with_the_metrics_port_taken_is_one_clear_line(run_cli: RunCli, tmp_path: Path) -> None:
@@ -167,3 +178,14 @@ def test_run_with_the_metrics_port_taken_is_one_clear_line(run_cli: RunCli, tmp_
         )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize("kind", crdgen.KINDS, ids=lambda k: k.kind)
+def test_the_crds_and_the_client_name_each_kind_alike(kind: crdgen.Kind) -> None:
+    spec = crdgen.crd(kind)["spec"]
+    resource = BY_KIND[kind.kind]
+    assert (spec["group"], spec["versions"][0]["name"], spec["names"]["plural"]) == (
+        resource.group,
+        resource.version,
+        resource.plural,
+    )

@@ -19,6 +19,7 @@ from neuronfleet.operator.decide import (
     service_status,
     unschedulable_messages,
 )
+from neuronfleet.operator.status import Reason
 
 T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
@@ -191,7 +192,7 @@ def test_transition_times_move_only_when_the_status_flips() -> None:
 def test_invalid_spec_keeps_what_serves_and_says_why() -> None:
     serving, _ = status_of(NEW, deployment("new"))
     message = "spec.engine.num_seqs_buckets: Last bucket in num_seqs_buckets must equal max_num_seqs (8), got 4"
-    status, events = invalid_status(message, "InvalidBuckets", 5, serving, T1)
+    status, events = invalid_status(message, Reason.INVALID_BUCKETS, 5, serving, T1)
     assert status.phase == "Invalid"
     assert condition(status, "Validated") == ("False", "InvalidBuckets")
     assert next(c for c in status.conditions if c.type == "Validated").message == message

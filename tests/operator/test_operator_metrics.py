@@ -37,6 +37,24 @@ def test_reconciles_are_counted_by_outcome_and_timed() -> None:
     assert samples[("neuronfleet_operator_reconcile_duration_seconds_count", (("kind", NCA),))] == 1
 
 
+def test_full_resyncs_are_counted_by_outcome_timed_and_their_objects_summed() -> None:
+    metrics = OperatorMetrics()
+    resyncs = "neuronfleet_operator_resyncs_total"
+    # Exported before the first pass, so a reader can wait for it to move.
+    assert scrape(metrics)[(resyncs, (("outcome", "ok"),))] == 0
+    with metrics.resyncing():
+        metrics.resync_objects.inc(3)
+    with metrics.resyncing():
+        metrics.resync_objects.inc(2)
+    with pytest.raises(KeyError), metrics.resyncing():
+        raise KeyError("the list failed")
+    samples = scrape(metrics)
+    assert samples[(resyncs, (("outcome", "ok"),))] == 2
+    assert samples[(resyncs, (("outcome", "error"),))] == 1
+    assert samples[("neuronfleet_operator_resync_duration_seconds_count", ())] == 3
+    assert samples[("neuronfleet_operator_resync_objects_total", ())] == 5
+
+
 def phase(value: str | None, **more: str) -> dict[str, str]:
     return {"phase": value, **more} if value is not None else dict(more)
 

@@ -6,7 +6,7 @@ import datetime
 from typing import Any
 
 from neuronfleet.operator import api
-from neuronfleet.operator.status import artifact_status, condition, merge_conditions, transitions
+from neuronfleet.operator.status import ConditionType, Reason, artifact_status, condition, merge_conditions, transitions
 
 SPEC = api.NeuronCompiledArtifactSpec.model_validate(
     {
@@ -96,19 +96,22 @@ def test_a_failed_artifact_whose_job_is_deleted_goes_back_to_pending() -> None:
 
 
 def test_merge_keeps_order_and_transition_times() -> None:
-    old = [condition("Ready", False, "Compiling", "", 1, T0), condition("Validated", True, "Valid", "", 1, T0)]
+    old = [
+        condition(ConditionType.READY, False, Reason.COMPILING, "", 1, T0),
+        condition(ConditionType.VALIDATED, True, Reason.VALID, "", 1, T0),
+    ]
     later = T0 + datetime.timedelta(hours=1)
-    merged = merge_conditions(old, [condition("Validated", True, "Valid", "", 2, later)])
+    merged = merge_conditions(old, [condition(ConditionType.VALIDATED, True, Reason.VALID, "", 2, later)])
     assert [c.type for c in merged] == ["Validated", "Ready"]
     assert merged[0].last_transition_time == T0
     assert merged[0].observed_generation == 2
 
 
 def test_transitions_post_each_new_reason_once() -> None:
-    before = [condition("Ready", False, "Compiling", "", 1, T0)]
+    before = [condition(ConditionType.READY, False, Reason.COMPILING, "", 1, T0)]
     after = [
-        condition("ArtifactReady", False, "CompileFailed", "oom", 1, T0),
-        condition("Ready", False, "CompileFailed", "oom", 1, T0),
+        condition(ConditionType.ARTIFACT_READY, False, Reason.COMPILE_FAILED, "oom", 1, T0),
+        condition(ConditionType.READY, False, Reason.COMPILE_FAILED, "oom", 1, T0),
     ]
     events = transitions(before, after)
     assert [(e.type, e.reason, e.message) for e in events] == [("Warning", "CompileFailed", "ArtifactReady=False: oom")]
