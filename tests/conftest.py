@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from engine_server import ServerPool
 
-# `cluster`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use;
-# `crds`, `api`, `operator` and `services`: the operator's CRDs installed, the operator running.
-pytest_plugins = ["neuronfleet.devcluster.pytest_plugin", "neuronfleet.operator.pytest_plugin"]
+# `cluster`, `crds`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use.
+# The operator's fixtures (`api`, `operator`, `services`) load only in the modules that name them.
+pytest_plugins = ["harness.cluster_fixtures"]
 
 #: The installed console scripts sit beside the interpreter running the tests.
 SCRIPTS = Path(sys.executable).parent
