@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from neuronfleet.devcluster.metrics import Samples, scrape
-from neuronfleet.devcluster.processes import ManagedProcess, free_ports
+from neuronfleet.devcluster.processes import SCRIPTS, ManagedProcess, free_ports, log_tail
 from neuronfleet.devcluster.waiting import WaitFor
 
-#: The installed console scripts sit beside the running interpreter.
-SCRIPTS = Path(sys.executable).parent
 #: What the operator logs after each full resync (its ``RESYNC_DONE``).
 RESYNC_DONE = "resync done"
 
@@ -78,6 +75,4 @@ class OperatorProcess:
 
     def tail(self, lines: int = 40) -> str:
         """The end of this run's log."""
-        if not self.log.exists():
-            return ""
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log, lines) if self.log.exists() else ""

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,9 @@ import psutil
 from pydantic import BaseModel
 
 from neuronfleet.devcluster.waiting import WaitFor, WaitTimeoutError, wait_for
+
+#: The installed console scripts (``neuronfleet-engine``, ``neuronfleet-operator``) sit beside the interpreter.
+SCRIPTS = Path(sys.executable).parent
 
 
 class ProcessRecord(BaseModel):

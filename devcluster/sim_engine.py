@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from neuronfleet.devcluster.processes import ManagedProcess, ProcessNotReadyError, free_ports
+from neuronfleet.devcluster.processes import SCRIPTS, ManagedProcess, ProcessNotReadyError, free_ports
 
-#: The installed console scripts sit beside the running interpreter.
-SCRIPTS = Path(sys.executable).parent
 #: Overrides which ``neuronfleet-engine`` the demo starts (another checkout's, say).
 ENGINE_ENV = "NEURONFLEET_DEMO_ENGINE"
 #: vLLM's start on the simulated device: loading, profiling, the first graphs.

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,18 +18,12 @@ import httpx
 import pytest
 
 from neuronfleet.devcluster.metrics import Samples, parse_samples
+from neuronfleet.devcluster.processes import SCRIPTS as SCRIPTS
 from neuronfleet.devcluster.processes import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 
-SCRIPTS = Path(sys.executable).parent
 #: vLLM start-up on a small shared CPU machine: imports, engine core process, model directory.
 READY_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    (port,) = free_ports(1)
-    return port
 
 
 def engine_env() -> dict[str, str]:
@@ -140,7 +133,7 @@ class ServerPool:
 
     def start(self, *args: str, wait: bool = True) -> EngineServer:
         """``neuronfleet-engine serve ARGS`` on a free port, ready unless ``wait`` is false."""
-        port = free_port()
+        (port,) = free_ports(1)
         log = self.logs() / "serve.log"
         # The engine's metrics files go to the test's directory, not the host's temporary one.
         metrics = log.parent / "metrics"
