@@ -21,7 +21,7 @@ order:
   be 0. The next full resync is then measured alone: its requests, how long it took, and the
   objects it changed (resourceVersions), which must be 0 too (its server-side applies are
   requests, but no-ops).
-- **memory**: the operator's RSS and peak (``/proc``) after the above, and again once the namespace
+- **memory**: the operator's RSS (psutil) and peak (``/proc``) after the above, and again once the namespace
   holds ``--fleet`` services. The added services share ``--fleet-identities`` compile identities
   (30: a fleet's few models and bucket sets) and their compiles never finish (a year's
   ``kwok-complete-after``), so each is reconciled, shared into an artifact and Compiling, and the
@@ -34,7 +34,7 @@ order:
   /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are
   counted the same way: a service reconcile GETs its service once and an artifact reconcile GETs
   its compile Job once (operator/reconcile.py), and nothing else in the operator GETs either. The
-  operator's CPU time per reconcile comes from ``/proc``.
+  operator's CPU time per reconcile comes from psutil.
 
 ``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet (a pass over
 1,000 services takes about a minute on 2 cores). The run takes about 5 minutes on 2 idle cores;
@@ -56,21 +56,23 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import httpx
+import psutil
 import yaml
 
-from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.fleet import M7I_8XLARGE, TRN2_48XLARGE, NodePool
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION
+from neuronfleet.devcluster.metrics import Samples
+from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import (
@@ -84,10 +86,8 @@ from neuronfleet.operator.kube import (
     Kube,
 )
 from neuronfleet.operator.metrics import RESYNC_DURATION, RESYNC_OBJECTS, RESYNCS
-from neuronfleet.operator.testing import OperatorProcess, Samples, observed, phase_of
 
 Obj = dict[str, Any]
-T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "operator.json"
@@ -115,7 +115,6 @@ DISPATCHED_SAMPLE = re.compile(
     r"^apiserver_flowcontrol_dispatched_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE
 )
 LABEL = re.compile(r'(\w+)="([^"]*)"')
-TOO_MANY_REQUESTS = 429
 
 
 # The cluster and the operator's identity
@@ -234,8 +233,7 @@ class Requests:
     """The operator's requests as the API server counted them, per FlowSchema (GET /metrics as admin)."""
 
     def __init__(self, cluster: LocalCluster, operator_pid: int, schemas: list[str]) -> None:
-        pki = cluster_pki(cluster)
-        self._api = Api(cluster.server, pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
+        self._api = cluster.admin_api()
         self._pid = operator_pid
         self._schemas = schemas
 
@@ -287,16 +285,16 @@ def per_reconcile(window: Window) -> Obj:
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process so far."""
-    # After the command name (which may hold spaces): the state is field 3, utime and stime are 14 and 15.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def memory(pid: int, services: int) -> Obj:
-    """The process's resident set now and at its peak (VmRSS, VmHWM), with ``services`` in its namespace."""
+    """The process's resident set now and at its peak, with ``services`` in its namespace."""
+    rss = psutil.Process(pid).memory_info().rss / 2**20
+    # psutil has no peak: the kernel's high-water mark is VmHWM (in kB).
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    fields = dict(line.split(":", 1) for line in status if ":" in line)
-    rss, peak = (int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
+    peak = int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024
     return {"services": services, "rss_mib": rss, "peak_mib": peak}
 
 
@@ -323,23 +321,24 @@ def resyncs(operator: OperatorProcess) -> Resyncs:
     return Resyncs.of(operator.metrics())
 
 
+class WatchError(RuntimeError):
+    """A watch of the bench namespace failed (the waits stop at once rather than time out)."""
+
+
 class EventLog:
     """A watch on one collection in the bench namespace: every object state, with the moment it arrived."""
 
     def __init__(self, cluster: LocalCluster, path: str) -> None:
         pki = cluster_pki(cluster)
-        self._context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        self._context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self._client = httpx.Client(verify=context, headers={"Accept": "application/json"})
         self._url = cluster.server + path
         self._events: list[tuple[float, Obj]] = []
         self._latest: dict[str, Obj] = {}
         self._changed = threading.Condition()
         self._error: str | None = None
         threading.Thread(target=self._run, name=f"watch {path}", daemon=True).start()
-
-    def _get(self, query: str, timeout: float) -> Any:
-        request = urllib.request.Request(f"{self._url}?{query}", headers={"Accept": "application/json"})
-        return urllib.request.urlopen(request, context=self._context, timeout=timeout)
 
     def _record(self, obj: Obj) -> None:
         with self._changed:
@@ -352,24 +351,26 @@ class EventLog:
             while True:  # a watch that ends (server timeout, 410 Gone) is listed and opened again
                 try:
                     self._watch()
-                except urllib.error.HTTPError as error:
+                except httpx.HTTPStatusError as error:
                     # 429 while the API server fills a new CRD's watch cache: come back when it says.
-                    if error.code != TOO_MANY_REQUESTS:
+                    if error.response.status_code != httpx.codes.TOO_MANY_REQUESTS:
                         raise
-                    time.sleep(float(error.headers.get("Retry-After") or 1))
+                    time.sleep(float(error.response.headers.get("Retry-After") or 1))
         except Exception as error:  # reported by the waiter, on the main thread
             with self._changed:
                 self._error = f"{type(error).__name__}: {error}"
                 self._changed.notify_all()
 
     def _watch(self) -> None:
-        with self._get("", 30) as response:
-            listing = json.load(response)
+        listing = self._client.get(self._url, timeout=30).raise_for_status().json()
         for obj in listing["items"]:
             self._record(obj)
-        version = listing["metadata"]["resourceVersion"]
-        with self._get(f"watch=1&resourceVersion={version}&timeoutSeconds=1800", 1900) as response:
-            for line in response:
+        query = {"watch": "1", "resourceVersion": listing["metadata"]["resourceVersion"], "timeoutSeconds": "1800"}
+        with self._client.stream("GET", self._url, params=query, timeout=1900) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line:
+                    continue
                 event = json.loads(line)
                 if event["type"] == "ERROR":
                     return
@@ -380,7 +381,7 @@ class EventLog:
         """How many objects meet ``predicate`` in their latest state."""
         with self._changed:
             if self._error is not None:
-                raise RuntimeError(f"watch failed: {self._error}")
+                raise WatchError(f"watch failed: {self._error}")
             return sum(1 for obj in self._latest.values() if predicate(obj))
 
     def mark(self) -> int:
@@ -401,27 +402,12 @@ class EventLog:
                             return at
                 since = len(self._events)
                 if self._error is not None:
-                    raise RuntimeError(f"watch for {what} failed: {self._error}")
+                    raise WatchError(f"watch for {what} failed: {self._error}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     shown = json.dumps((last or {}).get("status"))[:1500]
                     raise TimeoutError(f"{name}: timed out after {timeout:g} s waiting for {what}; last status {shown}")
                 self._changed.wait(left)
-
-
-def poll(observe: Callable[[], T], until: Callable[[T], bool], timeout: float, what: str, every: float = 0.5) -> T:
-    """Call ``observe`` until ``until`` holds; fail naming ``what`` and the last value after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not until(value := observe()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}; last seen {value!r}")
-        time.sleep(every)
-    return value
-
-
-def is_ready(generation: int) -> Callable[[Obj], bool]:
-    """A service Ready at ``generation``."""
-    return lambda b: phase_of(b) == "Ready" and observed(b) and b["metadata"]["generation"] == generation
 
 
 def observed_at(generation: int) -> Callable[[Obj], bool]:
@@ -491,7 +477,7 @@ def apply_to_ready(kube: Kube, services: EventLog, deployments: EventLog, count:
         for kind, name in (("fresh", f"fresh-{i}"), ("compiled", f"compiled-{i}")):
             mark, start = services.mark(), time.monotonic()
             create_service(kube, name, spec)
-            times[kind].append(services.first(name, is_ready(1), mark, 60, "Ready") - start)
+            times[kind].append(services.first(name, ready_at(1), mark, 60, "Ready") - start)
     return times
 
 
@@ -509,21 +495,28 @@ def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) 
             generations[name] = generation
         # The rollouts finish before the next round (and the next phase) starts.
         for name, generation in generations.items():
-            services.first(name, is_ready(generation), round_start, 120, f"Ready at generation {generation}")
+            services.first(name, ready_at(generation), round_start, 120, f"Ready at generation {generation}")
     return latencies
 
 
 def settle(requests: Requests, quiet_seconds: float, timeout: float) -> None:
     """Wait until the operator has sent no request for ``quiet_seconds``."""
-    deadline = time.monotonic() + timeout
-    last, last_change = requests.snapshot(), time.monotonic()
-    while time.monotonic() - last_change < quiet_seconds:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the operator was still sending requests after {timeout:g} s")
-        time.sleep(1)
+    counts, changed = requests.snapshot(), time.monotonic()
+
+    def quiet_for() -> float:
+        nonlocal counts, changed
         now = requests.snapshot()
-        if now != last:
-            last, last_change = now, time.monotonic()
+        if now != counts:
+            counts, changed = now, time.monotonic()
+        return time.monotonic() - changed
+
+    wait_for(
+        quiet_for,
+        lambda quiet: quiet >= quiet_seconds,
+        timeout=timeout,
+        interval=1.0,
+        what=f"{quiet_seconds:g} s without a request from the operator",
+    )
 
 
 def fleet(
@@ -541,7 +534,14 @@ def fleet(
         def compiling(body: Obj) -> bool:
             return body["metadata"]["name"].startswith("fleet-") and phase_of(body) == "Compiling" and observed(body)
 
-        poll(lambda: services.count(compiling), lambda n: n == added, timeout, f"{added} services Compiling", every=1)
+        wait_for(
+            lambda: services.count(compiling),
+            lambda n: n == added,
+            timeout=timeout,
+            interval=1.0,
+            what=f"{added} services Compiling",
+            fatal=(WatchError,),
+        )
     return {"services": total, "identities": identities, "created_in_s": created, **per_reconcile(window)}
 
 
@@ -563,14 +563,18 @@ def idle(
     timeout = 2 * resync_seconds + 240
     before = operator.resyncs()
     # Every 2 s, not 0.5: each scrape costs the operator a little CPU, which the windows measure.
-    done = poll(lambda: resyncs(operator), lambda r: r.passes > before, timeout, "a full resync", every=2)
+    done = wait_for(
+        lambda: resyncs(operator), lambda r: r.passes > before, timeout=timeout, interval=2, what="a full resync"
+    )
     with requests.counting() as quiet:
         time.sleep(seconds)  # the measurement window itself
     if operator.resyncs() != done.passes:
         raise RuntimeError(f"a resync fell inside the {seconds:g} s idle window: use --idle-seconds < --resync-seconds")
     versions_before = versions(kube)
     with requests.counting() as resync:
-        finished = poll(lambda: resyncs(operator), lambda r: r.passes > done.passes, timeout, "the next one", every=2)
+        finished = wait_for(
+            lambda: resyncs(operator), lambda r: r.passes > done.passes, timeout=timeout, interval=2, what="the next"
+        )
     versions_after = versions(kube)
     keys = versions_before.keys() | versions_after.keys()
     changed = sorted(

@@ -26,8 +26,6 @@ app.add_typer(cluster_app, name="cluster")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-Name = Annotated[str, typer.Option("--name", "-n", help="Which cluster (several may run side by side).")]
-
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     """Print ``error: message`` to stderr and exit."""
@@ -35,15 +33,27 @@ def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _check_name(name: str) -> None:
+def _valid_name(name: str) -> str:
+    # A name becomes a file name: refused in one line, as every other input error is.
     try:
         state_file(name)
     except ValueError as error:
         fail(str(error))
+    return name
+
+
+def _running_pid(pid: int | None) -> int | None:
+    if pid is not None and not is_alive(pid):
+        fail(f"--owner-pid {pid} is not a running process")
+    return pid
+
+
+Name = Annotated[
+    str, typer.Option("--name", "-n", help="Which cluster (several may run side by side).", callback=_valid_name)
+]
 
 
 def _find(name: str) -> LocalCluster:
-    _check_name(name)
     cluster = LocalCluster.find(name)
     if cluster is None:
         fail(f"no cluster named {name!r} (start one with `neuronfleet-dev cluster up --name {name}`)")
@@ -55,13 +65,14 @@ def up(
     name: Name = "dev",
     owner_pid: Annotated[
         int | None,
-        typer.Option(help="Tie the cluster to this process: `cluster reap` stops it once the process is gone."),
+        typer.Option(
+            help="Tie the cluster to this process: `cluster reap` stops it once the process is gone.",
+            min=1,
+            callback=_running_pid,
+        ),
     ] = None,
 ) -> None:
     """Start etcd, the API server, controller manager, scheduler and KWOK with fake trn2/inf2/CPU nodes."""
-    _check_name(name)
-    if owner_pid is not None and not is_alive(owner_pid):
-        fail(f"--owner-pid {owner_pid} is not a running process")
     err.print(f"starting cluster {name!r} ...", markup=False)
     try:
         cluster = LocalCluster.start(name, owner_pid=owner_pid)
@@ -118,7 +129,12 @@ def reap() -> None:
 def demo(
     example: Annotated[
         Path | None,
-        typer.Option(help="The NeuronInferenceService to apply. Default: examples/llama-3.1-8b-inf2.yaml."),
+        typer.Option(
+            help="The NeuronInferenceService to apply. Default: examples/llama-3.1-8b-inf2.yaml.",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
     ] = None,
     name: Name = "demo",
     exit_when_ready: Annotated[
@@ -136,11 +152,8 @@ def demo(
     # Imported here: `cluster` commands stay quick and need neither the operator nor rich's live view.
     from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, Demo, DemoError, Options, checkout
 
-    _check_name(name)
     try:
         chosen = example if example is not None else checkout() / DEFAULT_EXAMPLE
-        if not chosen.is_file():
-            fail(f"example {chosen} does not exist")
         Demo(out, Options(example=chosen, name=name, exit_when_ready=exit_when_ready, engine=engine, pace=pace)).run()
     except DemoError as error:
         fail(str(error), EXIT_FAILED)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -26,14 +26,13 @@ from rich.console import Console
 from rich.live import Live
 
 from neuronfleet.devcluster import demo_view, sim_engine
+from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.storage import artifact_volume
-from neuronfleet.devcluster.waiting import wait_for
-from neuronfleet.operator.api import parse_service_spec
-from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
-from neuronfleet.operator.testing import OperatorProcess
+from neuronfleet.devcluster.waiting import WaitTimeoutError, wait_for
 
 Obj = dict[str, Any]
 
@@ -46,8 +45,9 @@ READY_TIMEOUT = 180.0
 #: The fake kubelet's pace, so each stage stays on screen long enough to see (KWOK annotations).
 COMPILE_PACE = {COMPLETE_AFTER_ANNOTATION: "8s"}
 SERVING_PACE = {READY_AFTER_ANNOTATION: "3s"}
+SERVICE_KIND, ARTIFACT_KIND = "NeuronInferenceService", "NeuronCompiledArtifact"
 #: The events that tell the story (``kubectl describe``): the operator's, on its two kinds.
-STORY_KINDS = frozenset({"NeuronInferenceService", "NeuronCompiledArtifact"})
+STORY_KINDS = frozenset({SERVICE_KIND, ARTIFACT_KIND})
 
 
 class DemoError(RuntimeError):
@@ -68,9 +68,15 @@ def load_example(path: Path) -> Obj:
         body = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
         raise DemoError(f"cannot read example {path}: {error}") from None
-    if not isinstance(body, dict) or body.get("kind") != "NeuronInferenceService":
+    if not isinstance(body, dict) or body.get("kind") != SERVICE_KIND:
         raise DemoError(f"{path} is not a NeuronInferenceService")
     return body
+
+
+def store_claim(service: Obj) -> str | None:
+    """The ReadWriteMany claim of a service's ``pvc://`` artifact store (None for another store)."""
+    store = str(service["spec"]["compile"]["artifactStore"])
+    return store.removeprefix("pvc://").split("/", 1)[0] if store.startswith("pvc://") else None
 
 
 def paced(service: Obj) -> Obj:
@@ -144,7 +150,7 @@ class Demo:
         )
 
         name = self._apply(cluster, service, workdir)
-        self._watch(cluster, name)
+        self._watch(cluster, service, name)
         refused = [line for line in operator.log.read_text(errors="replace").splitlines() if "Forbidden" in line]
         if refused:
             raise DemoError(f"the chart's RBAC refused the operator {len(refused)} times; first: {refused[0]}")
@@ -153,7 +159,7 @@ class Demo:
         if self.options.exit_when_ready:
             return
         self.console.print("[bold]Ctrl-C[/] tears it all down.")
-        self._follow(cluster, name)
+        self._follow(cluster, service, name)
 
     def _stop_cluster(self, cluster: LocalCluster) -> None:
         self.say(f"tearing down: stopping cluster {cluster.name!r} ...")
@@ -184,7 +190,14 @@ class Demo:
         done = cluster.kubectl("create", "namespace", NAMESPACE)
         if done.returncode != 0:
             raise DemoError(f"kubectl create namespace {NAMESPACE}: {done.stderr.strip()}")
-        claim = parse_service_spec(service["spec"]).compile.store_claim
+        manifest = workdir / self.options.example.name
+        manifest.write_text(yaml.safe_dump(paced(service) if self.options.pace else service, sort_keys=False))
+        apply = ("apply", "--server-side", "-n", NAMESPACE, "-f", str(manifest))
+        # The server's dry run fills in the CRD's defaults (the artifact store among them) without creating it.
+        defaulted = cluster.kubectl(*apply, "--dry-run=server", "-o", "json")
+        if defaulted.returncode != 0:
+            raise DemoError(f"kubectl apply --dry-run=server: {defaulted.stderr.strip()}")
+        claim = store_claim(json.loads(defaulted.stdout))
         if claim is not None:
             # A pvc:// store needs its ReadWriteMany claim first; on EKS an admin provisions it (EFS, FSx).
             volume = workdir / "artifact-volume.yaml"
@@ -194,49 +207,40 @@ class Demo:
             bound = cluster.kubectl("apply", "-f", str(volume))
             if bound.returncode != 0:
                 raise DemoError(f"kubectl apply {volume.name}: {bound.stderr.strip()}")
-        manifest = workdir / self.options.example.name
-        manifest.write_text(yaml.safe_dump(paced(service) if self.options.pace else service, sort_keys=False))
         try:
             shown = self.options.example.resolve().relative_to(Path.cwd())
         except ValueError:
             shown = self.options.example
         pace = "  (paced for the fake kubelet)" if self.options.pace else ""
         self.say(f"kubectl apply --server-side -n {NAMESPACE} -f {shown}{pace}")
-        applied = cluster.kubectl("apply", "--server-side", "-n", NAMESPACE, "-f", str(manifest))
+        applied = cluster.kubectl(*apply)
         if applied.returncode != 0:
             raise DemoError(f"kubectl apply: {applied.stderr.strip()}")
         return str(service["metadata"]["name"])
 
-    @contextlib.contextmanager
-    def _client(self, cluster: LocalCluster) -> Iterator[Kube]:
-        client = cluster.api_client()
-        try:
-            yield Kube(client)
-        finally:
-            client.close()
-
-    def _observe(self, kube: Kube, name: str) -> tuple[Obj | None, Obj | None, list[Obj]]:
-        service = kube.get(SERVICES_NIS, NAMESPACE, name)
-        artifact_name = (((service or {}).get("status") or {}).get("artifact") or {}).get("name")
-        artifact = kube.get(ARTIFACTS, NAMESPACE, artifact_name) if artifact_name else None
+    def _observe(self, api: Api, service: Obj, name: str) -> tuple[Obj | None, Obj | None, list[Obj]]:
+        version = str(service["apiVersion"])
+        found = api.get(api.path(version, SERVICE_KIND, NAMESPACE, name))
+        artifact_name = (((found or {}).get("status") or {}).get("artifact") or {}).get("name")
+        artifact = api.get(api.path(version, ARTIFACT_KIND, NAMESPACE, artifact_name)) if artifact_name else None
         events = [
             e
-            for e in kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
+            for e in api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
             if (e.get("involvedObject") or {}).get("kind") in STORY_KINDS
         ]
         events.sort(key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "", e["metadata"]["name"]))
-        return service, artifact, events
+        return found, artifact, events
 
-    def _watch(self, cluster: LocalCluster, name: str) -> None:
+    def _watch(self, cluster: LocalCluster, service: Obj, name: str) -> None:
         """Show the service live until it is Ready; fail on a stage that cannot finish."""
-        title = f"NeuronInferenceService {NAMESPACE}/{name}"
+        title = f"{SERVICE_KIND} {NAMESPACE}/{name}"
         seen_events: set[str] = set()
         told: dict[str, str] = {}
-        deadline = time.monotonic() + READY_TIMEOUT
-        with self._client(cluster) as kube, Live(console=self.console, refresh_per_second=8, transient=True) as live:
-            while True:
-                service, artifact, events = self._observe(kube, name)
-                current = demo_view.stages(service, artifact, datetime.datetime.now(datetime.UTC))
+        with cluster.admin_api() as api, Live(console=self.console, refresh_per_second=8, transient=True) as live:
+
+            def step() -> list[demo_view.Stage]:
+                found, artifact, events = self._observe(api, service, name)
+                current = demo_view.stages(found, artifact, datetime.datetime.now(datetime.UTC))
                 for event in events:
                     if event["metadata"]["uid"] not in seen_events:
                         seen_events.add(event["metadata"]["uid"])
@@ -250,12 +254,20 @@ class Demo:
                 failed = [s for s in current if s.state == "failed"]
                 if failed:
                     raise DemoError(f"{failed[0].name}: {failed[0].detail}")
-                if current[-1].state == "done":
-                    return
-                if time.monotonic() > deadline:
-                    step = demo_view.headline(current)
-                    raise DemoError(f"{name} not Ready after {READY_TIMEOUT:g} s; stuck at {step}")
-                time.sleep(0.5)
+                return current
+
+            try:
+                wait_for(
+                    step,
+                    lambda current: current[-1].state == "done",
+                    timeout=READY_TIMEOUT,
+                    interval=0.5,
+                    what=f"{name} to be Ready",
+                    show=demo_view.headline,
+                    fatal=(DemoError,),
+                )
+            except WaitTimeoutError as error:
+                raise DemoError(str(error)) from None
 
     def _start_engine(
         self, cluster: LocalCluster, service: Obj, teardown: contextlib.ExitStack
@@ -294,12 +306,12 @@ class Demo:
         for line in lines:
             self.console.print(line, highlight=False, soft_wrap=True)
 
-    def _follow(self, cluster: LocalCluster, name: str) -> None:
+    def _follow(self, cluster: LocalCluster, service: Obj, name: str) -> None:
         """Keep the view live (scale it, edit it) until Ctrl-C."""
-        title = f"NeuronInferenceService {NAMESPACE}/{name} (Ctrl-C to tear down)"
-        with self._client(cluster) as kube, Live(console=self.console, refresh_per_second=4, transient=True) as live:
+        title = f"{SERVICE_KIND} {NAMESPACE}/{name} (Ctrl-C to tear down)"
+        with cluster.admin_api() as api, Live(console=self.console, refresh_per_second=4, transient=True) as live:
             while True:
-                service, artifact, events = self._observe(kube, name)
-                current = demo_view.stages(service, artifact, datetime.datetime.now(datetime.UTC))
+                found, artifact, events = self._observe(api, service, name)
+                current = demo_view.stages(found, artifact, datetime.datetime.now(datetime.UTC))
                 live.update(demo_view.render(title, current, [demo_view.event_line(e) for e in events[-5:]]))
                 time.sleep(1)

@@ -11,6 +11,8 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from neuronfleet.devcluster.status import condition, observed
+
 Obj = dict[str, Any]
 State = Literal["waiting", "active", "done", "failed"]
 
@@ -27,13 +29,6 @@ class Stage:
     name: str
     state: State
     detail: str = ""
-
-
-def _condition(body: Obj | None, type_: str) -> Obj:
-    for c in ((body or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return dict(c)
-    return {}
 
 
 def _parse(value: object) -> datetime.datetime | None:
@@ -61,9 +56,8 @@ def compile_detail(artifact: Obj | None, now: datetime.datetime) -> str:
 def stages(service: Obj | None, artifact: Obj | None, now: datetime.datetime) -> list[Stage]:
     """The four stages of ``service`` (with its artifact, for compile progress) at ``now``."""
     status = (service or {}).get("status") or {}
-    validated, compiled, ready = (_condition(service, t) for t in ("Validated", "ArtifactReady", "Ready"))
-    current = status.get("observedGeneration") == (service or {}).get("metadata", {}).get("generation")
-    if not validated or not current:
+    validated, compiled, ready = (condition(service, t) for t in ("Validated", "ArtifactReady", "Ready"))
+    if not validated or not observed(service):
         return [Stage("Validated", "active", "waiting for the operator"), *(Stage(n, "waiting") for n in STAGES[1:])]
     if validated.get("status") != "True":
         return [Stage("Validated", "failed", validated.get("message", "")), *(Stage(n, "waiting") for n in STAGES[1:])]

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
-from neuronfleet.devcluster.processes import ProcessRecord, is_alive, spawn, stop
+from neuronfleet.devcluster.processes import SCRIPTS, ManagedProcess, ProcessNotReadyError, free_ports
 from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
 
-#: The installed console scripts sit beside the running interpreter.
-SCRIPTS = Path(sys.executable).parent
 #: Overrides which ``neuronfleet-engine`` the demo starts (another checkout's, say).
 ENGINE_ENV = "NEURONFLEET_DEMO_ENGINE"
 #: vLLM's start on the simulated device: loading, profiling, the first graphs.
@@ -34,12 +28,6 @@ def engine_program() -> Path:
     return Path(os.environ.get(ENGINE_ENV) or SCRIPTS / "neuronfleet-engine")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class SimEngine:
     """One engine on the simulated device, serving ``model`` with the service's engine configuration."""
 
@@ -50,8 +38,8 @@ class SimEngine:
         self.served_name = self.model.split("://", 1)[-1]
         self.instance_type = str(spec.get("instanceType", DEFAULT_INSTANCE_TYPE))
         self.engine = dict(spec.get("engine") or {})
-        self.port = _free_port()
-        self.record: ProcessRecord | None = None
+        (self.port,) = free_ports(1)
+        self.process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -87,47 +75,29 @@ class SimEngine:
             "--port",
             str(self.port),
         ]
-        _, self.record = spawn("engine", argv, self.log, cwd=self.workdir)
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self._lists_model():
-            if not self._alive():
-                raise EngineError(f"the engine exited; the end of its log:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise EngineError(
-                    f"the engine did not list {self.served_name} within {START_TIMEOUT:g} s; "
-                    f"the end of its log:\n{self.tail()}"
-                )
-            time.sleep(1)
-
-    def tail(self, lines: int = 15) -> str:
-        """The end of its log (the log goes with the cluster's directory at teardown)."""
+        self.process = ManagedProcess.spawn("engine", argv, self.log, cwd=self.workdir)
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def _alive(self) -> bool:
-        return self.record is not None and is_alive(self.record.pid, self.record.start_ticks)
+            self.process.wait_ready(
+                self._lists_model, timeout=START_TIMEOUT, interval=1.0, what=f"the engine to list {self.served_name}"
+            )
+        except ProcessNotReadyError as error:
+            raise EngineError(str(error)) from None
 
     def _lists_model(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as response:
-                models = json.load(response).get("data") or []
-        except (OSError, ValueError):
+            models = httpx.get(f"{self.url}/v1/models", timeout=5).json().get("data") or []
+        except (httpx.TransportError, ValueError):
             return False
         return any(m.get("id") == self.served_name for m in models)
 
     def complete(self, prompt: str, max_tokens: int = 16) -> str:
         """One completion, as the printed curl sends it."""
-        request = urllib.request.Request(
-            f"{self.url}/v1/completions",
-            data=json.dumps(self.completion_body(prompt, max_tokens)).encode(),
-            headers={"Content-Type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                answer = json.load(response)
-        except (OSError, ValueError) as error:
+            response = httpx.post(
+                f"{self.url}/v1/completions", json=self.completion_body(prompt, max_tokens), timeout=60
+            )
+            answer = response.raise_for_status().json()
+        except (httpx.HTTPError, ValueError) as error:
             raise EngineError(f"no completion from {self.url}: {error}") from None
         return str(answer["choices"][0]["text"])
 
@@ -142,5 +112,5 @@ class SimEngine:
 
     def stop(self) -> None:
         """SIGTERM (the engine drains), then SIGKILL if it lingers."""
-        if self.record is not None:
-            stop([self.record], grace=15.0)
+        if self.process is not None:
+            self.process.stop(grace=15.0)

@@ -27,7 +27,8 @@ class ClusterState(BaseModel):
     #: The binaries it was started with (kubectl and helm for it come from here too).
     tools: Path
     owner_pid: int | None = None
-    owner_start_ticks: int | None = None
+    #: The owner's start time (psutil's ``create_time``), so a recycled pid is not taken for it.
+    owner_started: float | None = None
     processes: list[ProcessRecord] = []
 
     @property
@@ -37,7 +38,7 @@ class ClusterState(BaseModel):
 
     def owner_alive(self) -> bool:
         """Whether the owning process still runs (a cluster without an owner lives until stopped)."""
-        return self.owner_pid is None or is_alive(self.owner_pid, self.owner_start_ticks)
+        return self.owner_pid is None or is_alive(self.owner_pid, self.owner_started)
 
 
 def state_root() -> Path:

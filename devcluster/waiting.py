@@ -1,15 +1,16 @@
-"""Poll until a condition holds, with a bounded timeout and a failure message that shows what was seen."""
+"""Poll until a condition holds, within a bound the caller names, failing with what was seen last."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
-#: Longest wait any caller may ask for: everything in a local cluster settles well within it.
-MAX_TIMEOUT = 120.0
+#: The bound when a caller names none: a local cluster settles well within it.
+DEFAULT_TIMEOUT = 30.0
 
 
 class WaitTimeoutError(AssertionError):
@@ -25,24 +26,28 @@ def wait_for(
     observe: Callable[[], T],
     until: Callable[[T], bool] = bool,
     *,
-    timeout: float = 30.0,
+    timeout: float = DEFAULT_TIMEOUT,
     interval: float = 0.2,
     what: str = "condition",
     show: Callable[[T], object] = lambda value: value,
+    fatal: tuple[type[BaseException], ...] = (),
 ) -> T:
     """Call ``observe()`` until ``until(observation)`` holds; return that observation.
 
     An exception from ``observe`` counts as "not yet" (the object may not exist yet) and is reported if it
-    is the last thing seen. On timeout, raise :class:`WaitTimeoutError` naming ``what`` and the last
-    observation (passed through ``show``, to pick out the telling part of a large object).
+    is the last thing seen, except those of the ``fatal`` types, which end the wait at once (a process that
+    exited will never become ready). On timeout, raise :class:`WaitTimeoutError` naming ``what`` and the
+    last observation (passed through ``show``, to pick out the telling part of a large object).
     """
-    if not 0 < timeout <= MAX_TIMEOUT:
-        raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT}] seconds, got {timeout}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
     deadline = time.monotonic() + timeout
     last = "nothing (not observed once)"
     while True:
         try:
             value = observe()
+        except fatal:
+            raise
         except Exception as error:  # the thing may not exist yet: keep polling, remember why
             last = f"{type(error).__name__}: {_show(error)}"
         else:
@@ -55,7 +60,7 @@ def wait_for(
 
 
 class WaitFor(Protocol):
-    """The type of :func:`wait_for`, for annotating the ``wait_for`` fixture."""
+    """The type of :func:`wait_for`, for annotating the ``wait_for`` fixture and callers that take one."""
 
     def __call__(
         self,
@@ -66,5 +71,6 @@ class WaitFor(Protocol):
         interval: float = ...,
         what: str = ...,
         show: Callable[[T], object] = ...,
+        fatal: tuple[type[BaseException], ...] = ...,
     ) -> T:
         """Poll ``observe`` until ``until`` holds, as :func:`wait_for` does."""

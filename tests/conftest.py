@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from engine_server import ServerPool
 
-# `cluster`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use;
-# `crds`, `api`, `operator` and `services`: the operator's CRDs installed, the operator running.
-pytest_plugins = ["neuronfleet.devcluster.pytest_plugin", "neuronfleet.operator.pytest_plugin"]
+from neuronfleet.devcluster.processes import SCRIPTS
 
-#: The installed console scripts sit beside the interpreter running the tests.
-SCRIPTS = Path(sys.executable).parent
+# `cluster`, `crds`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use.
+# The operator's fixtures (`api`, `operator`, `services`) load only in the modules that name them.
+pytest_plugins = ["harness.cluster_fixtures"]
 
 
 @pytest.fixture

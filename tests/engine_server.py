@@ -8,33 +8,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from neuronfleet.operator.testing import Samples, parse_samples
+from neuronfleet.devcluster.metrics import Samples, parse_samples
+from neuronfleet.devcluster.processes import SCRIPTS as SCRIPTS
+from neuronfleet.devcluster.processes import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 
-SCRIPTS = Path(sys.executable).parent
 #: vLLM start-up on a small shared CPU machine: imports, engine core process, model directory.
 READY_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def engine_env() -> dict[str, str]:
@@ -43,10 +32,6 @@ def engine_env() -> dict[str, str]:
     env = {key: os.environ[key] for key in keep if key in os.environ}
     env.update({"HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "PYTHONSAFEPATH": "1"})
     return env
-
-
-def _lower(headers: Any) -> dict[str, str]:
-    return {str(name).lower(): str(value) for name, value in headers.items()}
 
 
 @dataclass
@@ -66,10 +51,19 @@ class Response:
 class EngineServer:
     """A running ``serve`` process and a small HTTP client for it."""
 
-    process: subprocess.Popen[bytes]
+    managed: ManagedProcess
     port: int
-    log: Path
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The server's process handle."""
+        return self.managed.popen
+
+    @property
+    def log(self) -> Path:
+        """The server's output."""
+        return self.managed.log
 
     def url(self, path: str) -> str:
         """The full URL of ``path``."""
@@ -77,13 +71,12 @@ class EngineServer:
 
     def request(self, path: str, body: bytes | None = None, timeout: float = REQUEST_TIMEOUT_S) -> Response:
         """GET (no body) or POST ``body`` as JSON; HTTP errors are returned, not raised."""
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        request = urllib.request.Request(self.url(path), data=body, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return Response(response.status, response.read(), _lower(response.headers))
-        except urllib.error.HTTPError as error:
-            return Response(error.code, error.read(), _lower(error.headers))
+        if body is None:
+            response = httpx.get(self.url(path), timeout=timeout)
+        else:
+            headers = {"Content-Type": "application/json"}
+            response = httpx.post(self.url(path), content=body, headers=headers, timeout=timeout)
+        return Response(response.status_code, response.content, dict(response.headers))
 
     def post(self, path: str, document: dict[str, Any]) -> Response:
         """POST ``document`` as JSON."""
@@ -91,12 +84,11 @@ class EngineServer:
 
     def stream(self, path: str, document: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST with ``stream: true``; yield each server-sent event's JSON until ``[DONE]``."""
-        body = json.dumps({**document, "stream": True}).encode()
-        request = urllib.request.Request(self.url(path), data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-            assert response.status == 200
-            for raw in response:
-                line = raw.decode().strip()
+        body = {**document, "stream": True}
+        with httpx.stream("POST", self.url(path), json=body, timeout=REQUEST_TIMEOUT_S) as response:
+            assert response.status_code == 200
+            for raw in response.iter_lines():
+                line = raw.strip()
                 if not line.startswith("data: "):
                     continue
                 payload = line.removeprefix("data: ")
@@ -113,31 +105,22 @@ class EngineServer:
 
     def log_tail(self, lines: int = 60) -> str:
         """The end of the server's output, for failure messages."""
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return self.managed.tail(lines)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Poll ``/health`` until it answers 200; fail with the log if the process exits or time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"serve exited with {self.process.returncode} before it was ready:\n{self.log_tail()}")
-            try:
-                if self.request("/health", timeout=5).status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        pytest.fail(f"serve was not ready within {timeout} s:\n{self.log_tail()}")
+        try:
+            self.managed.wait_ready(self.url("/health"), timeout=timeout, interval=0.5, what="serve to be ready")
+        except ProcessNotReadyError as error:
+            pytest.fail(str(error))
 
     def terminate(self, timeout: float = 120) -> int:
         """SIGTERM the server (its process only, as Kubernetes does) and wait for it to exit."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+        self.managed.signal(signal.SIGTERM, group=False)
         try:
-            return self.process.wait(timeout)
+            return self.managed.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(30)
+            self.managed.stop(grace=0.1)
             pytest.fail(f"serve did not exit within {timeout} s of SIGTERM:\n{self.log_tail()}")
 
 
@@ -150,39 +133,27 @@ class ServerPool:
 
     def start(self, *args: str, wait: bool = True) -> EngineServer:
         """``neuronfleet-engine serve ARGS`` on a free port, ready unless ``wait`` is false."""
-        port = free_port()
+        (port,) = free_ports(1)
         log = self.logs() / "serve.log"
         # The engine's metrics files go to the test's directory, not the host's temporary one.
         metrics = log.parent / "metrics"
         metrics.mkdir()
-        with log.open("wb") as output:
-            process = subprocess.Popen(
-                [str(SCRIPTS / "neuronfleet-engine"), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                env={**engine_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics)},
-                cwd=log.parent,
-                # Signals reach this process alone, as in a container.
-                start_new_session=True,
-            )
-        server = EngineServer(process, port, log)
+        managed = ManagedProcess.spawn(
+            "serve",
+            [str(SCRIPTS / "neuronfleet-engine"), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+            log,
+            cwd=log.parent,
+            env={**engine_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics)},
+        )
+        server = EngineServer(managed, port)
         self.servers.append(server)
         if wait:
             server.wait_ready()
         return server
 
     def stop_all(self) -> None:
-        """SIGTERM every server still running, then wait (bounded) for each."""
-        for server in self.servers:
-            if server.process.poll() is None:
-                server.process.send_signal(signal.SIGTERM)
-        for server in self.servers:
-            try:
-                server.process.wait(60)
-            except subprocess.TimeoutExpired:
-                server.process.kill()
-                server.process.wait(30)
+        """SIGTERM every server still running (its process only), then wait (bounded) for them."""
+        stop_all([server.managed for server in self.servers], grace=60, group=False)
 
 
 def write_engine_config(directory: Path, **settings: Any) -> Path:

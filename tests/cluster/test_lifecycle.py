@@ -71,7 +71,7 @@ def test_cluster_of_a_crashed_owner_is_reaped_without_leaks(owner: subprocess.Po
 
     assert reaped.returncode == 0, reaped.stderr
     assert name in reaped.stdout
-    assert [r.name for r in records if is_alive(r.pid, r.start_ticks)] == []
+    assert [r.name for r in records if is_alive(r.pid, r.started)] == []
     assert [p for p in cluster.state.ports.values() if not port_is_free(p)] == []
     assert not cluster.state.workdir.exists()
     assert LocalCluster.find(name) is None

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from neuronfleet.devcluster.metrics import parse_samples
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.metrics import OperatorMetrics
-from neuronfleet.operator.testing import parse_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"

@@ -18,15 +18,16 @@ from typing import Any
 
 import pytest
 import yaml
+from harness.services import Services
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
+from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, Kube
-from neuronfleet.operator.testing import OperatorProcess, Services
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"

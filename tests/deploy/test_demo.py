@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, paced
+from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, paced, store_claim
 from neuronfleet.devcluster.demo_view import headline, stages
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, READY_AFTER_ANNOTATION
 
@@ -74,6 +74,14 @@ def test_pacing_touches_only_pod_annotations() -> None:
         spec.pop("podAnnotations", None)
         spec["compile"].pop("podAnnotations", None)
     assert body == example
+
+
+def test_the_store_claim_comes_from_a_pvc_store_alone() -> None:
+    example = yaml.safe_load((ROOT / DEFAULT_EXAMPLE).read_text())
+    assert example["spec"]["compile"]["artifactStore"] == "pvc://neuronfleet-artifacts/neff"
+    assert store_claim(example) == "neuronfleet-artifacts"
+    example["spec"]["compile"]["artifactStore"] = "s3://bucket/neff"
+    assert store_claim(example) is None
 
 
 def test_demo_reaches_ready_and_tears_down() -> None:

@@ -11,6 +11,9 @@ from pydantic import ValidationError
 from neuronfleet.operator.api import describe_errors, parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
 
+# The operator's fixtures (`api`, `operator`, `services`), for the modules that run it alone.
+pytest_plugins = ["harness.operator_fixtures"]
+
 Obj = dict[str, Any]
 MODEL = {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"}
 

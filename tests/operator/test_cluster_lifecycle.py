@@ -7,21 +7,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from harness.services import Services
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.devcluster.metrics import Samples
+from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.status import condition, observed, phase_of
+from neuronfleet.devcluster.waiting import WaitFor
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcile import Reconciler
-from neuronfleet.operator.testing import (
-    OperatorProcess,
-    Samples,
-    Services,
-    WaitFor,
-    condition,
-    observed,
-    phase_of,
-)
+
+# The operator's fixtures (`api`, `operator`, `services`), for the modules that run it alone.
+pytest_plugins = ["harness.operator_fixtures"]
 
 Obj = dict[str, Any]
 

@@ -16,6 +16,7 @@ import kubernetes
 import pytest
 from prometheus_client import generate_latest
 
+from neuronfleet.devcluster.metrics import parse_samples
 from neuronfleet.operator.kube import (
     ARTIFACTS,
     CONFIGMAPS,
@@ -30,7 +31,6 @@ from neuronfleet.operator.kube import (
 )
 from neuronfleet.operator.reconcile import Reconciler
 from neuronfleet.operator.status import Event
-from neuronfleet.operator.testing import parse_samples
 
 TOKEN = "s3cr3t-token"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
+from neuronfleet.devcluster.metrics import Samples, parse_samples
 from neuronfleet.operator.metrics import OperatorMetrics
-from neuronfleet.operator.testing import Samples, parse_samples
 
 NIS, NCA = "NeuronInferenceService", "NeuronCompiledArtifact"
 

@@ -1,8 +1,9 @@
 """pytest fixtures for tests against a real local control plane.
 
-Enable with ``pytest_plugins = ["neuronfleet.devcluster.pytest_plugin"]`` in a ``conftest.py``. The cluster
-starts on first use, once per session; a cluster left by a crashed earlier run is reaped first. The
-``kubernetes`` package is imported only by tests that use the cluster.
+Loaded for every test by ``tests/conftest.py`` (``pytest_plugins = ["harness.cluster_fixtures"]``). The
+cluster starts on first use, once per session; a cluster left by a crashed earlier run is reaped first.
+The ``kubernetes`` package is imported only by tests that use the cluster, and nothing here imports the
+operator.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import yaml
 
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.waiting import WaitFor, wait_for
@@ -30,6 +33,19 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: LocalCluster, pytestconfig: pytest.Config) -> Path:
+    """The checked-in CRDs, applied as users apply them, and Established."""
+    directory = pytestconfig.rootpath / "crds"
+    applied = cluster.kubectl("apply", "--server-side", "-f", str(directory))
+    assert applied.returncode == 0, applied.stderr
+    for path in sorted(directory.glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        waited = cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        assert waited.returncode == 0, waited.stderr
+    return directory
 
 
 @pytest.fixture(scope="session")
@@ -88,5 +104,5 @@ def namespace(kube: ApiClient) -> Iterator[str]:
 
 @pytest.fixture(name="wait_for")
 def wait_for_fixture() -> WaitFor:
-    """:func:`neuronfleet.devcluster.waiting.wait_for`: poll with a bounded timeout, report what was seen."""
+    """:func:`neuronfleet.devcluster.waiting.wait_for`: poll within a named bound, report what was seen."""
     return wait_for

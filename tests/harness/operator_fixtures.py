@@ -1,7 +1,8 @@
 """pytest fixtures for running the operator against the local control plane.
 
-Enable with ``pytest_plugins = ["neuronfleet.operator.pytest_plugin"]`` (after the devcluster
-plugin, whose ``cluster``, ``kube``, ``namespace`` and ``wait_for`` these build on).
+Only the operator's cluster tests load these (``pytest_plugins = ["harness.operator_fixtures"]`` in the
+module), on top of the ``cluster``, ``crds``, ``kube``, ``namespace`` and ``wait_for`` of
+:mod:`harness.cluster_fixtures`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import yaml
 
+from harness.services import Services
+from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.waiting import WaitFor
 from neuronfleet.operator.kube import Kube
-from neuronfleet.operator.testing import OperatorProcess, Services, WaitFor
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -23,19 +25,6 @@ if TYPE_CHECKING:
 
 #: Short resyncs: the tests must pass on watch events alone, but a lost event should not hang them.
 RESYNC_SECONDS = 5.0
-
-
-@pytest.fixture(scope="session")
-def crds(cluster: LocalCluster, pytestconfig: pytest.Config) -> Path:
-    """The checked-in CRDs, applied as users apply them, and Established."""
-    directory = pytestconfig.rootpath / "crds"
-    applied = cluster.kubectl("apply", "--server-side", "-f", str(directory))
-    assert applied.returncode == 0, applied.stderr
-    for path in sorted(directory.glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        waited = cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
-        assert waited.returncode == 0, waited.stderr
-    return directory
 
 
 @pytest.fixture
