@@ -117,7 +117,9 @@ class SimulatedNeuronDevice:
         computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
         padded = vllm_compat.padded_counts(scheduler_output)
         req_ids = list(scheduler_output.num_scheduled_tokens)
-        prefill_ids = [r for r in req_ids if computed[r] < len(self.requests[r].prompt_token_ids)]
+        prefill_ids = vllm_compat.scheduled_prefill_ids(
+            scheduler_output, lambda req_id: len(self.requests[req_id].prompt_token_ids)
+        )
         if prefill_ids and len(prefill_ids) != len(req_ids):
             raise ShapeNotCompiledError(
                 f"a step mixes {len(prefill_ids)} prefill and {len(req_ids) - len(prefill_ids)} decode requests; "
