@@ -26,13 +26,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from neuronfleet.engine.identity import CompileIdentity
 from neuronfleet.engine.sim.cost_model import CostModel
+from neuronfleet.engine.sim_settings import Device
 
 MANIFEST = "manifest.json"
 LOCK = ".compile.lock"
 #: Bumped when the manifest's shape changes.
 MANIFEST_SCHEMA = 1
 
-Device = Literal["sim", "neuron"]
 BucketKind = Literal["prefill", "decode"]
 
 

@@ -35,7 +35,7 @@ from neuronfleet.engine.identity import CompileIdentity, ModelSource, NeuronTarg
 from neuronfleet.engine.serving.serve import Device, ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.cost_model import INSTANCE_TYPES, CostModel, get_instance_type
 from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
-from neuronfleet.engine.sim_settings import Clock, SimSettings
+from neuronfleet.engine.sim_settings import ClockMode, SimSettings
 
 #: Exit status when the compiled artifact to serve is missing or incomplete.
 EXIT_NO_ARTIFACT = 3
@@ -142,7 +142,7 @@ def sim_settings(model: str, target: str, shape: str | None, instance_type: str 
         fail(f"--instance-type {instance_type} is not a {target} instance")
     if clock not in ("real", "virtual"):
         fail(f"--clock must be real or virtual, got {clock!r}")
-    return SimSettings(shape=shape, instance_type=instance_type, clock=cast(Clock, clock))
+    return SimSettings(shape=shape, instance_type=instance_type, clock=cast(ClockMode, clock))
 
 
 def run_compile(
