@@ -29,7 +29,6 @@ IDENTITY_SCHEMA = 1
 IDENTITY_HASH_LENGTH = 16
 
 #: The ``EngineConfig`` fields a compiled graph depends on, besides the bucket sets.
-#: A field added to ``EngineConfig`` later stays out of the hash unless it is listed here.
 COMPILE_FIELDS = (
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -38,6 +37,9 @@ COMPILE_FIELDS = (
     "tensor_parallel_size",
     "dtype",
 )
+#: The ``EngineConfig`` fields that change only how requests are served, never a graph: not hashed.
+#: Every ``EngineConfig`` field is in exactly one of these, the bucket sets and COMPILE_FIELDS (a test checks).
+SERVING_FIELDS = ("scheduler",)
 
 #: Neuron compiler targets: the instance family a graph is compiled for.
 NeuronTarget = Literal["trn1", "trn2", "inf2"]
