@@ -2,8 +2,10 @@
 
 The simulated device stands for Llama 3.1 8B on one Inferentia2 chip with the
 real clock, so each decode step takes the cost model's ~27 ms and a 150-token
-reply is still streaming when the signal arrives. The server compiles its
-artifact on start (``--compile-on-start``) into an empty store.
+reply is still streaming when the signal arrives. Meanwhile clients keep sending
+small requests, from before the signal until the server stops listening, and
+every outcome is checked: served in full, or refused with 503 and Retry-After.
+The server compiles its artifact on start (``--compile-on-start``) into an empty store.
 """
 
 from __future__ import annotations
@@ -145,10 +147,10 @@ class Burst:
             return Outcome(time.monotonic(), error=type(error).__name__)
         ended_at = time.monotonic()
         try:
-            body: Any = response.json()
+            answer: Any = response.json()
         except ValueError:
-            body = response.text
-        outcome = Outcome(ended_at, response.status_code, response.headers.get("retry-after"), body)
+            answer = response.text
+        outcome = Outcome(ended_at, response.status_code, response.headers.get("retry-after"), answer)
         if served_in_full(outcome):
             self.first_served.set()
         elif refused_for_the_drain(outcome):
@@ -157,8 +159,12 @@ class Burst:
 
 
 def served_in_full(outcome: Outcome) -> bool:
-    """A request admitted before the drain began, completed."""
-    return outcome.status == 200 and outcome.body["usage"]["completion_tokens"] == BURST_TOKENS
+    """A request admitted before the drain began, run to its last token (not aborted)."""
+    return (
+        outcome.status == 200
+        and outcome.body["choices"][0]["finish_reason"] == "length"
+        and outcome.body["usage"]["completion_tokens"] == BURST_TOKENS
+    )
 
 
 def refused_for_the_drain(outcome: Outcome) -> bool:
