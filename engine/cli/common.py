@@ -129,6 +129,11 @@ def load_config(
     try:
         return EngineConfig.model_validate(settings)
     except ValidationError as error:
-        for line in format_validation_errors(error):
-            err.print(line, markup=False)
-        raise typer.Exit(EXIT_INVALID) from None
+        fail_validation(error)
+
+
+def fail_validation(error: ValidationError) -> NoReturn:
+    """Print each validation error on its own line and exit with the invalid-input status."""
+    for line in format_validation_errors(error):
+        err.print(line, markup=False)
+    raise typer.Exit(EXIT_INVALID) from None

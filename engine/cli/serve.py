@@ -22,12 +22,11 @@ from neuronfleet.engine.artifacts.store import (
     simulated_compiler,
 )
 from neuronfleet.engine.cli.common import (
-    EXIT_INVALID,
     AsyncSchedulingOption,
     ConfigOption,
     err,
     fail,
-    format_validation_errors,
+    fail_validation,
     load_config,
     out,
 )
@@ -113,9 +112,7 @@ def compile_identity(
         source = ModelSource(uri=model, revision=revision)
         return CompileIdentity.of(source, engine, target, image or default_image())
     except ValidationError as error:
-        for line in format_validation_errors(error):
-            err.print(line, markup=False)
-        raise typer.Exit(EXIT_INVALID) from None
+        fail_validation(error)
 
 
 def default_image() -> str:
