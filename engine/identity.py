@@ -30,7 +30,6 @@ IDENTITY_SCHEMA = 1
 IDENTITY_HASH_LENGTH = 16
 
 #: The ``EngineConfig`` fields a compiled graph depends on, besides the bucket sets.
-#: A field added to ``EngineConfig`` later stays out of the hash unless it is listed here.
 COMPILE_FIELDS = (
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -39,6 +38,9 @@ COMPILE_FIELDS = (
     "tensor_parallel_size",
     "dtype",
 )
+#: The ``EngineConfig`` fields that change only how requests are served, never a graph: not hashed.
+#: Every ``EngineConfig`` field is in exactly one of these, the bucket sets and COMPILE_FIELDS (a test checks).
+SERVING_FIELDS = ("scheduler",)
 
 MODEL_URI_PATTERN = (
     r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]+|hf://([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*)$"

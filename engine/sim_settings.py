@@ -1,4 +1,4 @@
-"""Settings of the simulated Neuron device, carried to vLLM's engine core in ``additional_config``.
+"""Which device the engine runs on, and the simulated device's settings (carried in ``additional_config``).
 
 The engine core runs in its own process; ``additional_config`` is the part of
 vLLM's configuration that travels there untouched, so the serve command puts
@@ -19,7 +19,11 @@ SETTINGS_KEY = "neuronfleet_sim"
 #: Environment variable that activates the simulated platform in every vLLM process.
 DEVICE_ENV = "NEURONFLEET_DEVICE"
 
-Clock = Literal["real", "virtual"]
+#: Where the engine runs: a Neuron host with the vLLM Neuron plugin, or the simulated Neuron device.
+Device = Literal["sim", "neuron"]
+
+#: How the simulated device keeps time: ``real`` sleeps for each step, ``virtual`` only counts it.
+ClockMode = Literal["real", "virtual"]
 
 
 class SimSettings(BaseModel):
@@ -29,7 +33,7 @@ class SimSettings(BaseModel):
 
     shape: str = Field("tiny", description="Named model shape (see neuronfleet.engine.sim.model_shapes).")
     instance_type: str = Field(DEFAULT_INSTANCE_TYPE, description="Instance type the cost model stands for.")
-    clock: Clock = Field("real", description="real: sleep for each step's time; virtual: only count it.")
+    clock: ClockMode = Field("real", description="real: sleep for each step's time; virtual: only count it.")
     artifact_dir: str | None = Field(
         None, description="Compiled artifact to load (its manifest fixes the compiled buckets); None: compile now."
     )

@@ -24,13 +24,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.engine.sim_settings import Device
 
 MANIFEST = "manifest.json"
 LOCK = ".compile.lock"
 #: Bumped when the manifest's shape changes.
 MANIFEST_SCHEMA = 1
 
-Device = Literal["sim", "neuron"]
 BucketKind = Literal["prefill", "decode"]
 
 

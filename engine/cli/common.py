@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
+from typer.core import TyperGroup
 
 from neuronfleet.engine.config import EngineConfig
 
@@ -33,6 +34,27 @@ PrefillBuckets = Annotated[
 DecodeBuckets = Annotated[
     str | None, typer.Option("--num-seqs-buckets", help="Comma-separated decode buckets.", show_default=False)
 ]
+OutputFormat = Literal["table", "json"]
+OutputOption = Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json.")]
+AsyncSchedulingOption = Annotated[
+    bool,
+    typer.Option("--async-scheduling/--no-async-scheduling", help="NeuronAsyncScheduler (default) or NeuronScheduler."),
+]
+
+
+class OneLineBadValues(TyperGroup):
+    """Commands whose option values typer checks (types, choices, ranges).
+
+    A value typer refuses is reported like every other bad input: one ``error:`` line
+    on stderr and exit 2, where typer would print its usage panel.
+    """
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; a refused option value exits 2 with one line."""
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as error:
+            fail(error.format_message())
 
 
 def fail(message: str) -> NoReturn:
@@ -107,6 +129,11 @@ def load_config(
     try:
         return EngineConfig.model_validate(settings)
     except ValidationError as error:
-        for line in format_validation_errors(error):
-            err.print(line, markup=False)
-        raise typer.Exit(EXIT_INVALID) from None
+        fail_validation(error)
+
+
+def fail_validation(error: ValidationError) -> NoReturn:
+    """Print each validation error on its own line and exit with the invalid-input status."""
+    for line in format_validation_errors(error):
+        err.print(line, markup=False)
+    raise typer.Exit(EXIT_INVALID) from None

@@ -11,11 +11,14 @@ from rich.table import Table
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.cli.common import (
+    AsyncSchedulingOption,
     ConfigOption,
     DecodeBuckets,
     MaxModelLen,
     MaxNumBatchedTokens,
     MaxNumSeqs,
+    OneLineBadValues,
+    OutputOption,
     PrefillBuckets,
     fail,
     load_config,
@@ -25,7 +28,9 @@ from neuronfleet.engine.cli.recommend import recommend_buckets
 from neuronfleet.engine.cli.serve import compile_command, serve_command
 from neuronfleet.engine.offline.scenarios import SCENARIOS
 
-app = typer.Typer(help="The neuronfleet serving engine.", no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    cls=OneLineBadValues, help="The neuronfleet serving engine.", no_args_is_help=True, pretty_exceptions_enable=False
+)
 buckets_app = typer.Typer(help="Validate and inspect compiled bucket sets.", no_args_is_help=True)
 app.add_typer(buckets_app, name="buckets")
 
@@ -60,11 +65,9 @@ def show(
         int | None,
         typer.Option("--length", min=1, help="Show how a prompt of this many tokens is chunked and padded."),
     ] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    output: OutputOption = "table",
 ) -> None:
     """Print the effective buckets, and with ``--length N`` the padding a prompt of N tokens gets."""
-    if output not in ("table", "json"):
-        fail(f"--output must be table or json, got {output!r}")
     engine = load_config(
         config, max_num_seqs, max_num_batched_tokens, max_model_len, num_batched_tokens_buckets, num_seqs_buckets
     )
@@ -108,12 +111,7 @@ def trace(
         str | None, typer.Option("--scenario", "-s", help="Scenario to run; --list shows them.", show_default=False)
     ] = None,
     list_scenarios: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
-    async_scheduling: Annotated[
-        bool,
-        typer.Option(
-            "--async-scheduling/--no-async-scheduling", help="NeuronAsyncScheduler (default) or NeuronScheduler."
-        ),
-    ] = True,
+    async_scheduling: AsyncSchedulingOption = True,
 ) -> None:
     """Run a scripted workload through the real vLLM scheduler; print one line per step."""
     if list_scenarios:

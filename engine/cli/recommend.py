@@ -15,6 +15,8 @@ from neuronfleet.engine.cli.common import (
     ConfigOption,
     MaxModelLen,
     MaxNumBatchedTokens,
+    OutputFormat,
+    OutputOption,
     fail,
     load_config,
     out,
@@ -109,7 +111,8 @@ def recommendation_notes(result: Recommendation) -> list[str]:
 
 def recommend_buckets(
     count: Annotated[
-        int | None, typer.Option("--count", "-k", help="How many prefill buckets to compile.", show_default=False)
+        int | None,
+        typer.Option("--count", "-k", min=1, help="How many prefill buckets to compile.", show_default=False),
     ] = None,
     lengths: Annotated[
         Path | None,
@@ -130,38 +133,30 @@ def recommend_buckets(
             show_default=False,
         ),
     ] = None,
-    samples: Annotated[int, typer.Option(help="Prompts drawn from --distribution.")] = 20_000,
+    samples: Annotated[int, typer.Option(min=1, help="Prompts drawn from --distribution.")] = 20_000,
     seed: Annotated[int, typer.Option(help="Seed for --distribution.")] = 0,
     granularity: Annotated[
-        int, typer.Option(help="Every bucket but the last is a multiple of this.")
+        int, typer.Option(min=1, help="Every bucket but the last is a multiple of this.")
     ] = DEFAULT_GRANULARITY,
     config: ConfigOption = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     max_model_len: MaxModelLen = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    output: OutputOption = "table",
 ) -> None:
     """Recommend the prefill buckets that waste the least compute on padding for a prompt-length distribution.
 
     The buckets are exactly optimal for the distribution given; they are compared with
     the power-of-two defaults and with the optimum at the defaults' size.
     """
-    if output not in ("table", "json"):
-        fail(f"--output must be table or json, got {output!r}")
     if sum(source is not None for source in (lengths, distribution, metrics)) != 1:
         fail("give exactly one of --lengths, --distribution, --metrics")
     if count is None:
         fail("--count is required: how many prefill buckets to compile")
-    if count < 1:
-        fail(f"--count must be at least 1, got {count}")
-    if granularity < 1:
-        fail(f"--granularity must be at least 1, got {granularity}")
     workload = None
     if distribution is not None:
         workload = WORKLOADS.get(distribution)
         if workload is None:
             fail(f"unknown --distribution {distribution!r}; known: {', '.join(WORKLOADS)}")
-        if samples < 1:
-            fail(f"--samples must be at least 1, got {samples}")
         if config is None:
             # A workload comes with the limits it is meant for, unless a configuration says otherwise.
             if max_num_batched_tokens is None:
@@ -202,7 +197,9 @@ def read_chunks(
     return source, observed.histogram
 
 
-def print_recommendation(source: str, result: Recommendation, configured: BucketSet | None, output: str) -> None:
+def print_recommendation(
+    source: str, result: Recommendation, configured: BucketSet | None, output: OutputFormat
+) -> None:
     """The recommendation as a table, or JSON, ending with the line to paste into a configuration."""
     yaml_line = f"num_batched_tokens_buckets: {result.recommended.buckets}"
     notes = recommendation_notes(result)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated, cast, get_args
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -21,29 +21,29 @@ from neuronfleet.engine.artifacts.store import (
     load_for_serving,
 )
 from neuronfleet.engine.cli.common import (
-    EXIT_INVALID,
+    AsyncSchedulingOption,
     ConfigOption,
     err,
     fail,
-    format_validation_errors,
+    fail_validation,
     load_config,
     out,
 )
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import INSTANCE_TYPES, NeuronTarget, get_instance_type, largest_instance_type
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
-from neuronfleet.engine.serving.serve import Device, ServeRequest, exec_vllm_serve, served_name, shape_for_model
+from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.compiler import simulated_compiler
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
-from neuronfleet.engine.sim_settings import Clock, SimSettings
+from neuronfleet.engine.sim_settings import ClockMode, Device, SimSettings
 
 #: Exit status when the compiled artifact to serve is missing or incomplete.
 EXIT_NO_ARTIFACT = 3
 DEFAULT_MODEL = "hf://neuronfleet/tiny"
 
 DeviceOption = Annotated[
-    str,
+    Device,
     typer.Option(
         "--device",
         envvar="NEURONFLEET_DEVICE",
@@ -54,7 +54,7 @@ ModelOption = Annotated[
     str, typer.Option("--model", help="hf://org/name or s3://bucket/path; on the sim device it picks the shape.")
 ]
 RevisionOption = Annotated[str, typer.Option("--revision", help="Model revision (part of the artifact identity).")]
-TargetOption = Annotated[str, typer.Option("--target", help="Neuron target: trn1, trn2 or inf2.")]
+TargetOption = Annotated[NeuronTarget, typer.Option("--target", help="Neuron target: trn1, trn2 or inf2.")]
 ImageOption = Annotated[
     str | None,
     typer.Option(
@@ -90,43 +90,28 @@ InstanceOption = Annotated[
     ),
 ]
 ClockOption = Annotated[
-    str, typer.Option("--clock", help="Simulated time: real (sleep for each step) or virtual (count only).")
+    ClockMode, typer.Option("--clock", help="Simulated time: real (sleep for each step) or virtual (count only).")
 ]
 
 
-def check_device(device: str) -> Device:
-    """``sim``, or ``neuron`` where the vLLM Neuron plugin is installed; anything else is bad input."""
-    if device == "sim":
-        return "sim"
-    if device == "neuron":
-        if importlib.util.find_spec("vllm_neuron") is None:
-            fail(
-                "--device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here; "
-                "--device sim runs the simulated Neuron device"
-            )
-        return "neuron"
-    fail(f"--device must be sim or neuron, got {device!r}")
+def check_device(device: Device) -> None:
+    """``--device neuron`` needs the vLLM Neuron plugin installed here."""
+    if device == "neuron" and importlib.util.find_spec("vllm_neuron") is None:
+        fail(
+            "--device neuron needs the vLLM Neuron plugin (vllm-neuron), which is not installed here; "
+            "--device sim runs the simulated Neuron device"
+        )
 
 
 def compile_identity(
-    engine: EngineConfig, model: str, revision: str, target: str, image: str | None
+    engine: EngineConfig, model: str, revision: str, target: NeuronTarget, image: str | None
 ) -> CompileIdentity:
     """The artifact identity of serving ``model`` with ``engine``: the function the operator uses."""
-    checked = check_target(target)
     try:
         source = ModelSource(uri=model, revision=revision)
-        return CompileIdentity.of(source, engine, checked, image or default_image())
+        return CompileIdentity.of(source, engine, target, image or default_image())
     except ValidationError as error:
-        for line in format_validation_errors(error):
-            err.print(line, markup=False)
-        raise typer.Exit(EXIT_INVALID) from None
-
-
-def check_target(target: str) -> NeuronTarget:
-    """``target`` as a Neuron target; one line and exit 2 for anything else."""
-    if target not in get_args(NeuronTarget):
-        fail(f"--target must be one of {', '.join(get_args(NeuronTarget))}, got {target!r}")
-    return cast(NeuronTarget, target)
+        fail_validation(error)
 
 
 def default_image() -> str:
@@ -134,21 +119,20 @@ def default_image() -> str:
     return f"neuronfleet/engine:{package_version('neuronfleet')}"
 
 
-def sim_settings(model: str, target: str, shape: str | None, instance_type: str | None, clock: str) -> SimSettings:
-    """The simulated device's settings, checked: a known shape, an instance of the target's family, a clock."""
+def sim_settings(
+    model: str, target: NeuronTarget, shape: str | None, instance_type: str | None, clock: ClockMode
+) -> SimSettings:
+    """The simulated device's settings, checked: a known shape, an instance of the target's family."""
     shape = shape or shape_for_model(model)
     if shape not in SHAPES:
         fail(f"unknown --shape {shape!r}; known: {', '.join(SHAPES)}")
-    family = check_target(target)
-    instance_type = instance_type or largest_instance_type(family).name
+    instance_type = instance_type or largest_instance_type(target).name
     instance = INSTANCE_TYPES.get(instance_type)
     if instance is None:
         fail(f"unknown --instance-type {instance_type!r}; known: {', '.join(INSTANCE_TYPES)}")
-    if instance.target != family:
+    if instance.target != target:
         fail(f"--instance-type {instance_type} is not a {target} instance")
-    if clock not in ("real", "virtual"):
-        fail(f"--clock must be real or virtual, got {clock!r}")
-    return SimSettings(shape=shape, instance_type=instance_type, clock=cast(Clock, clock))
+    return SimSettings(shape=shape, instance_type=instance_type, clock=clock)
 
 
 def run_compile(
@@ -213,15 +197,15 @@ def compile_command(
     clock: ClockOption = "real",
 ) -> None:
     """Compile every bucket's graph into the artifact store; an artifact already complete is not compiled again."""
-    chosen = check_device(device)
+    check_device(device)
     engine = load_config(config, None, None, None, None, None)
     if artifact_store is None:
         fail("--artifact-store is required: the directory that holds compiled artifacts")
     identity = compile_identity(engine, model, revision, target, engine_image)
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
-    settings = sim_settings(model, target, shape, instance_type, clock) if chosen == "sim" else None
-    manifest, compiled = run_compile(engine, identity, artifact_store, chosen, settings)
+    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else None
+    manifest, compiled = run_compile(engine, identity, artifact_store, device, settings)
     where = f"{artifact_store.rstrip('/')}/{manifest.hash}"
     if compiled:
         out.print(
@@ -245,16 +229,11 @@ def serve_command(
         bool, typer.Option("--compile-on-start", help="Compile a missing or incomplete artifact instead of refusing.")
     ] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
     drain_timeout: Annotated[
-        int, typer.Option("--drain-timeout", help="Seconds in-flight requests have to finish after SIGTERM.")
+        int, typer.Option("--drain-timeout", min=0, help="Seconds in-flight requests have to finish after SIGTERM.")
     ] = 30,
-    async_scheduling: Annotated[
-        bool,
-        typer.Option(
-            "--async-scheduling/--no-async-scheduling", help="NeuronAsyncScheduler (default) or NeuronScheduler."
-        ),
-    ] = True,
+    async_scheduling: AsyncSchedulingOption = True,
     served_model_name: Annotated[
         str | None,
         typer.Option(
@@ -266,25 +245,21 @@ def serve_command(
     clock: ClockOption = "real",
 ) -> None:
     """Serve the OpenAI-compatible API: vLLM's server with the Neuron scheduler. Arguments after -- go to vLLM."""
-    chosen = check_device(device)
+    check_device(device)
     engine = load_config(config, None, None, None, None, None)
-    if not 1 <= port <= 65535:
-        fail(f"--port must be between 1 and 65535, got {port}")
-    if drain_timeout < 0:
-        fail(f"--drain-timeout must not be negative, got {drain_timeout}")
-    settings = sim_settings(model, target, shape, instance_type, clock) if chosen == "sim" else SimSettings()
+    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
     directory = None
     if artifact_store is not None:
         identity = compile_identity(engine, model, revision, target, engine_image)
         directory = serving_artifact(
-            engine, identity, artifact_store, artifact_hash, chosen, settings, compile_on_start
+            engine, identity, artifact_store, artifact_hash, device, settings, compile_on_start
         )
     elif artifact_hash is not None:
         fail("--artifact-hash needs --artifact-store")
-    elif chosen == "neuron":
+    elif device == "neuron":
         fail("--device neuron needs --artifact-store: compile with `neuronfleet-engine compile` first")
     model_to_load = model.removeprefix("hf://")
-    if chosen == "sim":
+    if device == "sim":
         from neuronfleet.engine.sim.model_dir import model_dir
 
         try:
@@ -294,7 +269,7 @@ def serve_command(
     exec_vllm_serve(
         ServeRequest(
             engine=engine,
-            device=chosen,
+            device=device,
             model=model_to_load,
             served_model_name=served_model_name or served_name(model),
             revision=revision,

@@ -243,13 +243,14 @@ class OfflineEngine:
     def _record(self, output: vllm_compat.SchedulerOutput) -> StepRecord:
         computed = vllm_compat.pre_increment_computed_tokens(output)
         padded = vllm_compat.padded_counts(output)
+        prefill_ids = set(vllm_compat.scheduled_prefill_ids(output, lambda req_id: self.progress[req_id].prompt_len))
         scheduled = tuple(
             ScheduledRequest(
                 req_id=req_id,
                 num_tokens=num_tokens,
                 num_tokens_padded=padded[req_id],
                 computed_before=computed[req_id],
-                is_prefill=computed[req_id] < self.progress[req_id].prompt_len,
+                is_prefill=req_id in prefill_ids,
             )
             for req_id, num_tokens in output.num_scheduled_tokens.items()
         )

@@ -141,12 +141,8 @@ class SchedulerObserver:
         scheduled = scheduler_output.num_scheduled_tokens
         if not scheduled:
             return
-        computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
         prefills = [
-            num_tokens
-            for req_id, num_tokens in scheduled.items()
-            if (request := scheduler.requests.get(req_id)) is not None
-            and computed.get(req_id, 0) < request.num_prompt_tokens
+            scheduled[req_id] for req_id in vllm_compat.scheduled_prefill_ids(scheduler_output, scheduler.prompt_len)
         ]
         for num_tokens in prefills:
             self.metrics.prefill_chunk_tokens.observe(num_tokens)

@@ -270,13 +270,11 @@ class NeuronScheduler(Scheduler):
 
     def _scheduled_prefill_ids(self, scheduler_output: SchedulerOutput) -> set[str]:
         """Ids of the scheduled requests that were in prefill when the step started."""
-        computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
-        return {
-            req_id
-            for req_id in scheduler_output.num_scheduled_tokens
-            if (request := self.requests.get(req_id)) is not None
-            and computed.get(req_id, request.num_computed_tokens) < request.num_prompt_tokens
-        }
+        return set(vllm_compat.scheduled_prefill_ids(scheduler_output, self.prompt_len))
+
+    def prompt_len(self, req_id: str) -> int:
+        """The prompt length of a request this scheduler holds."""
+        return int(self.requests[req_id].num_prompt_tokens)
 
     def _calculate_padded_count(self, token_count: int) -> int:
         """The prefill bucket a chunk of ``token_count`` tokens runs in (0 for none)."""

@@ -1,7 +1,7 @@
 """Everything neuronfleet knows about vLLM's internals, for vLLM 0.33.
 
 The scheduler works by rearranging the base scheduler's queues and limits around
-its ``schedule()`` call; the server refuses new work while the engine drains. The
+its ``schedule()`` call; the server drains before vLLM's own shutdown begins. The
 names involved change between vLLM releases; they are all here, so an upgrade is
 reviewed in one file.
 """
@@ -9,6 +9,7 @@ reviewed in one file.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
@@ -25,13 +26,14 @@ __all__ = [
     "SchedulerOutput",
     "SchedulingPolicy",
     "cap_admissions",
-    "engine_is_shutting_down",
+    "drain_before_shutdown",
     "hidden_limit_attributes",
     "max_full_length_requests",
     "padded_counts",
     "peek_waiting",
     "pre_increment_computed_tokens",
     "requeue_waiting",
+    "scheduled_prefill_ids",
     "set_padded_counts",
     "take_all_waiting",
     "usable_kv_blocks",
@@ -103,6 +105,17 @@ def pre_increment_computed_tokens(output: SchedulerOutput) -> dict[str, int]:
     return computed
 
 
+def scheduled_prefill_ids(output: SchedulerOutput, prompt_len: Callable[[str], int]) -> list[str]:
+    """The scheduled requests that had prompt tokens left to compute when the step began, in schedule order.
+
+    A chunk that reaches the end of the prompt is still a prefill; a request resumed after preemption
+    (its computed tokens reset to 0) is one again. ``prompt_len`` gives a scheduled request's prompt
+    length; every scheduled request must have one.
+    """
+    computed = pre_increment_computed_tokens(output)
+    return [req_id for req_id in output.num_scheduled_tokens if computed[req_id] < prompt_len(req_id)]
+
+
 def usable_kv_blocks(scheduler: Scheduler) -> int | None:
     """KV blocks requests can hold: all but the null block 0 the block pool reserves.
 
@@ -143,11 +156,18 @@ def padded_counts(output: Any) -> dict[str, int]:
     return padded
 
 
-def engine_is_shutting_down(engine_client: Any) -> bool:
-    """Whether the API server's engine client has begun shutting down (draining, on SIGTERM).
+def drain_before_shutdown(engine_client: Any, drain: Callable[[float], float]) -> None:
+    """Make the API server's shutdown call ``drain(timeout)`` first, and leave vLLM the time it returns.
 
-    ``MPClient.shutdown`` detaches its finalizer first thing, before it waits for the engine core
-    to drain; the engine core then refuses new requests, which the server would answer with 500.
+    On SIGTERM ``serve_http`` calls ``engine_client.shutdown(timeout=shutdown_timeout)`` on a worker
+    thread, and ``AsyncLLM.shutdown`` closes the renderer's thread pool before it tells the engine core
+    to drain: a request arriving in between fails with 500. The process manager's timeout is vLLM's
+    drain deadline, so vLLM gets what ``drain`` left of it.
     """
-    finalizer = getattr(getattr(engine_client, "engine_core", None), "_finalizer", None)
-    return finalizer is not None and not finalizer.alive
+    shutdown = engine_client.shutdown
+
+    def drain_then_shutdown(timeout: float | None = None) -> None:
+        left = drain(timeout or 0.0)
+        shutdown(timeout=None if timeout is None else left)
+
+    engine_client.shutdown = drain_then_shutdown

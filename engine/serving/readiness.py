@@ -8,7 +8,7 @@ engine is healthy and 503 once it is not, with what it serves:
 ``{"status": "ready", "model": ..., "device": "sim", "artifact": HASH}``.
 
 While the engine drains (SIGTERM), ``/ready`` answers 503 and new POSTs are refused with
-503 and ``Retry-After``, before they reach an engine core that would drop them (a 500).
+503 and ``Retry-After`` (see ``neuronfleet.engine.serving.drain``).
 
 Registered under vLLM's ``vllm.endpoint_plugins`` entry point group; vLLM
 loads endpoint plugins only when named in ``VLLM_PLUGINS``, which the serve
@@ -21,16 +21,13 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import State
-from starlette.middleware.base import RequestResponseEndpoint
 
 from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
 from neuronfleet.engine.serving.serve import READY_PLUGIN
-
-#: Seconds a client is asked to wait before retrying a request refused while draining.
-DRAINING_RETRY_AFTER_S = 1
 
 
 def describe(args: Namespace) -> dict[str, Any]:
@@ -51,9 +48,13 @@ class ReadinessPlugin:
     name = READY_PLUGIN
     required_tasks = None
 
+    def __init__(self) -> None:
+        self.gate = DrainGate()
+
     def attach_router(self, app: FastAPI) -> None:
-        """Add ``GET /ready``, and refuse new work with 503 while the engine drains."""
+        """Add ``GET /ready``, and the drain gate every POST passes."""
         router = APIRouter()
+        gate = self.gate
 
         @router.get("/ready", include_in_schema=False)
         async def ready(request: Request) -> JSONResponse:
@@ -62,7 +63,7 @@ class ReadinessPlugin:
             client = getattr(state, "engine_client", None)
             if client is None or serving is None:
                 return JSONResponse({"status": "not ready"}, status_code=503)
-            if vllm_compat.engine_is_shutting_down(client):
+            if gate.draining:
                 return JSONResponse({"status": "not ready", "reason": "draining"}, status_code=503)
             try:
                 await client.check_health()
@@ -71,26 +72,10 @@ class ReadinessPlugin:
             return JSONResponse({"status": "ready", **serving})
 
         app.include_router(router)
-
-        @app.middleware("http")
-        async def refuse_while_draining(request: Request, call_next: RequestResponseEndpoint) -> Response:
-            # The engine core drops requests added while it drains and vLLM answers 500; a 503 with
-            # Retry-After tells clients and load balancers to go to another replica.
-            client = getattr(request.app.state, "engine_client", None)
-            if request.method == "POST" and client is not None and vllm_compat.engine_is_shutting_down(client):
-                return JSONResponse(
-                    {
-                        "error": {
-                            "message": "the engine is draining for shutdown: retry on another replica",
-                            "type": "ServiceUnavailable",
-                            "code": 503,
-                        }
-                    },
-                    status_code=503,
-                    headers={"Retry-After": str(DRAINING_RETRY_AFTER_S)},
-                )
-            return await call_next(request)
+        app.add_middleware(DrainGateMiddleware, gate=gate)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
-        """Record what is served."""
+        """Record what is served, and drain through the gate before vLLM's shutdown."""
         state.neuronfleet_serving = describe(args)
+        if engine_client is not None:
+            vllm_compat.drain_before_shutdown(engine_client, self.gate.drain)

@@ -17,12 +17,10 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, NoReturn
 
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.sim_settings import DEVICE_ENV, SETTINGS_KEY, SimSettings
-
-Device = Literal["sim", "neuron"]
+from neuronfleet.engine.sim_settings import DEVICE_ENV, SETTINGS_KEY, Device, SimSettings
 
 #: The executor vLLM runs the simulated device on (``--distributed-executor-backend``).
 SIM_EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"

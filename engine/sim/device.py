@@ -25,8 +25,7 @@ from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.padding import kv_slot, pad_decode, pad_prefill
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
-
-ClockMode = Literal["real", "virtual"]
+from neuronfleet.engine.sim_settings import ClockMode
 
 
 class ShapeNotCompiledError(RuntimeError):
@@ -60,13 +59,16 @@ class RequestState:
 
 @dataclass
 class DeviceStats:
-    """What the device ran, for metrics: counts by bucket, padding, device time."""
+    """What the device ran, as running totals: a server runs for months, so nothing is kept per step.
+
+    Device time is the clock's; whoever wants each step (a test, a benchmark) passes ``on_step``.
+    """
 
     prefill_steps_by_bucket: Counter[int] = field(default_factory=Counter)
     decode_steps_by_bucket: Counter[int] = field(default_factory=Counter)
     padding_tokens_by_bucket: Counter[int] = field(default_factory=Counter)
-    prefill_chunk_tokens: list[int] = field(default_factory=list)
-    step_seconds: list[float] = field(default_factory=list)
+    #: Prefill chunks by their real token count: at most one entry per chunk length.
+    prefill_chunks_by_tokens: Counter[int] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,9 @@ class SimulatedNeuronDevice:
         computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
         padded = vllm_compat.padded_counts(scheduler_output)
         req_ids = list(scheduler_output.num_scheduled_tokens)
-        prefill_ids = [r for r in req_ids if computed[r] < len(self.requests[r].prompt_token_ids)]
+        prefill_ids = vllm_compat.scheduled_prefill_ids(
+            scheduler_output, lambda req_id: len(self.requests[req_id].prompt_token_ids)
+        )
         if prefill_ids and len(prefill_ids) != len(req_ids):
             raise ShapeNotCompiledError(
                 f"a step mixes {len(prefill_ids)} prefill and {len(req_ids) - len(prefill_ids)} decode requests; "
@@ -133,7 +137,6 @@ class SimulatedNeuronDevice:
         else:
             result = self._decode(req_ids, computed)
         self.clock.advance(result.seconds)
-        self.stats.step_seconds.append(result.seconds)
         if self.on_step is not None:
             self.on_step(result)
         return result
@@ -180,7 +183,7 @@ class SimulatedNeuronDevice:
         seconds = self.cost.prefill_seconds(padded_len, computed)
         self.stats.prefill_steps_by_bucket[padded_len] += 1
         self.stats.padding_tokens_by_bucket[padded_len] += padded_len - num_tokens
-        self.stats.prefill_chunk_tokens.append(num_tokens)
+        self.stats.prefill_chunks_by_tokens[num_tokens] += 1
         output = ModelRunnerOutput(req_ids=[req_id], req_id_to_index={req_id: 0}, sampled_token_ids=[sampled])
         return StepResult(output, "prefill", padded_len, num_tokens, seconds)
 

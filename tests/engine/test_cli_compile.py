@@ -81,8 +81,17 @@ def test_serve_refuses_an_incomplete_artifact(run_cli: RunCli, tmp_path: Path) -
 def test_bad_device_target_and_shape_are_one_line_each(run_cli: RunCli, tmp_path: Path) -> None:
     store = str(tmp_path)
     cases = {
-        ("--device", "gpu"): "error: --device must be sim or neuron, got 'gpu'\n",
-        ("--device", "sim", "--target", "inf1"): "error: --target must be one of trn1, trn2, inf2, got 'inf1'\n",
+        # Choices typer checks: one line all the same.
+        ("--device", "gpu"): (
+            "error: Invalid value for '--device' (env var: 'NEURONFLEET_DEVICE'): "
+            "Value error, 'gpu' is not one of 'sim', 'neuron'.\n"
+        ),
+        ("--device", "sim", "--target", "trn3"): (
+            "error: Invalid value for '--target': Value error, 'trn3' is not one of 'trn1', 'trn2', 'inf2'.\n"
+        ),
+        ("--device", "sim", "--clock", "fast"): (
+            "error: Invalid value for '--clock': Value error, 'fast' is not one of 'real', 'virtual'.\n"
+        ),
         ("--device", "sim", "--shape", "gpt"): (
             "error: unknown --shape 'gpt'; known: tiny, llama-3.1-8b, llama-3.1-70b\n"
         ),
@@ -92,6 +101,19 @@ def test_bad_device_target_and_shape_are_one_line_each(run_cli: RunCli, tmp_path
     }
     for args, message in cases.items():
         result = run_cli("neuronfleet-engine", "compile", "--artifact-store", store, *args)
+        assert (result.returncode, result.stderr) == (2, message), args
+
+
+def test_serve_refuses_a_port_or_drain_timeout_out_of_range(run_cli: RunCli) -> None:
+    cases = {
+        ("--port", "0"): "error: Invalid value for '--port': Input should be greater than or equal to 1\n",
+        ("--port", "65536"): "error: Invalid value for '--port': Input should be less than or equal to 65535\n",
+        ("--drain-timeout", "-1"): (
+            "error: Invalid value for '--drain-timeout': Input should be greater than or equal to 0\n"
+        ),
+    }
+    for args, message in cases.items():
+        result = run_cli("neuronfleet-engine", "serve", "--device", "sim", *args)
         assert (result.returncode, result.stderr) == (2, message), args
 
 

@@ -173,15 +173,31 @@ def test_metrics_from_a_running_engine_over_http(run_cli: RunCli, metrics_server
         ((), {}, "give exactly one of --lengths, --distribution, --metrics"),
         (("--distribution", "chat", "--lengths", "{tmp}/ok.txt", "-k", "2"), {"ok.txt": "5\n"}, "give exactly one of"),
         (("--distribution", "chat"), {}, "--count is required: how many prefill buckets to compile"),
-        (("--distribution", "chat", "-k", "0"), {}, "--count must be at least 1, got 0"),
-        (("--distribution", "chat", "-k", "2", "--granularity", "0"), {}, "--granularity must be at least 1, got 0"),
-        (("--distribution", "chat", "-k", "2", "--samples", "0"), {}, "--samples must be at least 1, got 0"),
+        (
+            ("--distribution", "chat", "-k", "0"),
+            {},
+            "Invalid value for '--count' / '-k': Input should be greater than or equal to 1",
+        ),
+        (
+            ("--distribution", "chat", "-k", "2", "--granularity", "0"),
+            {},
+            "Invalid value for '--granularity': Input should be greater than or equal to 1",
+        ),
+        (
+            ("--distribution", "chat", "-k", "2", "--samples", "0"),
+            {},
+            "Invalid value for '--samples': Input should be greater than or equal to 1",
+        ),
         (
             ("--distribution", "poetry", "-k", "2"),
             {},
             "unknown --distribution 'poetry'; known: chat, summarization, code",
         ),
-        (("--distribution", "chat", "-k", "2", "-o", "yaml"), {}, "--output must be table or json, got 'yaml'"),
+        (
+            ("--distribution", "chat", "-k", "2", "-o", "yaml"),
+            {},
+            "Invalid value for '--output' / '-o': Value error, 'yaml' is not one of 'table', 'json'.",
+        ),
         (
             ("--lengths", "{tmp}/bad.txt", "-k", "2"),
             {"bad.txt": "100\n2x0\n"},

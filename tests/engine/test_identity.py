@@ -6,9 +6,17 @@ import hashlib
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import COMPILE_FIELDS, IDENTITY_HASH_LENGTH, CompileIdentity, ModelSource
+from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
+from neuronfleet.engine.identity import (
+    COMPILE_FIELDS,
+    IDENTITY_HASH_LENGTH,
+    SERVING_FIELDS,
+    CompileIdentity,
+    ModelSource,
+)
 
 MODEL = ModelSource(uri="hf://meta-llama/Llama-3.1-8B", revision="0e9e39f")
 
@@ -66,9 +74,24 @@ def test_model_revision_target_and_image_change_the_hash() -> None:
     assert len({base.hash(), *(o.hash() for o in others)}) == 5
 
 
-def test_the_hashed_document_lists_exactly_the_compile_fields() -> None:
-    engine = identity().document()["engine"]
-    assert set(engine) == {*COMPILE_FIELDS, "num_batched_tokens_buckets", "num_seqs_buckets"}
+def test_every_engine_field_is_declared_compile_relevant_or_serving_only() -> None:
+    # A new EngineConfig field must be declared: hashed (it changes a graph) or not (serving only).
+    compile_relevant = {*COMPILE_FIELDS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS}
+    serving_only = set(SERVING_FIELDS)
+    assert not compile_relevant & serving_only, "declared both compile-relevant and serving-only"
+    undeclared = set(EngineConfig.model_fields) - compile_relevant - serving_only
+    assert not undeclared, f"declare {sorted(undeclared)} in identity.COMPILE_FIELDS or identity.SERVING_FIELDS"
+    assert compile_relevant | serving_only == set(EngineConfig.model_fields), "declared fields that do not exist"
+    # A nested model is declared as a whole; the hashed fields are plain values.
+    for name in compile_relevant:
+        annotation = EngineConfig.model_fields[name].annotation
+        assert not (isinstance(annotation, type) and issubclass(annotation, BaseModel)), name
+
+
+def test_serving_only_fields_are_not_hashed() -> None:
+    reference = identity(scheduler=REFERENCE_SCHEDULER)
+    assert reference.hash() == identity().hash()
+    assert set(reference.document()["engine"]) == {*COMPILE_FIELDS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS}
 
 
 @pytest.mark.parametrize(

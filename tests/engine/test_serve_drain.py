@@ -2,8 +2,10 @@
 
 The simulated device stands for Llama 3.1 8B on one Inferentia2 chip with the
 real clock, so each decode step takes the cost model's ~27 ms and a 150-token
-reply is still streaming when the signal arrives. The server compiles its
-artifact on start (``--compile-on-start``) into an empty store.
+reply is still streaming when the signal arrives. Meanwhile clients keep sending
+small requests, from before the signal until the server stops listening, and
+every outcome is checked: served in full, or refused with 503 and Retry-After.
+The server compiles its artifact on start (``--compile-on-start``) into an empty store.
 """
 
 from __future__ import annotations
@@ -11,18 +13,29 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from engine_server import EngineServer, ServerPool, write_engine_config
 
-from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 
 MODEL = "meta-llama/Llama-3.1-8B"
 MAX_TOKENS = 150
+#: Clients sending new requests through the drain, each one request at a time.
+BURST_THREADS = 8
+#: Tokens each of their requests asks for.
+BURST_TOKENS = 2
+#: The burst is bounded: at most this many requests in all.
+MAX_BURST = 10_000
+#: The in-flight reply takes seconds to finish: the burst is refused many times over meanwhile.
+MIN_REFUSED = 20
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +89,93 @@ def test_the_simulated_decode_step_is_slow_enough_to_interrupt() -> None:
     assert 0.02 < cost.decode_seconds(1, 100) < 0.04
 
 
-def test_sigterm_finishes_the_generation_in_flight_then_exits_0(server: EngineServer) -> None:
+@dataclass(frozen=True)
+class Outcome:
+    """What one request sent during the drain got: a response, or a connection error."""
+
+    ended_at: float
+    status: int | None = None
+    retry_after: str | None = None
+    body: Any = None
+    error: str | None = None
+
+    def kind(self) -> str:
+        """A short name to count outcomes by."""
+        if served_in_full(self):
+            return "served in full"
+        if refused_for_the_drain(self):
+            return "refused: 503, Retry-After"
+        if self.status is None:
+            return f"no response: {self.error}"
+        return f"{self.status}: {str(self.body)[:120]}"
+
+
+class Burst:
+    """Threads that POST small completions, one new connection each, until the server stops listening."""
+
+    def __init__(self, server: EngineServer) -> None:
+        self.server = server
+        self.outcomes: list[Outcome] = []
+        self.first_served = threading.Event()
+        self.first_refusal = threading.Event()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._post_until_stopped) for _ in range(BURST_THREADS)]
+
+    def __enter__(self) -> Burst:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def _post_until_stopped(self) -> None:
+        body = {"model": MODEL, "prompt": "bada", "max_tokens": BURST_TOKENS}
+        # No keep-alive: every request is a new connection, as from many clients.
+        with httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            while not self.stop.is_set() and len(self.outcomes) < MAX_BURST:
+                outcome = self._post(client, body)
+                self.outcomes.append(outcome)
+                if outcome.error == "ConnectError":
+                    return  # the listener is closed: the server is exiting
+
+    def _post(self, client: httpx.Client, body: dict[str, Any]) -> Outcome:
+        try:
+            response = client.post(self.server.url("/v1/completions"), json=body)
+        except httpx.TransportError as error:
+            return Outcome(time.monotonic(), error=type(error).__name__)
+        ended_at = time.monotonic()
+        try:
+            answer: Any = response.json()
+        except ValueError:
+            answer = response.text
+        outcome = Outcome(ended_at, response.status_code, response.headers.get("retry-after"), answer)
+        if served_in_full(outcome):
+            self.first_served.set()
+        elif refused_for_the_drain(outcome):
+            self.first_refusal.set()
+        return outcome
+
+
+def served_in_full(outcome: Outcome) -> bool:
+    """A request admitted before the drain began, run to its last token (not aborted)."""
+    return (
+        outcome.status == 200
+        and outcome.body["choices"][0]["finish_reason"] == "length"
+        and outcome.body["usage"]["completion_tokens"] == BURST_TOKENS
+    )
+
+
+def refused_for_the_drain(outcome: Outcome) -> bool:
+    """503, ``Retry-After: 1``, and the reason."""
+    return outcome.status == 503 and outcome.retry_after == "1" and "draining" in str(outcome.body)
+
+
+def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
+    server: EngineServer, record_property: Callable[[str, object], None]
+) -> None:
     body = {
         "model": MODEL,
         "prompt": "bada bade badi",
@@ -99,29 +198,39 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(server: EngineSe
     reader = threading.Thread(target=read_stream)
     reader.start()
     assert first_token.wait(60), f"no token streamed within 60 s:\n{server.log_tail()}"
-    signalled_at = time.monotonic()
-    server.process.send_signal(15)
 
-    # New work is refused with 503 and Retry-After while the request in flight drains.
-    refused = wait_for(
-        lambda: server.post("/v1/completions", {"model": MODEL, "prompt": "bada", "max_tokens": 2}),
-        lambda response: response.status != 200,
-        timeout=10,
-        what="a new request refused",
-        show=lambda response: response.status,
-    )
-    assert refused.status == 503, refused.body
-    assert refused.headers["retry-after"] == "1"
-    assert "draining" in refused.json()["error"]["message"]
-    ready = server.request("/ready")
-    assert (ready.status, ready.json()["reason"]) == (503, "draining")
+    # Clients keep sending new requests through the signal until the process exits, as during a rollout:
+    # each is served in full (it reached the server before the drain began) or refused with 503 and
+    # Retry-After while the requests in flight drain.
+    with Burst(server) as burst:
+        assert burst.first_served.wait(60), f"no burst request served within 60 s:\n{server.log_tail()}"
+        signalled_at = time.monotonic()
+        server.process.send_signal(15)
+        assert burst.first_refusal.wait(10), f"no request refused within 10 s of SIGTERM:\n{server.log_tail()}"
+        ready = server.request("/ready")
+        assert (ready.status, ready.json()["reason"]) == (503, "draining")
+        reader.join(120)
+        stream_ended_at = time.monotonic()
+        assert not reader.is_alive(), "the stream did not end within 120 s of SIGTERM"
+        exit_code = server.process.wait(90)
+    outcomes = burst.outcomes
+    counts = Counter(outcome.kind() for outcome in outcomes)
+    summary = f"{len(outcomes)} requests sent around the drain: {dict(counts)}"
+    record_property("drain_outcomes", summary)
+    # Once the last request in flight is done the server closes its listener: only then may a connection fail.
+    last_served_at = max([stream_ended_at, *(o.ended_at for o in outcomes if served_in_full(o))])
+    unexpected = [
+        o
+        for o in outcomes
+        if not (served_in_full(o) or refused_for_the_drain(o) or (o.status is None and o.ended_at > last_served_at))
+    ]
+    assert not unexpected, f"{summary}; the first unexpected: {unexpected[0]}"
+    assert sum(map(refused_for_the_drain, outcomes)) >= MIN_REFUSED, summary
 
-    reader.join(120)
-    assert not reader.is_alive(), "the stream did not end within 120 s of SIGTERM"
     assert not failure, failure
     assert events[-1]["usage"]["completion_tokens"] == MAX_TOKENS
     text = "".join(choice["text"] for event in events for choice in event["choices"])
     assert len(text.split()) == MAX_TOKENS
     # It was cut short of nothing: most of the reply streamed after the signal.
-    assert time.monotonic() - signalled_at > 1.0
-    assert server.terminate(timeout=90) == 0
+    assert stream_ended_at - signalled_at > 1.0
+    assert exit_code == 0, server.log_tail()

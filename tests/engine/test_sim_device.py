@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from vllm.sampling_params import SamplingParams
@@ -13,9 +13,16 @@ from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import build_scheduler, construct_scheduler
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.device import Clock, ClockMode, ShapeNotCompiledError, SimulatedNeuronDevice, sampled_token
+from neuronfleet.engine.sim.device import (
+    Clock,
+    ShapeNotCompiledError,
+    SimulatedNeuronDevice,
+    StepResult,
+    sampled_token,
+)
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
+from neuronfleet.engine.sim_settings import ClockMode
 
 ENGINE = EngineConfig(
     max_num_seqs=4,
@@ -29,10 +36,18 @@ COST = CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), 
 
 
 def make_device(
-    prefill: Sequence[int] = (64, 128, 256), decode: Sequence[int] = (1, 2, 4), clock: ClockMode = "virtual"
+    prefill: Sequence[int] = (64, 128, 256),
+    decode: Sequence[int] = (1, 2, 4),
+    clock: ClockMode = "virtual",
+    on_step: Callable[[StepResult], None] | None = None,
 ) -> SimulatedNeuronDevice:
     return SimulatedNeuronDevice(
-        COST, block_size=ENGINE.block_size, prefill_buckets=prefill, decode_buckets=decode, clock=Clock(clock)
+        COST,
+        block_size=ENGINE.block_size,
+        prefill_buckets=prefill,
+        decode_buckets=decode,
+        clock=Clock(clock),
+        on_step=on_step,
     )
 
 
@@ -76,22 +91,38 @@ def test_the_device_computes_exactly_what_the_scheduler_padded() -> None:
     assert device.stats.prefill_steps_by_bucket == scheduler.prefill_steps_by_bucket
     assert device.stats.decode_steps_by_bucket == scheduler.decode_steps_by_bucket
     # 10 -> 64, 300 -> 256 + 44 in 64, 64 -> 64.
-    assert sorted(device.stats.prefill_chunk_tokens) == [10, 44, 64, 256]
+    assert device.stats.prefill_chunks_by_tokens == {10: 1, 44: 1, 64: 1, 256: 1}
     assert sum(device.stats.padding_tokens_by_bucket.values()) == 54 + 20
 
 
 def test_the_virtual_clock_counts_the_cost_model_without_sleeping() -> None:
-    device = make_device(clock="virtual")
+    steps: list[StepResult] = []
+    device = make_device(clock="virtual", on_step=steps.append)
     started = time.monotonic()
     serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), device, PROMPTS, 50)
     assert time.monotonic() - started < 10
-    assert device.clock.elapsed_s == pytest.approx(sum(device.stats.step_seconds))
+    step_seconds = [step.seconds for step in steps]
+    assert device.clock.elapsed_s == pytest.approx(sum(step_seconds))
     # A prefill of 300 tokens pays for its two padded chunks, 256 and 64 tokens.
-    assert COST.prefill_seconds(256, 0) in device.stats.step_seconds
-    assert COST.prefill_seconds(64, 256) in device.stats.step_seconds
+    assert COST.prefill_seconds(256, 0) in step_seconds
+    assert COST.prefill_seconds(64, 256) in step_seconds
     # 50 tokens: the first from each prefill, then 49 decode steps (of up to three requests).
-    assert len(device.stats.step_seconds) - 4 >= 49
+    assert len(step_seconds) - 4 >= 49
     assert device.clock.elapsed_s > 49 * COST.decode_seconds(1, 0)
+
+
+def kept_items(device: SimulatedNeuronDevice) -> int:
+    """Entries in everything the device keeps between steps: its statistics and its requests."""
+    return len(device.requests) + sum(len(value) for value in vars(device.stats).values())
+
+
+def test_what_the_device_keeps_does_not_grow_with_the_steps_it_runs() -> None:
+    # In `serve --device sim` the device runs for as long as the server: nothing may be kept per step.
+    short, long = make_device(), make_device()
+    serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), short, PROMPTS, 5)
+    serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), long, PROMPTS, 500)
+    assert sum(long.stats.decode_steps_by_bucket.values()) > 50 * sum(short.stats.decode_steps_by_bucket.values())
+    assert kept_items(long) == kept_items(short)
 
 
 def test_the_real_clock_sleeps_for_each_step() -> None:

@@ -1,0 +1,92 @@
+"""The drain gate on its own: admission, the wait for admitted requests, the 503 answer, the hook into vLLM's shutdown.
+
+The whole drain, through vLLM's server and SIGTERM, is ``test_serve_drain.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
+
+
+def test_the_drain_refuses_new_requests_and_waits_for_the_admitted_ones() -> None:
+    gate = DrainGate()
+    assert gate.admit()
+    left: list[float] = []
+    drain = threading.Thread(target=lambda: left.append(gate.drain(30)))
+    drain.start()
+    while gate.admit():  # until the drain has begun
+        gate.release()
+    assert gate.draining
+    assert drain.is_alive(), "the drain ended with a request still admitted"
+    gate.release()
+    drain.join(10)
+    assert not drain.is_alive()
+    assert 0 < left[0] <= 30
+    assert gate.active == 0
+
+
+def test_the_drain_gives_up_at_its_timeout() -> None:
+    gate = DrainGate()
+    assert gate.admit()
+    assert gate.drain(0.05) == 0.0
+    assert (gate.draining, gate.active) == (True, 1)
+
+
+def test_a_drain_with_nothing_admitted_leaves_all_its_time() -> None:
+    assert DrainGate().drain(30) > 29
+
+
+def echo(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(request.method)
+
+
+def test_the_middleware_refuses_posts_with_503_and_retry_after_once_draining() -> None:
+    gate = DrainGate()
+    app = Starlette(routes=[Route("/", echo, methods=["GET", "POST"])])
+    app.add_middleware(DrainGateMiddleware, gate=gate)
+    with TestClient(app) as client:
+        assert client.post("/").text == "POST"
+        assert gate.active == 0, "an answered request must leave the gate"
+        gate.drain(0)
+        refused = client.post("/")
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == 503
+        assert "draining" in refused.json()["error"]["message"]
+        # Reads still work: health checks and metrics during the drain.
+        assert client.get("/").text == "GET"
+
+
+class EngineClientStandIn:
+    """The one method of vLLM's engine client the hook wraps: records its calls."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.calls.append(f"shutdown {timeout}")
+
+
+def test_vllm_shutdown_runs_after_the_drain_with_the_time_it_left() -> None:
+    calls: list[str] = []
+    client = EngineClientStandIn(calls)
+
+    def drain(timeout: float) -> float:
+        calls.append(f"drain {timeout}")
+        return timeout - 12 if timeout else 0.0
+
+    vllm_compat.drain_before_shutdown(client, drain)
+    client.shutdown(timeout=60)
+    assert calls == ["drain 60", "shutdown 48"]
+    # vLLM's default timeout stays its own; the gate still closes first.
+    client.shutdown()
+    assert calls[2:] == ["drain 0.0", "shutdown None"]
