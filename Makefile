@@ -49,9 +49,10 @@ tools:  ## Build etcd, Kubernetes, kwok, helm (first time ~20 min; cached in ~/.
 demo: setup tools  ## The local control plane, the Helm chart, a service live to Ready; Ctrl-C tears it down.
 	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
 
-lint: setup  ## ruff.
+lint: setup  ## ruff, and the import layers of docs/architecture.md (import-linter).
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: setup  ## mypy, strict.
 	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster
