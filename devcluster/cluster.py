@@ -205,14 +205,7 @@ class LocalCluster:
 
     def kubectl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run the pinned kubectl against this cluster as admin (output captured, status not checked)."""
-        return subprocess.run(
-            [str(self.state.tools / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        return self._run_tool("kubectl", args, timeout)
 
     def helm(self, *args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
         """Run the pinned helm against this cluster as admin (output captured, status not checked).
@@ -228,8 +221,13 @@ class LocalCluster:
             "HELM_CONFIG_HOME": str(home / "config"),
             "HELM_DATA_HOME": str(home / "data"),
         }
+        return self._run_tool("helm", args, timeout, env)
+
+    def _run_tool(
+        self, tool: str, args: tuple[str, ...], timeout: float, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(self.state.tools / "helm"), f"--kubeconfig={self.kubeconfig}", *args],
+            [str(self.state.tools / tool), f"--kubeconfig={self.kubeconfig}", *args],
             capture_output=True,
             text=True,
             timeout=timeout,
