@@ -18,6 +18,8 @@ from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE
 SETTINGS_KEY = "neuronfleet_sim"
 #: Environment variable that activates the simulated platform in every vLLM process.
 DEVICE_ENV = "NEURONFLEET_DEVICE"
+#: vLLM's ``--distributed-executor-backend`` for the simulated device.
+EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"
 
 #: Where the engine runs: a Neuron host with the vLLM Neuron plugin, or the simulated Neuron device.
 Device = Literal["sim", "neuron"]

@@ -28,12 +28,13 @@ from starlette.datastructures import State
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
 from neuronfleet.engine.serving.serve import READY_PLUGIN
+from neuronfleet.engine.sim_settings import SETTINGS_KEY
 
 
 def describe(args: Namespace) -> dict[str, Any]:
     """What this server serves, from vLLM's parsed arguments."""
     served = args.served_model_name or [args.model]
-    sim = (args.additional_config or {}).get("neuronfleet_sim")
+    sim = (args.additional_config or {}).get(SETTINGS_KEY)
     artifact = sim.get("artifact_dir") if sim else None
     return {
         "model": served[0] if isinstance(served, list) else served,

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.sim_settings import DEVICE_ENV, SETTINGS_KEY, Device, SimSettings
+from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 
 #: The executor vLLM runs the simulated device on (``--distributed-executor-backend``).
-SIM_EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
 NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
 
@@ -104,7 +103,7 @@ def vllm_serve_argv(request: ServeRequest) -> list[str]:
             update={"artifact_dir": None if request.artifact_dir is None else str(request.artifact_dir)}
         )
         args = replace_additional_config(args, {SETTINGS_KEY: sim.model_dump(mode="json")})
-        args += ["--distributed-executor-backend", SIM_EXECUTOR_CLS]
+        args += ["--distributed-executor-backend", EXECUTOR_CLS]
     elif request.revision is not None:
         args += ["--revision", request.revision]
     return [

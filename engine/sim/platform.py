@@ -18,10 +18,9 @@ import torch
 from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from neuronfleet.engine.sim_settings import DEVICE_ENV
+from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS
 
 #: The executor the simulated platform runs vLLM's model execution on.
-EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"
 
 
 def activate() -> str | None:

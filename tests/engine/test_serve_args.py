@@ -10,7 +10,6 @@ import pytest
 
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.serving.serve import (
-    SIM_EXECUTOR_CLS,
     ServeRequest,
     plugin_allowlist,
     serve_environment,
@@ -19,7 +18,7 @@ from neuronfleet.engine.serving.serve import (
     vllm_serve_argv,
 )
 from neuronfleet.engine.sim.platform import activate
-from neuronfleet.engine.sim_settings import SimSettings
+from neuronfleet.engine.sim_settings import EXECUTOR_CLS, SimSettings
 
 ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=8192, tensor_parallel_size=8)
 
@@ -61,7 +60,7 @@ def test_sim_arguments() -> None:
     assert args["--served-model-name"] == "meta-llama/Llama-3.1-8B"
     assert (args["--host"], args["--port"], args["--shutdown-timeout"]) == ("127.0.0.1", "8000", "45")
     assert args["--scheduler-cls"] == "neuronfleet.engine.scheduler.NeuronAsyncScheduler"
-    assert args["--distributed-executor-backend"] == SIM_EXECUTOR_CLS
+    assert args["--distributed-executor-backend"] == EXECUTOR_CLS
     assert (args["--max-num-seqs"], args["--max-num-batched-tokens"], args["--max-model-len"]) == ("8", "4096", "8192")
     assert args["--tensor-parallel-size"] == "8"
     assert "--no-async-scheduling" not in args
