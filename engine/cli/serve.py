@@ -30,13 +30,19 @@ from neuronfleet.engine.cli.common import (
     out,
 )
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import INSTANCE_TYPES, NeuronTarget, get_instance_type, largest_instance_type
+from neuronfleet.engine.hardware import (
+    INSTANCE_TYPES,
+    InstanceTypeName,
+    NeuronTarget,
+    get_instance_type,
+    largest_instance_type,
+)
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.compiler import simulated_compiler
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
-from neuronfleet.engine.sim_settings import ClockMode, Device, SimSettings
+from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
 
 #: Exit status when the compiled artifact to serve is missing or incomplete.
 EXIT_NO_ARTIFACT = 3
@@ -46,7 +52,7 @@ DeviceOption = Annotated[
     Device,
     typer.Option(
         "--device",
-        envvar="NEURONFLEET_DEVICE",
+        envvar=DEVICE_ENV,
         help="neuron (a Neuron host with the vLLM Neuron plugin) or sim (the simulated Neuron device).",
     ),
 ]
@@ -77,12 +83,12 @@ ShapeOption = Annotated[
     str | None,
     typer.Option(
         "--shape",
-        help="Simulated model shape: tiny, llama-3.1-8b, llama-3.1-70b. Default: from --model.",
+        help=f"Simulated model shape: {', '.join(SHAPES)}. Default: from --model.",
         show_default=False,
     ),
 ]
 InstanceOption = Annotated[
-    str | None,
+    InstanceTypeName | None,
     typer.Option(
         "--instance-type",
         help="Instance type the simulated device stands for. Default: the target's largest.",
@@ -120,16 +126,14 @@ def default_image() -> str:
 
 
 def sim_settings(
-    model: str, target: NeuronTarget, shape: str | None, instance_type: str | None, clock: ClockMode
+    model: str, target: NeuronTarget, shape: str | None, instance_type: InstanceTypeName | None, clock: ClockMode
 ) -> SimSettings:
     """The simulated device's settings, checked: a known shape, an instance of the target's family."""
     shape = shape or shape_for_model(model)
     if shape not in SHAPES:
         fail(f"unknown --shape {shape!r}; known: {', '.join(SHAPES)}")
     instance_type = instance_type or largest_instance_type(target).name
-    instance = INSTANCE_TYPES.get(instance_type)
-    if instance is None:
-        fail(f"unknown --instance-type {instance_type!r}; known: {', '.join(INSTANCE_TYPES)}")
+    instance = INSTANCE_TYPES[instance_type]
     if instance.target != target:
         fail(f"--instance-type {instance_type} is not a {target} instance")
     return SimSettings(shape=shape, instance_type=instance_type, clock=clock)

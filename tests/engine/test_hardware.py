@@ -88,8 +88,8 @@ def test_unknown_instance_type() -> None:
 
 @pytest.mark.parametrize("name", crd_instance_types())
 def test_every_instance_type_the_crd_accepts_configures_the_simulated_device(name: str) -> None:
-    target = get_instance_type(name).target
-    settings = sim_settings("hf://neuronfleet/tiny", target, None, name, "virtual")
+    catalogued = get_instance_type(name)
+    settings = sim_settings("hf://neuronfleet/tiny", catalogued.target, None, catalogued.name, "virtual")
     assert (settings.instance_type, settings.shape) == (name, "tiny")
     instance = get_instance_type(settings.instance_type)
     for tensor_parallel_size in (1, instance.cores):
