@@ -4,6 +4,11 @@
 give vLLM's ``--scheduler-cls``; the classes live in ``neuron.py``.
 """
 
-from neuronfleet.engine.scheduler.neuron import NeuronAsyncScheduler, NeuronScheduler
+from neuronfleet.engine.scheduler.neuron import (
+    NeuronAsyncScheduler,
+    NeuronScheduler,
+    SchedulerState,
+    read_neuron_config,
+)
 
-__all__ = ["NeuronAsyncScheduler", "NeuronScheduler"]
+__all__ = ["NeuronAsyncScheduler", "NeuronScheduler", "SchedulerState", "read_neuron_config"]
