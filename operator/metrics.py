@@ -3,7 +3,7 @@
 Series (all prefixed ``neuronfleet_operator_``):
 
 - ``reconciles_total{kind, outcome}``: reconciles run; ``outcome`` is ``ok``, ``retry`` (the
-  cluster was mid-change) or ``error`` (kopf retries it with backoff).
+  cluster was mid-change) or ``error``; both are retried as ``retries.py`` says.
 - ``reconcile_duration_seconds{kind}``: how long each took, reads and writes included.
 - ``compiles_total{outcome}``: compile Jobs that ended, ``Ready`` or ``Failed``, counted when the
   artifact's stored status first says so (so a restarted operator does not count them again; a
