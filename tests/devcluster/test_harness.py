@@ -33,7 +33,7 @@ def kopf_modules_loaded(*load: str) -> str:
 
 
 def test_the_engine_tests_plugins_do_not_import_kopf() -> None:
-    assert kopf_modules_loaded("tests/conftest.py", "engine_server") == "[]"
+    assert kopf_modules_loaded("tests/conftest.py", "harness.engine_server") == "[]"
 
 
 def test_the_check_sees_kopf_when_it_is_imported() -> None:

@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from engine_server import write_engine_config
+from harness.engine_server import write_engine_config
 
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity, ModelSource

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from engine_server import EngineServer, ServerPool, write_engine_config
+from harness.engine_server import EngineServer, ServerPool, write_engine_config
 
 from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.sim.cost_model import CostModel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_server import ServerPool, write_engine_config
+from harness.engine_server import ServerPool, write_engine_config
 
 MODEL = "neuronfleet/tiny"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_server import SCRIPTS, EngineServer, ServerPool, write_engine_config
+from harness.engine_server import SCRIPTS, EngineServer, ServerPool, write_engine_config
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.sim.tokenizer import words
