@@ -101,24 +101,44 @@ def send_signal(record: ProcessRecord, sig: signal.Signals, *, group: bool = Tru
             os.kill(record.pid, sig)
 
 
-def _wait_gone(records: Sequence[ProcessRecord], seconds: float, interval: float) -> list[ProcessRecord]:
+def group_alive(pgid: int) -> bool:
+    """Whether a live process (not a zombie waiting to be reaped) is still in process group ``pgid``."""
+    for process in psutil.process_iter(["status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(process.pid) == pgid:
+                return True
+    return False
+
+
+def _wait_gone(check: Callable[[], list[int]], seconds: float, interval: float) -> list[int]:
     with contextlib.suppress(WaitTimeoutError):
-        return wait_for(
-            lambda: [r for r in records if r.alive()], lambda left: not left, timeout=seconds, interval=interval
-        )
-    return [r for r in records if r.alive()]
+        return wait_for(check, lambda left: not left, timeout=seconds, interval=interval)
+    return check()
 
 
 def stop(records: Sequence[ProcessRecord], *, grace: float = 10.0, group: bool = True) -> list[ProcessRecord]:
     """SIGTERM each process group (or, ``group=False``, each process alone, as Kubernetes signals pid 1), then
-    SIGKILL the groups that outlive ``grace`` seconds; returns any still alive after that."""
-    for record in records:
+    SIGKILL the groups that outlive ``grace`` seconds; returns any still alive after that.
+
+    A group outlives its leader when a member ignores SIGTERM (vLLM's engine core under ``serve``), so the
+    wait covers every member of the groups this call signalled, not only the recorded processes.
+    """
+    owned = [r for r in records if r.alive()]
+    for record in owned:
         send_signal(record, signal.SIGTERM, group=group)
-    if not _wait_gone(records, grace, 0.1):
+
+    def left() -> list[int]:
+        return [r.pid for r in owned if r.alive() or (group and group_alive(r.pid))]
+
+    if not _wait_gone(left, grace, 0.1):
         return []
-    for record in records:
-        send_signal(record, signal.SIGKILL)
-    return _wait_gone(records, 5.0, 0.05)
+    for pid in left():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    survivors = set(_wait_gone(left, 5.0, 0.05))
+    return [r for r in owned if r.pid in survivors]
 
 
 def stop_all(processes: Sequence[ManagedProcess], *, grace: float = 10.0, group: bool = True) -> bool:

@@ -37,6 +37,18 @@ def test_stop_ends_the_process_group(tmp_path: Path) -> None:
     assert not is_alive(grandchild)
 
 
+def test_stop_kills_a_group_member_that_outlives_its_leader(tmp_path: Path) -> None:
+    # The leader exits on SIGTERM; its child ignores SIGTERM, as vLLM's engine core can.
+    script = "(trap '' TERM; exec sleep 600) & echo $! > child.pid; trap 'exit 0' TERM; wait"
+    leader = ManagedProcess.spawn("sh", ["sh", "-c", script], tmp_path / "log", cwd=tmp_path)
+    member = int(wait_for(lambda: (tmp_path / "child.pid").read_text().strip(), timeout=10, what="child.pid"))
+
+    assert stop([leader.record], grace=1) == []
+    leader.wait(timeout=5)
+
+    assert not is_alive(member)
+
+
 def test_a_recycled_pid_is_not_signalled(tmp_path: Path) -> None:
     child = ManagedProcess.spawn("sleep", ["sleep", "600"], tmp_path / "log", cwd=tmp_path)
     try:
