@@ -42,6 +42,8 @@ class OperatorProcess:
 
     def start(self, wait_for: WaitFor, timeout: float = 60) -> None:
         """Start it and wait until its liveness endpoint answers (it is watching)."""
+        if self.managed is not None and self.managed.alive():
+            raise RuntimeError("the operator is still running: stop() or kill() it before starting it again")
         self.runs += 1
         port, self.metrics_port = free_ports(2)
         argv = [str(SCRIPTS / "neuronfleet-operator"), "run", "--kubeconfig", str(self.kubeconfig)]
