@@ -31,7 +31,7 @@ from neuronfleet.devcluster.processes import (
     stop,
 )
 from neuronfleet.devcluster.state import ClusterState, list_states, load, save, state_file
-from neuronfleet.devcluster.tools import KubeTools
+from neuronfleet.devcluster.tools import KubeTools, helm_env
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -212,16 +212,7 @@ class LocalCluster:
 
         Helm keeps its caches and repository list in the cluster's directory, never in the user's home.
         """
-        home = self.state.workdir / "helm"
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            # client-go's discovery cache goes under $HOME/.kube: keep it in the cluster's directory too.
-            "HOME": str(home),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-        return self._run_tool("helm", args, timeout, env)
+        return self._run_tool("helm", args, timeout, helm_env(self.state.workdir / "helm"))
 
     def _run_tool(
         self, tool: str, args: tuple[str, ...], timeout: float, env: dict[str, str] | None = None

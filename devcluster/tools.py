@@ -84,3 +84,15 @@ class KubeTools:
     def path(self, name: str) -> Path:
         """The path of one binary."""
         return self.directory / name
+
+
+def helm_env(home: Path) -> dict[str, str]:
+    """An environment that keeps helm's caches, configuration and data (and client-go's discovery
+    cache, under ``$HOME/.kube``) in ``home``, never in the user's home."""
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(home),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from engine_server import ServerPool
+from harness.engine_server import ServerPool
+from harness.programs import run_program
 
 from neuronfleet.devcluster.processes import SCRIPTS
 
@@ -21,14 +22,10 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run an installed console script as a user would, capturing its output."""
 
     def run(program: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return run_program(
             [str(SCRIPTS / program), *args],
-            capture_output=True,
-            text=True,
             timeout=120,
-            stdin=subprocess.DEVNULL,
             cwd=cwd,
-            check=False,
             # vLLM inspects models in a `python -m` child: it must not import `operator/` from the cwd.
             env={"PATH": str(SCRIPTS), "COLUMNS": "120", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1", "PYTHONSAFEPATH": "1"},
         )

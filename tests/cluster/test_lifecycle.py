@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.programs import run_program
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.processes import is_alive
@@ -19,15 +20,7 @@ CLI = str(Path(sys.executable).parent / "neuronfleet-dev")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        stdin=subprocess.DEVNULL,
-        check=False,
-        env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1"},
-    )
+    return run_program([CLI, *args], timeout=150, env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1"})
 
 
 def port_is_free(port: int) -> bool:

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
+from harness.programs import run_program
 from lupa import lua51
 
-from neuronfleet.devcluster.tools import KubeTools
+from neuronfleet.devcluster.tools import KubeTools, helm_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"
@@ -29,20 +30,7 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     binary = str(KubeTools.locate().path("helm"))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [binary, *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-            check=False,
-            env={
-                "HOME": str(home),
-                "HELM_CACHE_HOME": str(home / "cache"),
-                "HELM_CONFIG_HOME": str(home / "config"),
-                "HELM_DATA_HOME": str(home / "data"),
-            },
-        )
+        return run_program([binary, *args], timeout=120, env=helm_env(home))
 
     return run
 

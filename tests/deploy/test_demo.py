@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from harness.programs import run_program
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, paced, store_claim
 from neuronfleet.devcluster.demo_view import headline, stages
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.devcluster.processes import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "NeuronInferenceService"
@@ -86,21 +86,10 @@ def test_the_store_claim_comes_from_a_pvc_store_alone() -> None:
 
 def test_demo_reaches_ready_and_tears_down() -> None:
     name = f"demo-test-{os.getpid()}"
-    ran = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "neuronfleet-dev"),
-            "demo",
-            "--exit-when-ready",
-            "--no-pace",
-            "--name",
-            name,
-        ],
-        capture_output=True,
-        text=True,
+    ran = run_program(
+        [str(SCRIPTS / "neuronfleet-dev"), "demo", "--exit-when-ready", "--no-pace", "--name", name],
         timeout=300,
-        stdin=subprocess.DEVNULL,
         cwd=ROOT,
-        check=False,
         env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
     )
     output = ran.stdout + ran.stderr
