@@ -60,6 +60,15 @@ class Owner:
             "blockOwnerDeletion": controller,
         }
 
+    def child_metadata(self, name: str, namespace: str, labels: dict[str, str], *, controller: bool = True) -> Obj:
+        """The metadata of an object this owner owns."""
+        return {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [self.reference(controller=controller)],
+        }
+
     @classmethod
     def of(cls, body: Obj) -> Owner:
         """The owner described by an object read from the API server."""
@@ -207,12 +216,9 @@ def artifact(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec)
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.ARTIFACT_KIND.kind,
-        "metadata": {
-            "name": artifact_name(identity),
-            "namespace": namespace,
-            "labels": artifact_labels(identity.hash()),
-            "ownerReferences": [owner.reference(controller=False)],
-        },
+        "metadata": owner.child_metadata(
+            artifact_name(identity), namespace, artifact_labels(identity.hash()), controller=False
+        ),
         "spec": artifact_spec.model_dump(mode="json", exclude_none=True),
     }
 
@@ -222,12 +228,7 @@ def artifact_configmap(owner: Owner, namespace: str, spec: api.NeuronCompiledArt
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": owner.name,
-            "namespace": namespace,
-            "labels": artifact_labels(spec.hash()),
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owner.child_metadata(owner.name, namespace, artifact_labels(spec.hash())),
         "data": {ENGINE_FILE: engine_yaml(spec.engine)},
     }
 
@@ -263,12 +264,7 @@ def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSp
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": compile_job_name(owner.name),
-            "namespace": namespace,
-            "labels": labels,
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owner.child_metadata(compile_job_name(owner.name), namespace, labels),
         "spec": {
             "backoffLimit": settings.backoff_limit,
             "activeDeadlineSeconds": settings.timeout_seconds,
@@ -318,12 +314,11 @@ def engine_configmap(owner: Owner, namespace: str, spec: api.NeuronInferenceServ
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": engine_configmap_name(owner.name, spec.engine),
-            "namespace": namespace,
-            "labels": {**service_labels(owner.name), LABEL_ARTIFACT: artifact_hash, **MANAGED_BY},
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owner.child_metadata(
+            engine_configmap_name(owner.name, spec.engine),
+            namespace,
+            {**service_labels(owner.name), LABEL_ARTIFACT: artifact_hash, **MANAGED_BY},
+        ),
         "data": {ENGINE_FILE: engine_yaml(spec.engine)},
     }
 
@@ -406,12 +401,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": owner.name,
-            "namespace": namespace,
-            "labels": {**service_labels(owner.name), **MANAGED_BY},
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": service_labels(owner.name)},
@@ -445,12 +435,7 @@ def service(owner: Owner, namespace: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": owner.name,
-            "namespace": namespace,
-            "labels": {**service_labels(owner.name), **MANAGED_BY},
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
         "spec": {
             "selector": service_labels(owner.name),
             "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
@@ -463,12 +448,7 @@ def disruption_budget(owner: Owner, namespace: str) -> Obj:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": owner.name,
-            "namespace": namespace,
-            "labels": {**service_labels(owner.name), **MANAGED_BY},
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": service_labels(owner.name)},
