@@ -134,9 +134,12 @@ def stop(records: Sequence[ProcessRecord], *, grace: float = 10.0, group: bool =
 
     if not _wait_gone(left, grace, 0.1):
         return []
-    for pid in left():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    for record in owned:
+        # The process itself (it may lead no group), then what is left of its group.
+        send_signal(record, signal.SIGKILL, group=False)
+        if group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record.pid, signal.SIGKILL)
     survivors = set(_wait_gone(left, 5.0, 0.05))
     return [r for r in owned if r.pid in survivors]
 

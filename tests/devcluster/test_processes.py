@@ -132,3 +132,15 @@ def test_answers_is_a_200_and_nothing_else(http_server: str) -> None:
 def test_free_ports_are_distinct() -> None:
     ports = free_ports(20)
     assert len(set(ports)) == 20
+
+
+def test_stop_kills_a_process_that_ignores_sigterm_and_leads_no_group(tmp_path: Path) -> None:
+    script = "(trap '' TERM; exec sleep 600) & echo $! > child.pid; wait"
+    leader = ManagedProcess.spawn("sh", ["sh", "-c", script], tmp_path / "log", cwd=tmp_path)
+    member = int(wait_for(lambda: (tmp_path / "child.pid").read_text().strip(), timeout=10, what="child.pid"))
+    record = ProcessRecord(name="sleep", pid=member, started=started_at(member) or 0, log=leader.log)
+
+    assert stop([record], grace=0.5, group=False) == []
+    assert not is_alive(member)
+    assert stop([leader.record], grace=5) == []
+    leader.wait(timeout=5)
