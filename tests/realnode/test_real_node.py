@@ -58,6 +58,11 @@ def pod(name: str, command: list[str], **spec: Any) -> Obj:
     }
 
 
+def read(api: Api, name: str) -> Obj:
+    """The pod named ``name`` (empty once it is gone)."""
+    return api.get(f"{PODS}/{name}") or {}
+
+
 def condition(found: Obj | None, kind: str) -> Obj | None:
     """The pod's condition of type ``kind``, if any."""
     conditions = (found or {}).get("status", {}).get("conditions", [])
@@ -87,7 +92,7 @@ def web(api: Api) -> Iterator[str]:
 
 def test_pod_is_ready_only_once_it_answers(api: Api, web: str) -> None:
     running = wait_for(
-        lambda: api.get(f"{PODS}/{web}"),
+        lambda: read(api, web),
         lambda found: (found or {}).get("status", {}).get("phase") == "Running",
         timeout=60,
         what=f"pod {web} Running",
@@ -97,7 +102,7 @@ def test_pod_is_ready_only_once_it_answers(api: Api, web: str) -> None:
     assert (condition(running, "Ready") or {}).get("status") == "False", running["status"]
     assert running["spec"]["nodeName"] == REAL_NODE
     ready = wait_for(
-        lambda: api.get(f"{PODS}/{web}"),
+        lambda: read(api, web),
         lambda found: (condition(found, "Ready") or {}).get("status") == "True",
         timeout=60,
         what=f"pod {web} Ready",
@@ -144,7 +149,7 @@ def test_neuron_pods_fit_the_advertised_capacity(api: Api) -> None:
         api.request("POST", PODS, pod(name, ["sleep", "3600"], container={"resources": {"limits": limits}}))
     try:
         fits = wait_for(
-            lambda: api.get(f"{PODS}/{names['fits']}"),
+            lambda: read(api, names["fits"]),
             lambda found: (found or {}).get("status", {}).get("phase") == "Running",
             timeout=60,
             what="the pod within capacity Running",
@@ -152,13 +157,13 @@ def test_neuron_pods_fit_the_advertised_capacity(api: Api) -> None:
         )
         assert fits["spec"]["nodeName"] == REAL_NODE
         unscheduled = wait_for(
-            lambda: condition(api.get(f"{PODS}/{names['too-big']}"), "PodScheduled"),
-            lambda found: found is not None and found.get("reason") == "Unschedulable",
+            lambda: condition(read(api, names["too-big"]), "PodScheduled") or {},
+            lambda found: found.get("reason") == "Unschedulable",
             timeout=30,
             what="the pod over capacity to be Unschedulable",
         )
         assert f"Insufficient {NEURON_DEVICE_RESOURCE}" in unscheduled["message"]
-        assert (api.get(f"{PODS}/{names['too-big']}") or {})["status"]["phase"] == "Pending"
+        assert read(api, names["too-big"])["status"]["phase"] == "Pending"
     finally:
         for name in names.values():
             api.request("DELETE", f"{PODS}/{name}", {"gracePeriodSeconds": 0})
@@ -185,7 +190,7 @@ def test_delete_runs_prestop_and_ends_within_grace(api: Api, real_cluster: Local
     )
     api.request("POST", PODS, spec)
     wait_for(
-        lambda: api.get(f"{PODS}/{name}"),
+        lambda: read(api, name),
         lambda found: (found or {}).get("status", {}).get("phase") == "Running",
         timeout=60,
         what=f"pod {name} Running",
@@ -193,9 +198,7 @@ def test_delete_runs_prestop_and_ends_within_grace(api: Api, real_cluster: Local
     )
     deleted = time.monotonic()
     api.request("DELETE", f"{PODS}/{name}")
-    wait_for(
-        lambda: api.get(f"{PODS}/{name}"), lambda found: found is None, timeout=grace + 10, what=f"pod {name} gone"
-    )
+    wait_for(lambda: read(api, name), lambda found: not found, timeout=grace + 10, what=f"pod {name} gone")
     assert time.monotonic() - deleted < grace
     assert Path(marks / "prestop").read_text().strip() == str(images.BASE_USER_UID)
     events = api.request("GET", f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name={name}")
