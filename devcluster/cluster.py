@@ -199,9 +199,10 @@ class LocalCluster:
         return all(self.components().values())
 
     def components(self) -> dict[str, bool]:
-        """Each component's liveness, plus ``kube-apiserver /readyz``."""
+        """Each component's liveness (the real node's processes too), plus ``kube-apiserver /readyz``."""
         alive = {r.name: r.alive() for r in self.state.processes}
-        health = {name: alive.get(name, False) for name in COMPONENTS}
+        names = COMPONENTS if self.state.netns is None else (*COMPONENTS, *node.PROCESSES)
+        health = {name: alive.get(name, False) for name in names}
         with self.admin_api() as api:
             health["kube-apiserver /readyz"] = health["kube-apiserver"] and _readyz(api)
         return health

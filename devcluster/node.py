@@ -398,7 +398,9 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     )
     node = RealNode(state)
     wait("containerd to answer", containerd, lambda: _answers(node))
-    node.import_image(images.pause_image())
+    # Built once and cached (images.py); the base image is what the node's own pods run.
+    for archive in (images.pause_image(), images.base_image()):
+        node.import_image(archive)
 
     labels = ",".join(f"{key}={value}" for key, value in node_labels().items())
     spawn(

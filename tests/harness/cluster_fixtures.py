@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from neuronfleet.devcluster import images
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.waiting import WaitFor, wait_for
@@ -42,14 +41,11 @@ def real_cluster() -> Iterator[LocalCluster]:
     """A second cluster for the session whose only node is the real one (``real-0``), so every pod lands there.
 
     Started on first use, beside (never inside) the KWOK tests' ``cluster``, whose speed it leaves alone.
-    The base image is loaded into the node's containerd.
+    Its containerd holds the pause and base images (``neuronfleet.devcluster.images``).
     """
     reap_orphans()
     local = LocalCluster.start(f"pytest-real-{os.getpid()}", fleet=(), owner_pid=os.getpid(), real_node=True)
     try:
-        node = local.real_node
-        assert node is not None
-        node.import_image(images.base_image())
         yield local
     finally:
         local.stop()
