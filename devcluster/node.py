@@ -29,6 +29,7 @@ from neuronfleet.devcluster import images
 from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.fleet import POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL
 from neuronfleet.devcluster.processes import ManagedProcess, ProcessRecord, stop
+from neuronfleet.devcluster.runc_norlimits import without_rlimits
 from neuronfleet.devcluster.state import ClusterState
 from neuronfleet.devcluster.tools import KubeTools, NodeTools, ToolsMissingError
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
@@ -54,7 +55,10 @@ PROCESSES = (
 )
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: Starts and records one process: ``spawn(name, argv, env)``.
 Spawn = Callable[[str, Sequence[str], dict[str, str] | None], ManagedProcess]
+#: ``wait(what, process, check)``: until ``check()`` holds, failing as soon as ``process`` exits.
+Wait = Callable[[str, ManagedProcess, Callable[[], bool]], None]
 
 
 def netns_name(cluster: str) -> str:
@@ -328,7 +332,34 @@ class RealNode:
         )
 
 
-Wait = Callable[[str, ManagedProcess, Callable[[], bool]], None]
+@dataclass(frozen=True)
+class NodeFiles:
+    """The configuration files :func:`write_files` made."""
+
+    containerd: Path
+    kubelet: Path
+    kube_proxy: Path
+
+
+def write_files(paths: NodePaths, layout: Layout, node_tools: NodeTools) -> NodeFiles:
+    """Write the node's configuration: containerd (with the runc wrapper and its spec), CNI, kubelet, kube-proxy."""
+    (paths.root / "cni").mkdir(parents=True)
+    runc = paths.root / "runc"
+    # containerd runs this path without arguments of its own; -P keeps the bundle directory off sys.path.
+    runc.write_text(f'#!/bin/sh\nexec {sys.executable} -P -m neuronfleet.devcluster.runc_norlimits "$@"\n')
+    runc.chmod(0o755)
+    # containerd's default spec carries RLIMIT_NOFILE: the wrapper would strip it from every container anyway.
+    spec = json.loads(_run([str(node_tools.path("ctr")), "oci", "spec"], "containerd's default spec"))
+    without_rlimits(spec["process"])
+    runtime_spec = paths.root / "runtime-spec.json"
+    runtime_spec.write_text(json.dumps(spec))
+    files = NodeFiles(paths.root / "containerd.toml", paths.root / "kubelet.yaml", paths.root / "kube-proxy.yaml")
+    files.containerd.write_text(containerd_config(paths, runtime_spec, runc))
+    (paths.root / "cni" / "10-neuronfleet.conflist").write_text(json.dumps(cni_config(paths)))
+    (paths.root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+    files.kubelet.write_text(yaml.safe_dump(kubelet_config(paths, layout.ca)))
+    files.kube_proxy.write_text(yaml.safe_dump(kube_proxy_config(layout.kubeconfigs["kube-proxy"])))
+    return files
 
 
 def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spawn, wait: Wait) -> None:
@@ -341,24 +372,8 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     netns = state.netns
     node_tools = NodeTools.locate()
     paths = NodePaths.of(state.workdir)
-    (paths.root / "cni").mkdir(parents=True)
+    files = write_files(paths, layout, node_tools)
     create_netns(netns)
-
-    runc = paths.root / "runc"
-    # containerd runs this path without arguments of its own; -P keeps the bundle directory off sys.path.
-    runc.write_text(f'#!/bin/sh\nexec {sys.executable} -P -m neuronfleet.devcluster.runc_norlimits "$@"\n')
-    runc.chmod(0o755)
-    spec = json.loads(_run([str(node_tools.path("ctr")), "oci", "spec"], "containerd's default spec"))
-    spec["process"].pop("rlimits", None)
-    runtime_spec = paths.root / "runtime-spec.json"
-    runtime_spec.write_text(json.dumps(spec))
-    (paths.root / "containerd.toml").write_text(containerd_config(paths, runtime_spec, runc))
-    (paths.root / "cni" / "10-neuronfleet.conflist").write_text(json.dumps(cni_config(paths)))
-    (paths.root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
-    kubelet_yaml = paths.root / "kubelet.yaml"
-    kubelet_yaml.write_text(yaml.safe_dump(kubelet_config(paths, layout.ca)))
-    proxy_yaml = paths.root / "kube-proxy.yaml"
-    proxy_yaml.write_text(yaml.safe_dump(kube_proxy_config(layout.kubeconfigs["kube-proxy"])))
 
     python = [sys.executable, "-P", "-m"]
     holder = spawn(
@@ -393,9 +408,7 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
         None,
     )
 
-    containerd = spawn(
-        "containerd", [*enter, str(node_tools.path("containerd")), f"--config={paths.root / 'containerd.toml'}"], env
-    )
+    containerd = spawn("containerd", [*enter, str(node_tools.path("containerd")), f"--config={files.containerd}"], env)
     node = RealNode(state)
     wait("containerd to answer", containerd, lambda: _answers(node))
     # Built once and cached (images.py); the base image is what the node's own pods run.
@@ -408,7 +421,7 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
         [
             *enter,
             str(kube_tools.path("kubelet")),
-            f"--config={kubelet_yaml}",
+            f"--config={files.kubelet}",
             f"--kubeconfig={layout.kubeconfigs[REAL_NODE]}",
             f"--root-dir={paths.root / 'kubelet'}",
             f"--cert-dir={paths.root / 'kubelet-pki'}",
@@ -419,7 +432,7 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
         ],
         env,
     )
-    spawn("kube-proxy", [*enter, str(kube_tools.path("kube-proxy")), f"--config={proxy_yaml}", "--v=1"], env)
+    spawn("kube-proxy", [*enter, str(kube_tools.path("kube-proxy")), f"--config={files.kube_proxy}", "--v=1"], env)
     spawn(
         "node-capacity",
         [*python, "neuronfleet.devcluster.node_capacity", str(state.workdir), REAL_NODE, INSTANCE_TYPE, state.server],
