@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from neuronfleet.devcluster import node, node_capacity
+from neuronfleet.devcluster import node
 from neuronfleet.devcluster.api import Api, ApiError
 from neuronfleet.devcluster.components import COMPONENTS, REAL_NODE, Layout, argv
 from neuronfleet.devcluster.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
@@ -33,6 +33,7 @@ from neuronfleet.devcluster.processes import (
 )
 from neuronfleet.devcluster.state import ClusterState, list_states, load, save, state_file
 from neuronfleet.devcluster.tools import KubeTools
+from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -181,11 +182,10 @@ class LocalCluster:
             raise ClusterError(str(error)) from None
         api.request("POST", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices", node.apiserver_endpoints())
         self._wait("the real node to be Ready", "kubelet", lambda: REAL_NODE in _ready_nodes(api), timeout)
-        resource = next(iter(node_capacity.neuron_capacity(node.INSTANCE_TYPE)))
         self._wait(
             "the real node to advertise its Neuron devices",
             "node-capacity",
-            lambda: resource in (api.request("GET", f"/api/v1/nodes/{REAL_NODE}")["status"].get("allocatable", {})),
+            lambda: NEURON_DEVICE_RESOURCE in api.request("GET", f"/api/v1/nodes/{REAL_NODE}")["status"]["allocatable"],
             timeout,
         )
 

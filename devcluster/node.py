@@ -25,11 +25,10 @@ from typing import Any
 import psutil
 import yaml
 
-from neuronfleet.devcluster import images
+from neuronfleet.devcluster import images, runc_norlimits
 from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.fleet import POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL
 from neuronfleet.devcluster.processes import ManagedProcess, ProcessRecord, stop
-from neuronfleet.devcluster.runc_norlimits import without_rlimits
 from neuronfleet.devcluster.state import ClusterState
 from neuronfleet.devcluster.tools import KubeTools, NodeTools, ToolsMissingError
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
@@ -345,12 +344,14 @@ def write_files(paths: NodePaths, layout: Layout, node_tools: NodeTools) -> Node
     """Write the node's configuration: containerd (with the runc wrapper and its spec), CNI, kubelet, kube-proxy."""
     (paths.root / "cni").mkdir(parents=True)
     runc = paths.root / "runc"
-    # containerd runs this path without arguments of its own; -P keeps the bundle directory off sys.path.
-    runc.write_text(f'#!/bin/sh\nexec {sys.executable} -P -m neuronfleet.devcluster.runc_norlimits "$@"\n')
+    # containerd runs this path without arguments of its own. The wrapper runs as a plain script in isolated
+    # mode (-I): quick, and nothing it prints at start-up (runc's stderr is the container's) can reach a pod's log.
+    wrapper = Path(runc_norlimits.__file__)
+    runc.write_text(f'#!/bin/sh\nexec {sys.executable} -I {wrapper} "$@"\n')
     runc.chmod(0o755)
     # containerd's default spec carries RLIMIT_NOFILE: the wrapper would strip it from every container anyway.
     spec = json.loads(_run([str(node_tools.path("ctr")), "oci", "spec"], "containerd's default spec"))
-    without_rlimits(spec["process"])
+    runc_norlimits.without_rlimits(spec["process"])
     runtime_spec = paths.root / "runtime-spec.json"
     runtime_spec.write_text(json.dumps(spec))
     files = NodeFiles(paths.root / "containerd.toml", paths.root / "kubelet.yaml", paths.root / "kube-proxy.yaml")

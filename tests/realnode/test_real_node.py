@@ -113,7 +113,9 @@ def test_pod_is_ready_only_once_it_answers(api: Api, web: str) -> None:
     assert (became_ready - started).total_seconds() >= WEB_DELAY - 1
 
 
-def test_cluster_ip_answers_through_kube_proxy(api: Api, real_node: RealNode, web: str) -> None:
+def test_cluster_ip_answers_through_kube_proxy(
+    api: Api, real_cluster: LocalCluster, real_node: RealNode, web: str
+) -> None:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -136,6 +138,13 @@ def test_cluster_ip_answers_through_kube_proxy(api: Api, real_node: RealNode, we
             show=lambda result: result.stderr[-300:],
         )
         assert answered.stdout.strip() == f"uid={images.BASE_USER_UID}"
+        # The API server fetches the log from the kubelet through the egress proxy; it holds the server's
+        # request lines (probes and the fetch) and nothing else: no runtime noise leaks into a pod's output.
+        logs = real_cluster.kubectl("logs", web)
+        assert logs.returncode == 0, logs.stderr
+        lines = logs.stdout.splitlines()
+        assert lines, "no log lines"
+        assert all('"GET / HTTP/1.1" 200' in line for line in lines), lines
     finally:
         api.request("DELETE", f"/api/v1/namespaces/default/services/{web}")
 
