@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -370,6 +371,8 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     """
     if state.netns is None:
         raise NodeError(f"cluster {state.name!r} names no namespace for its real node")
+    if os.geteuid() != 0:
+        raise NodeError("the real node needs root: it creates a network namespace and mounts cgroups")
     netns = state.netns
     node_tools = NodeTools.locate()
     paths = NodePaths.of(state.workdir)
