@@ -214,3 +214,22 @@ def test_delete_runs_prestop_and_ends_within_grace(api: Api, real_cluster: Local
     killing = [e for e in events["items"] if e["reason"] == "Killing" and e["source"].get("component") == "kubelet"]
     assert killing, [e["reason"] for e in events["items"]]
     assert "Stopping container main" in killing[0]["message"]
+
+
+def test_capacity_is_advertised_again_once_lost(api: Api) -> None:
+    capacity = neuron_capacity("trn2.48xlarge")
+    # What a kubelet that registers the node anew starts with: no extended resources.
+    lost = {"status": {"capacity": dict.fromkeys(capacity)}}
+    path = f"/api/v1/nodes/{REAL_NODE}"
+    api.request("PATCH", f"{path}/status", lost, content_type="application/merge-patch+json")
+    wait_for(
+        lambda: api.get(path) or {},
+        lambda found: all(
+            found["status"].get(field, {}).get(resource) == value
+            for field in ("capacity", "allocatable")
+            for resource, value in capacity.items()
+        ),
+        timeout=30,
+        what="the Neuron capacity advertised again (capacity and allocatable)",
+        show=lambda found: {f: found.get("status", {}).get(f) for f in ("capacity", "allocatable")},
+    )
