@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup tools demo test lint typecheck unit lock crds clean \
+.PHONY: help setup packages tools demo test lint typecheck unit lock crds clean \
 	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator
 
 help:  ## List the targets.
@@ -41,9 +41,14 @@ setup: $(VENV)/.synced  ## Create or update the virtual environment.
 	@# The project itself is an editable link tree: refresh it so new modules are seen.
 	$(UV) sync --locked --all-extras --reinstall-package neuronfleet --quiet
 
-# Pins live in tools/kube/go.mod; the script skips the build when this version set is already cached.
-tools:  ## Build etcd, Kubernetes, kwok, helm (first time ~20 min; cached in ~/.cache/neuronfleet/kube-tools).
+# One list (tools/node/debian-packages.txt); apt-get runs only when one of them is missing.
+packages:  ## Install the Debian packages the real node needs (runc, CNI plugins, iptables, socat, mmdebstrap, ...).
+	tools/node/install-packages.sh
+
+# Pins live in tools/kube/go.mod and tools/node/go.mod; each script skips the build when its version set is cached.
+tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl (first time ~25 min; cached in ~/.cache/neuronfleet).
 	tools/kube/build.sh
+	tools/node/build.sh
 
 # DEMO_ARGS=--exit-when-ready stops once the service is Ready (what the test runs).
 demo: setup tools  ## The local control plane, the Helm chart, a service live to Ready; Ctrl-C tears it down.

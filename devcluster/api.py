@@ -48,12 +48,16 @@ class Api:
         """Close its connections."""
         self._client.close()
 
-    def request(self, method: str, path: str, body: object = None, *, timeout: float = 10.0) -> Any:
+    def request(
+        self, method: str, path: str, body: object = None, *, timeout: float = 10.0, content_type: str | None = None
+    ) -> Any:
         """Send one request; return the decoded JSON answer (or the text, for non-JSON endpoints).
 
-        An error status raises :class:`ApiError`; no connection raises ``httpx.TransportError``.
+        ``content_type`` names a patch's kind (``application/merge-patch+json``). An error status raises
+        :class:`ApiError`; no connection raises ``httpx.TransportError``.
         """
-        response = self._client.request(method, path, json=body, timeout=timeout)
+        headers = None if content_type is None else {"Content-Type": content_type}
+        response = self._client.request(method, path, json=body, timeout=timeout, headers=headers)
         if response.is_error:
             detail = response.text
             with contextlib.suppress(ValueError, AttributeError):  # a Status object names the problem

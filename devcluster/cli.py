@@ -71,11 +71,18 @@ def up(
             callback=_running_pid,
         ),
     ] = None,
+    real_node: Annotated[
+        bool,
+        typer.Option(
+            "--real-node",
+            help="Add node real-0 (kubelet, containerd, runc, kube-proxy; root only) that runs real containers.",
+        ),
+    ] = False,
 ) -> None:
     """Start etcd, the API server, controller manager, scheduler and KWOK with fake trn2/inf2/CPU nodes."""
     err.print(f"starting cluster {name!r} ...", markup=False)
     try:
-        cluster = LocalCluster.start(name, owner_pid=owner_pid)
+        cluster = LocalCluster.start(name, owner_pid=owner_pid, real_node=real_node)
     except ToolsMissingError as error:
         fail(str(error))
     except ClusterError as error:

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from neuronfleet.devcluster import node
 from neuronfleet.devcluster.api import Api, ApiError
-from neuronfleet.devcluster.components import COMPONENTS, Layout, argv
+from neuronfleet.devcluster.components import COMPONENTS, REAL_NODE, Layout, argv
 from neuronfleet.devcluster.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
 from neuronfleet.devcluster.processes import (
     ManagedProcess,
@@ -32,6 +33,7 @@ from neuronfleet.devcluster.processes import (
 )
 from neuronfleet.devcluster.state import ClusterState, list_states, load, save, state_file
 from neuronfleet.devcluster.tools import KubeTools, helm_env
+from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -79,10 +81,13 @@ class LocalCluster:
         owner_pid: int | None = None,
         tools: KubeTools | None = None,
         timeout: float = 90.0,
+        real_node: bool = False,
     ) -> LocalCluster:
         """Start a cluster and its fake nodes; return once every node is Ready.
 
-        With ``owner_pid``, :func:`reap_orphans` stops the cluster after that process is gone.
+        With ``owner_pid``, :func:`reap_orphans` stops the cluster after that process is gone. With
+        ``real_node``, node ``real-0`` (a kubelet, containerd and kube-proxy; see :mod:`.node`) joins the
+        fleet, advertising a trn2.48xlarge's Neuron capacity.
         """
         tools = tools or KubeTools.locate()
         existing = cls.find(name)
@@ -102,6 +107,7 @@ class LocalCluster:
             tools=tools.directory,
             owner_pid=os.getpid(),
             owner_started=started_at(os.getpid()),
+            netns=node.netns_name(name) if real_node else None,
         )
         save(state)
         cluster = cls(state)
@@ -116,18 +122,25 @@ class LocalCluster:
         return cluster
 
     def _spawn(self, name: str, tools: KubeTools, layout: Layout) -> None:
+        self._spawn_argv(name, argv(name, tools, layout, self.state.ports))
+
+    def _spawn_argv(self, name: str, command: Sequence[str], env: dict[str, str] | None = None) -> ManagedProcess:
         logs = self.state.workdir / "logs"
         logs.mkdir(exist_ok=True)
-        child = ManagedProcess.spawn(name, argv(name, tools, layout, self.state.ports), logs / f"{name}.log", cwd=logs)
+        child = ManagedProcess.spawn(name, command, logs / f"{name}.log", cwd=logs, env=env)
         self._children[name] = child
         self.state.processes.append(child.record)
         save(self.state)
+        return child
 
-    def _wait(self, what: str, component: str, check: Callable[[], bool], timeout: float) -> None:
+    def _wait_process(self, what: str, process: ManagedProcess, check: Callable[[], bool], timeout: float) -> None:
         try:
-            self._children[component].wait_ready(check, timeout=timeout, what=what)
+            process.wait_ready(check, timeout=timeout, what=what)
         except ProcessNotReadyError as error:
             raise ClusterError(str(error)) from None
+
+    def _wait(self, what: str, component: str, check: Callable[[], bool], timeout: float) -> None:
+        self._wait_process(what, self._children[component], check, timeout)
 
     def _boot(self, tools: KubeTools, layout: Layout, fleet: list[NodePool], timeout: float) -> None:
         with self.admin_api() as api:
@@ -159,15 +172,37 @@ class LocalCluster:
                 lambda: api.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
                 timeout,
             )
+            if self.state.netns is not None:
+                self._boot_real_node(api, tools, layout, timeout)
+
+    def _boot_real_node(self, api: Api, tools: KubeTools, layout: Layout, timeout: float) -> None:
+        try:
+            node.start(self.state, layout, tools, self._spawn_argv, partial(self._wait_process, timeout=timeout))
+        except node.NodeError as error:
+            raise ClusterError(str(error)) from None
+        api.request("POST", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices", node.apiserver_endpoints())
+        self._wait("the real node to be Ready", "kubelet", lambda: REAL_NODE in _ready_nodes(api), timeout)
+        self._wait(
+            "the real node to advertise its Neuron devices",
+            "node-capacity",
+            lambda: NEURON_DEVICE_RESOURCE in api.request("GET", f"/api/v1/nodes/{REAL_NODE}")["status"]["allocatable"],
+            timeout,
+        )
+
+    @property
+    def real_node(self) -> node.RealNode | None:
+        """The cluster's real node (``start(real_node=True)``), or None."""
+        return None if self.state.netns is None else node.RealNode(self.state)
 
     def running(self) -> bool:
         """Whether every component runs and the API server is ready."""
         return all(self.components().values())
 
     def components(self) -> dict[str, bool]:
-        """Each component's liveness, plus ``kube-apiserver /readyz``."""
+        """Each component's liveness (the real node's processes too), plus ``kube-apiserver /readyz``."""
         alive = {r.name: r.alive() for r in self.state.processes}
-        health = {name: alive.get(name, False) for name in COMPONENTS}
+        names = COMPONENTS if self.state.netns is None else (*COMPONENTS, *node.PROCESSES)
+        health = {name: alive.get(name, False) for name in names}
         with self.admin_api() as api:
             health["kube-apiserver /readyz"] = health["kube-apiserver"] and _readyz(api)
         return health
@@ -179,9 +214,11 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop every process this cluster started, then remove its directory and state file."""
+        # The real node first, in its own order (kubelet, pods, containerd, shims, relays, namespace).
+        survivors = [] if self.state.netns is None else node.teardown(self.state)
         # etcd goes last: with it up the API server exits in about a second, without it it waits out its grace.
         records = self.state.processes
-        survivors = stop([r for r in records if r.name != "etcd"]) + stop([r for r in records if r.name == "etcd"])
+        survivors += stop([r for r in records if r.name != "etcd"]) + stop([r for r in records if r.name == "etcd"])
         if survivors:
             names = ", ".join(f"{r.name} (pid {r.pid})" for r in survivors)
             raise ClusterError(f"could not stop {names}; state kept in {state_file(self.name)}")
@@ -244,10 +281,10 @@ def _readyz(api: Api) -> bool:
 
 def _ready_nodes(api: Api) -> set[str]:
     ready = set()
-    for node in api.request("GET", "/api/v1/nodes")["items"]:
-        conditions = node.get("status", {}).get("conditions", [])
+    for item in api.request("GET", "/api/v1/nodes")["items"]:
+        conditions = item.get("status", {}).get("conditions", [])
         if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-            ready.add(node["metadata"]["name"])
+            ready.add(item["metadata"]["name"])
     return ready
 
 

@@ -13,7 +13,11 @@ from neuronfleet.devcluster.fleet import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from neuronfleet.devcluster.tools import KubeTools
 
 SERVICE_CIDR = "10.96.0.0/16"
+#: KWOK's pod addresses; the real node's pods use :data:`REAL_NODE_POD_CIDR`, clear of it.
 POD_CIDR = "10.244.0.0/16"
+REAL_NODE_POD_CIDR = "10.245.0.0/24"
+#: The one node a real kubelet runs (``cluster up --real-node``).
+REAL_NODE = "real-0"
 
 #: Components in start order; stopped all at once.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -47,7 +51,19 @@ class Layout:
     ca: Path
     serving: pki.KeyPair
     service_account: pki.KeyPair
+    #: The API server's client identity towards kubelets (logs, exec, port-forward).
+    kubelet_client: pki.KeyPair
     kubeconfigs: dict[str, Path]
+
+    @property
+    def apiserver_socket(self) -> Path:
+        """The unix socket the real node's relays reach the API server through."""
+        return self.workdir / "apiserver.sock"
+
+    @property
+    def egress_socket(self) -> Path:
+        """The unix socket of the CONNECT proxy the API server sends node, pod and service traffic to."""
+        return self.workdir / "egress.sock"
 
     @classmethod
     def create(cls, workdir: Path, server: str) -> Layout:
@@ -62,12 +78,17 @@ class Layout:
             server_ips=("127.0.0.1", "10.96.0.1"),
         )
         # Each component gets the identity its bootstrap RBAC roles expect; KWOK, playing every
-        # kubelet at once, fits no node identity and runs as an admin.
+        # kubelet at once, fits no node identity and runs as an admin. The real node's identities are
+        # issued for every cluster: the CA key lives only in this process, so they cannot be added later.
         identities = {
             "admin": ("neuronfleet-admin", "system:masters"),
             "kube-controller-manager": ("system:kube-controller-manager", None),
             "kube-scheduler": ("system:kube-scheduler", None),
             "kwok": ("kwok-controller", "system:masters"),
+            # the Node authorizer and NodeRestriction admit exactly this node's own objects
+            REAL_NODE: (f"system:node:{REAL_NODE}", "system:nodes"),
+            # bound to system:node-proxier by the bootstrap RBAC policy
+            "kube-proxy": ("system:kube-proxy", None),
         }
         kubeconfigs = {
             who: _write_kubeconfig(
@@ -75,7 +96,35 @@ class Layout:
             )
             for who, (cn, organization) in identities.items()
         }
-        return cls(workdir, ca.cert, serving, pki.service_account_keys(pki_dir), kubeconfigs)
+        # The kubelet authorizes it by webhook against the API server: system:masters may do anything.
+        kubelet_client = ca.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", organization="system:masters"
+        )
+        return cls(workdir, ca.cert, serving, pki.service_account_keys(pki_dir), kubelet_client, kubeconfigs)
+
+    def write_egress_selector(self) -> Path:
+        """The API server's egress selector: traffic to nodes, pods and services goes to the egress proxy.
+
+        Without it the API server dials a node's address from the host's network (``kubectl logs`` on a KWOK
+        pod would go out of the default route). With no real node nothing listens on the socket, so such
+        calls fail at once instead.
+        """
+        config = {
+            "apiVersion": "apiserver.k8s.io/v1beta1",
+            "kind": "EgressSelectorConfiguration",
+            "egressSelections": [
+                {
+                    "name": "cluster",
+                    "connection": {
+                        "proxyProtocol": "HTTPConnect",
+                        "transport": {"uds": {"udsName": str(self.egress_socket)}},
+                    },
+                }
+            ],
+        }
+        path = self.workdir / "egress-selector.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
 
 
 def argv(name: str, tools: KubeTools, layout: Layout, ports: dict[str, int]) -> list[str]:
@@ -114,9 +163,14 @@ def argv(name: str, tools: KubeTools, layout: Layout, ports: dict[str, int]) -> 
             f"--service-account-issuer=https://127.0.0.1:{ports['kube-apiserver']}",
             f"--service-account-key-file={layout.service_account.cert}",
             f"--service-account-signing-key-file={layout.service_account.key}",
-            # Endpoints may not point at loopback, and no pod could reach this server anyway.
+            # Endpoints may not point at loopback; the real node points Service kubernetes at its relay.
             "--endpoint-reconciler-type=none",
             "--profiling=false",
+            f"--kubelet-client-certificate={layout.kubelet_client.cert}",
+            f"--kubelet-client-key={layout.kubelet_client.key}",
+            # A node's Hostname would be looked up through the host's resolver.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--egress-selector-config-file={layout.write_egress_selector()}",
         ]
     if name in ("kube-controller-manager", "kube-scheduler"):
         kubeconfig = layout.kubeconfigs[name]

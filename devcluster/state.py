@@ -30,6 +30,8 @@ class ClusterState(BaseModel):
     #: The owner's start time (psutil's ``create_time``), so a recycled pid is not taken for it.
     owner_started: float | None = None
     processes: list[ProcessRecord] = []
+    #: The real node's network namespace (``cluster up --real-node``), deleted at teardown.
+    netns: str | None = None
 
     @property
     def kubeconfig(self) -> Path:

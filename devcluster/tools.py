@@ -1,4 +1,5 @@
-"""Where the pinned control-plane binaries live (built by ``tools/kube/build.sh``, run by ``make tools``)."""
+"""Where the pinned binaries live: the control plane's (``tools/kube/build.sh``) and the real node's
+(``tools/node/build.sh``), both run by ``make tools``."""
 
 from __future__ import annotations
 
@@ -11,19 +12,34 @@ from pathlib import Path
 #: Overrides the bin dir; otherwise ``build.sh --print-bin-dir`` says where the pinned build lives.
 TOOLS_ENV = "NEURONFLEET_KUBE_TOOLS"
 
-#: Every binary the build script produces.
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+#: Overrides the real node's bin dir (``tools/node/build.sh --print-bin-dir`` otherwise).
+NODE_TOOLS_ENV = "NEURONFLEET_NODE_TOOLS"
+
+#: Every binary the kube build script produces.
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+    "kube-proxy",
+    "kwok",
+    "helm",
+)
+#: What ``tools/node/build.sh`` produces.
+NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "crictl")
 
 
 class ToolsMissingError(RuntimeError):
     """The binaries are not built (or not where the pins say)."""
 
 
-def _build_script() -> Path | None:
+def _build_script(kind: str = "kube") -> Path | None:
     # The package is installed as a link tree into the checkout: resolve back to the source folder.
     here = Path(__file__).resolve()
     for parent in here.parents:
-        script = parent / "tools" / "kube" / "build.sh"
+        script = parent / "tools" / kind / "build.sh"
         if script.is_file():
             return script
     return None
@@ -46,14 +62,14 @@ def pinned_version(module: str) -> str:
     return match.group(1)
 
 
-def bin_dir() -> Path:
-    """The directory the pinned binaries are (or will be) built into."""
-    override = os.environ.get(TOOLS_ENV)
+def bin_dir(kind: str = "kube") -> Path:
+    """The directory the pinned binaries of ``tools/<kind>`` are (or will be) built into."""
+    override = os.environ.get(TOOLS_ENV if kind == "kube" else NODE_TOOLS_ENV)
     if override:
         return Path(override)
-    script = _build_script()
+    script = _build_script(kind)
     if script is None:
-        raise ToolsMissingError(f"tools/kube/build.sh not found: set {TOOLS_ENV} to a directory holding {BINARIES}")
+        raise ToolsMissingError(f"tools/{kind}/build.sh not found: run from a neuronfleet checkout")
     try:
         result = subprocess.run(
             ["bash", str(script), "--print-bin-dir"], capture_output=True, text=True, check=True, timeout=60
@@ -78,6 +94,28 @@ class KubeTools:
             raise ToolsMissingError(
                 f"kube tools not built in {directory} (missing {', '.join(missing)}): run `make tools` "
                 "(once per machine, ~20 min on 2 cores)"
+            )
+        return cls(directory)
+
+    def path(self, name: str) -> Path:
+        """The path of one binary."""
+        return self.directory / name
+
+
+@dataclass(frozen=True)
+class NodeTools:
+    """Paths to the real node's pinned binaries (containerd, its shim, ctr, crictl)."""
+
+    directory: Path
+
+    @classmethod
+    def locate(cls) -> NodeTools:
+        """Find the built node tools, or explain in one line how to build them."""
+        directory = bin_dir("node")
+        missing = [name for name in NODE_BINARIES if not (directory / name).is_file()]
+        if missing:
+            raise ToolsMissingError(
+                f"node tools not built in {directory} (missing {', '.join(missing)}): run `make tools`"
             )
         return cls(directory)
 

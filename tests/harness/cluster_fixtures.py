@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
+from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.waiting import WaitFor, wait_for
 
 if TYPE_CHECKING:
@@ -33,6 +34,29 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[LocalCluster]:
+    """A second cluster for the session whose only node is the real one (``real-0``), so every pod lands there.
+
+    Started on first use, beside (never inside) the KWOK tests' ``cluster``, whose speed it leaves alone.
+    Its containerd holds the pause and base images (``neuronfleet.devcluster.images``).
+    """
+    reap_orphans()
+    local = LocalCluster.start(f"pytest-real-{os.getpid()}", fleet=(), owner_pid=os.getpid(), real_node=True)
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(real_cluster: LocalCluster) -> RealNode:
+    """The real node of :func:`real_cluster`: its containerd (``ctr``, ``crictl``) and network namespace."""
+    node = real_cluster.real_node
+    assert node is not None
+    return node
 
 
 @pytest.fixture(scope="session")

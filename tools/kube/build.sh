@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned control-plane tools (go.mod's `tool` block) into a cache outside the checkout.
+# Builds the pinned control-plane tools and the real node's kubelet and kube-proxy (go.mod's `tool`
+# block) into a cache outside the checkout.
 #
 #   tools/kube/build.sh                 build once, then reuse; prints the bin dir last
 #   tools/kube/build.sh --print-bin-dir print where the binaries live (built or not) and exit
@@ -18,6 +19,8 @@ binaries=(
   "kube-controller-manager|k8s.io/kubernetes/cmd/kube-controller-manager"
   "kube-scheduler|k8s.io/kubernetes/cmd/kube-scheduler"
   "kubectl|k8s.io/kubernetes/cmd/kubectl"
+  "kubelet|k8s.io/kubernetes/cmd/kubelet"
+  "kube-proxy|k8s.io/kubernetes/cmd/kube-proxy"
   "kwok|sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm.sh/helm/v3/cmd/helm"
 )
@@ -65,7 +68,7 @@ build_all() {
   for entry in "${binaries[@]}"; do
     name="${entry%%|*}"
     case "${name}" in
-      kube-* | kubectl) extra="${kube_ldflags}" ;;
+      kube-* | kubectl | kubelet) extra="${kube_ldflags}" ;;
       helm) extra="${helm_ldflags}" ;;
       kwok) extra="${kwok_ldflags}" ;;
       *) extra="" ;;

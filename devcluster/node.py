@@ -1,0 +1,488 @@
+"""One real node beside the KWOK fleet: containerd, runc, a kubelet and kube-proxy in a network namespace.
+
+Everything the node runs lives in the namespace ``nf-<cluster>``, which has only ``lo`` and no route out:
+pods sit on a CNI bridge inside it, the API server is reached over unix sockets (socat relays), and the
+API server reaches the node through the egress proxy, which runs inside it too. Every process is a
+:class:`ManagedProcess` recorded in the cluster's state, so ``cluster down`` and ``cluster reap`` stop
+them by pid; :func:`teardown` also removes the pods, leftover shims and the namespace, after a crash too.
+
+Sandbox workarounds, each named where it is made: the rlimits wrapper (:mod:`.runc_norlimits`), the
+cgroup remount (:mod:`.node_namespace`), ``oom_score_adj`` clamped to 0, the node address on ``lo``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from neuronfleet.devcluster import images, runc_norlimits
+from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
+from neuronfleet.devcluster.fleet import POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL
+from neuronfleet.devcluster.processes import ManagedProcess, ProcessRecord, stop
+from neuronfleet.devcluster.state import ClusterState
+from neuronfleet.devcluster.tools import KubeTools, NodeTools, ToolsMissingError
+from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+
+#: The node's address: inside the fleet's node network, far above the KWOK nodes counting up from .1.
+NODE_IP = "10.240.255.254"
+#: Where pods reach the API server (Service ``kubernetes`` points here): a relay to its socket.
+APISERVER_RELAY_PORT = 6443
+#: The hardware catalogue's instance type the node stands for (labels, taint, Neuron capacity).
+INSTANCE_TYPE = "trn2.48xlarge"
+POOL = "real"
+#: The node's processes, in the order :func:`teardown` stops them (after the pods are removed).
+PROCESSES = (
+    "node-capacity",
+    "kubelet",
+    "kube-proxy",
+    "containerd",
+    "relay-host",
+    "relay-loopback",
+    "relay-node",
+    "egress-proxy",
+    "node-namespace",
+)
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: Starts and records one process: ``spawn(name, argv, env)``.
+Spawn = Callable[[str, Sequence[str], dict[str, str] | None], ManagedProcess]
+#: ``wait(what, process, check)``: until ``check()`` holds, failing as soon as ``process`` exits.
+Wait = Callable[[str, ManagedProcess, Callable[[], bool]], None]
+
+
+def netns_name(cluster: str) -> str:
+    """The network namespace of ``cluster``'s real node."""
+    return f"nf-{cluster}"
+
+
+class NodeError(RuntimeError):
+    """The real node could not be set up or torn down."""
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """The real node's files, all under the cluster's working directory."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, workdir: Path) -> NodePaths:
+        """The node's directory in a cluster's working directory."""
+        return cls(workdir / REAL_NODE)
+
+    @property
+    def containerd(self) -> Path:
+        """containerd's root, state and sockets."""
+        return self.root / "containerd"
+
+    @property
+    def containerd_socket(self) -> Path:
+        """containerd's gRPC socket (the kubelet's and crictl's runtime endpoint)."""
+        return self.containerd / "containerd.sock"
+
+    @property
+    def namespace_ready(self) -> Path:
+        """Created by :mod:`.node_namespace` once the cgroups are mounted."""
+        return self.root / "namespace-ready"
+
+
+def kubelet_config(paths: NodePaths, ca: Path) -> dict[str, Any]:
+    """The kubelet's configuration: loopback and the node's address only, the least of the cgroups."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # The host has cgroup v1 (hybrid), which kubelet 1.37 refuses unless told otherwise.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        # No QoS or pod-level parents and no allocatable enforcement: as little of the hierarchy as possible.
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "failSwapOn": False,
+        # Sandbox refusal: a negative oom_score_adj is refused here (the kubelet's own default is -999).
+        "oomScoreAdj": 0,
+        "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
+        "address": NODE_IP,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "podLogsDir": str(paths.root / "pod-logs"),
+        # Pods get a resolver that answers nothing: there is no cluster DNS, and no route out.
+        "resolvConf": str(paths.root / "resolv.conf"),
+        "localStorageCapacityIsolation": False,
+        # No eviction, and imported images are never collected (they cannot be pulled again).
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        "registerWithTaints": [{"key": NEURON_TAINT_KEY, "effect": "NoSchedule"}],
+    }
+
+
+def node_labels(zone: str = f"{REGION}a") -> dict[str, str]:
+    """The labels a trn2.48xlarge node carries (as the KWOK fleet's), set by the kubelet at registration."""
+    return {INSTANCE_TYPE_LABEL: INSTANCE_TYPE, ZONE_LABEL: zone, REGION_LABEL: REGION, POOL_LABEL: POOL}
+
+
+def kube_proxy_config(kubeconfig: Path) -> dict[str, Any]:
+    """kube-proxy in iptables mode, touching no global sysctl and listening inside the namespace only."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": REAL_NODE,
+        "mode": "iptables",
+        "clusterCIDR": REAL_NODE_POD_CIDR,
+        "bindAddress": NODE_IP,
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "nodePortAddresses": [f"{NODE_IP}/32"],
+        "iptables": {"localhostNodePorts": False},
+        # 0: leave the kernel's conntrack settings alone (they are global, and refused here).
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
+def cni_config(paths: NodePaths) -> dict[str, Any]:
+    """The pod network: a bridge inside the node's namespace, no masquerade (there is nowhere to go)."""
+    gateway = REAL_NODE_POD_CIDR.rsplit(".", 1)[0] + ".1"
+    return {
+        "cniVersion": "1.0.0",
+        "name": "neuronfleet",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": REAL_NODE_POD_CIDR, "gateway": gateway}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(paths.root / "cni-ipam"),
+                },
+            }
+        ],
+    }
+
+
+def containerd_config(paths: NodePaths, runtime_spec: Path, runc: Path) -> str:
+    """containerd's configuration (version 3): CRI with overlayfs, the local pause image, the runc wrapper."""
+    c = paths.containerd
+    return f"""version = 3
+root = "{c / "root"}"
+state = "{c / "state"}"
+
+[grpc]
+  address = "{paths.containerd_socket}"
+
+[ttrpc]
+  address = "{paths.containerd_socket}.ttrpc"
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    # No registry is reachable: every image is imported, the sandbox's too.
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '{images.PAUSE_IMAGE}'
+
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_selinux = false
+    disable_apparmor = true
+    netns_mounts_under_state_dir = true
+    # Sandbox refusal: a negative oom_score_adj is refused ("nsexec: failed to update /proc/self/oom_score_adj:
+    # Permission denied", which the kubelet sees as "can't get final child's PID from pipe: EOF"); the kubelet
+    # asks -998 for sandboxes. Clamped to containerd's own (0).
+    restrict_oom_score_adj = true
+    enable_unprivileged_ports = true
+    enable_unprivileged_icmp = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        # containerd's default spec without its RLIMIT_NOFILE (see the wrapper below).
+        base_runtime_spec = '{runtime_spec}'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          # Sandbox refusal "error setting rlimit type 7: operation not permitted": runc without rlimits.
+          BinaryName = '{runc}'
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['/usr/lib/cni']
+      conf_dir = '{paths.root / "cni"}'
+      max_conf_num = 1
+
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = '127.0.0.1'
+    stream_server_port = '0'
+
+  # `ctr images import` unpacks only for the platforms listed here ("no unpack platforms defined").
+  [plugins.'io.containerd.transfer.v1.local']
+    [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+      platform = 'linux/amd64'
+      snapshotter = 'overlayfs'
+      differ = 'walking'
+"""
+
+
+def apiserver_endpoints() -> dict[str, Any]:
+    """An EndpointSlice giving Service ``kubernetes`` the node's relay, so in-cluster clients reach the API."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes-real-node",
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": "kubernetes",
+                "endpointslice.kubernetes.io/managed-by": "neuronfleet-real-node",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": APISERVER_RELAY_PORT, "protocol": "TCP"}],
+    }
+
+
+def _run(argv: Sequence[str], what: str, timeout: float = 60) -> str:
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise NodeError(f"{what} failed ({' '.join(argv)}): {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def create_netns(name: str) -> None:
+    """The node's network namespace: ``lo`` with the node's address, and no route out."""
+    delete_netns(name)  # left by a crashed run
+    _run(["ip", "netns", "add", name], "creating the node's network namespace")
+    _run(["ip", "-n", name, "link", "set", "lo", "up"], "lo up")
+    # Sandbox refusal: `ip link add ... type dummy` answers "Unknown device type." (no dummy module): lo holds it.
+    _run(["ip", "-n", name, "addr", "add", f"{NODE_IP}/32", "dev", "lo"], "the node's address")
+    # Without a route a connect() to a ClusterIP fails before kube-proxy's OUTPUT DNAT; via lo it stays local.
+    _run(["ip", "-n", name, "route", "add", SERVICE_CIDR, "dev", "lo"], "the Service route")
+    _run(["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv4.ip_forward=1"], "forwarding")
+    # Pod-to-Service on one bridge needs bridged traffic to pass iptables (absent without br_netfilter).
+    with contextlib.suppress(NodeError):
+        _run(["ip", "netns", "exec", name, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], "bridge netfilter")
+
+
+def delete_netns(name: str) -> None:
+    """Delete the namespace if it exists."""
+    if (Path("/var/run/netns") / name).exists():
+        _run(["ip", "netns", "delete", name], "deleting the node's network namespace")
+
+
+class RealNode:
+    """The real node of a running cluster (its state names the namespace)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        if state.netns is None:
+            raise NodeError(f"cluster {state.name!r} has no real node (start it with --real-node)")
+        self.state = state
+        self.netns = state.netns
+        self.paths = NodePaths.of(state.workdir)
+        self.tools = NodeTools.locate()
+
+    def ctr(self, *args: str, timeout: float = 300) -> str:
+        """Run ctr against the node's containerd (Kubernetes' namespace); its output."""
+        return _run(
+            [str(self.tools.path("ctr")), f"--address={self.paths.containerd_socket}", "--namespace=k8s.io", *args],
+            f"ctr {args[0]}",
+            timeout,
+        )
+
+    def crictl(self, *args: str, timeout: float = 60) -> str:
+        """Run crictl against the node's containerd; its output."""
+        endpoint = f"unix://{self.paths.containerd_socket}"
+        return _run(
+            [str(self.tools.path("crictl")), f"--runtime-endpoint={endpoint}", *args], f"crictl {args[0]}", timeout
+        )
+
+    def import_image(self, archive: Path) -> None:
+        """Load an OCI archive (see :mod:`.images`) into the node's containerd, unpacked for its pods."""
+        self.ctr("images", "import", str(archive))
+
+    def in_netns(self, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside the node's network namespace (output captured, status not checked)."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.netns, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """The configuration files :func:`write_files` made."""
+
+    containerd: Path
+    kubelet: Path
+    kube_proxy: Path
+
+
+def write_files(paths: NodePaths, layout: Layout, node_tools: NodeTools) -> NodeFiles:
+    """Write the node's configuration: containerd (with the runc wrapper and its spec), CNI, kubelet, kube-proxy."""
+    (paths.root / "cni").mkdir(parents=True)
+    runc = paths.root / "runc"
+    # containerd runs this path without arguments of its own. The wrapper runs as a plain script in isolated
+    # mode (-I): quick, and nothing it prints at start-up (runc's stderr is the container's) can reach a pod's log.
+    wrapper = Path(runc_norlimits.__file__)
+    runc.write_text(f'#!/bin/sh\nexec {sys.executable} -I {wrapper} "$@"\n')
+    runc.chmod(0o755)
+    # containerd's default spec carries RLIMIT_NOFILE: the wrapper would strip it from every container anyway.
+    spec = json.loads(_run([str(node_tools.path("ctr")), "oci", "spec"], "containerd's default spec"))
+    runc_norlimits.without_rlimits(spec["process"])
+    runtime_spec = paths.root / "runtime-spec.json"
+    runtime_spec.write_text(json.dumps(spec))
+    files = NodeFiles(paths.root / "containerd.toml", paths.root / "kubelet.yaml", paths.root / "kube-proxy.yaml")
+    files.containerd.write_text(containerd_config(paths, runtime_spec, runc))
+    (paths.root / "cni" / "10-neuronfleet.conflist").write_text(json.dumps(cni_config(paths)))
+    (paths.root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+    files.kubelet.write_text(yaml.safe_dump(kubelet_config(paths, layout.ca)))
+    files.kube_proxy.write_text(yaml.safe_dump(kube_proxy_config(layout.kubeconfigs["kube-proxy"])))
+    return files
+
+
+def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spawn, wait: Wait) -> None:
+    """Set up the namespace and start the node's processes (each through ``spawn``, which records it).
+
+    ``wait(what, process, check)`` waits until ``check()`` holds while ``process`` runs.
+    """
+    if state.netns is None:
+        raise NodeError(f"cluster {state.name!r} names no namespace for its real node")
+    if os.geteuid() != 0:
+        raise NodeError("the real node needs root: it creates a network namespace and mounts cgroups")
+    netns = state.netns
+    node_tools = NodeTools.locate()
+    paths = NodePaths.of(state.workdir)
+    files = write_files(paths, layout, node_tools)
+    create_netns(netns)
+
+    python = [sys.executable, "-P", "-m"]
+    holder = spawn(
+        "node-namespace",
+        ["ip", "netns", "exec", netns, *python, "neuronfleet.devcluster.node_namespace", str(paths.namespace_ready)],
+        None,
+    )
+    wait("the node's mount namespace", holder, paths.namespace_ready.exists)
+    # Joins the holder's network and mount namespaces: one mount table for the kubelet, containerd and runc.
+    enter = ["nsenter", f"--target={holder.pid}", "--mount", "--net", "--"]
+    env = {"PATH": f"{node_tools.directory}:{_PATH}"}
+
+    socket = layout.apiserver_socket
+    port = state.ports["kube-apiserver"]
+    relay_host = spawn("relay-host", ["socat", f"UNIX-LISTEN:{socket},fork,mode=600", f"TCP:127.0.0.1:{port}"], None)
+    wait("the API server relay's socket", relay_host, socket.exists)
+    # The kubelet and kube-proxy use the unchanged kubeconfigs (https://127.0.0.1:<port>, in the serving cert).
+    spawn(
+        "relay-loopback",
+        [*enter, "socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr", f"UNIX-CONNECT:{socket}"],
+        None,
+    )
+    spawn(
+        "relay-node",
+        [*enter, "socat", f"TCP-LISTEN:{APISERVER_RELAY_PORT},bind={NODE_IP},fork,reuseaddr", f"UNIX-CONNECT:{socket}"],
+        None,
+    )
+    allow = [f"--allow={network}" for network in (f"{NODE_IP}/32", REAL_NODE_POD_CIDR, SERVICE_CIDR)]
+    spawn(
+        "egress-proxy",
+        [*enter, *python, "neuronfleet.devcluster.egress_proxy", str(layout.egress_socket), *allow],
+        None,
+    )
+
+    containerd = spawn("containerd", [*enter, str(node_tools.path("containerd")), f"--config={files.containerd}"], env)
+    node = RealNode(state)
+    wait("containerd to answer", containerd, lambda: _answers(node))
+    # Built once and cached (images.py); the base image is what the node's own pods run.
+    for archive in (images.pause_image(), images.base_image()):
+        node.import_image(archive)
+
+    labels = ",".join(f"{key}={value}" for key, value in node_labels().items())
+    spawn(
+        "kubelet",
+        [
+            *enter,
+            str(kube_tools.path("kubelet")),
+            f"--config={files.kubelet}",
+            f"--kubeconfig={layout.kubeconfigs[REAL_NODE]}",
+            f"--root-dir={paths.root / 'kubelet'}",
+            f"--cert-dir={paths.root / 'kubelet-pki'}",
+            f"--hostname-override={REAL_NODE}",
+            f"--node-ip={NODE_IP}",
+            f"--node-labels={labels}",
+            "--v=1",
+        ],
+        env,
+    )
+    spawn("kube-proxy", [*enter, str(kube_tools.path("kube-proxy")), f"--config={files.kube_proxy}", "--v=1"], env)
+    spawn(
+        "node-capacity",
+        [*python, "neuronfleet.devcluster.node_capacity", str(state.workdir), REAL_NODE, INSTANCE_TYPE, state.server],
+        None,
+    )
+
+
+def _answers(node: RealNode) -> bool:
+    try:
+        node.ctr("version", timeout=5)
+    except (NodeError, subprocess.TimeoutExpired):
+        return False
+    return True
+
+
+def _kill_shims(paths: NodePaths) -> None:
+    """SIGKILL the node's runc shims and the containers under them (a shim outlives containerd)."""
+    address = str(paths.containerd_socket)
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline and cmdline[0].endswith("containerd-shim-runc-v2") and any(address in arg for arg in cmdline):
+            with contextlib.suppress(psutil.Error):
+                # Each container's first process is the shim's child: killing it ends its pid namespace.
+                for child in process.children():
+                    child.send_signal(signal.SIGKILL)
+                process.send_signal(signal.SIGKILL)
+
+
+def teardown(state: ClusterState) -> list[ProcessRecord]:
+    """Stop the node's processes in order, remove its pods, shims and namespace; the processes still alive."""
+    records = {record.name: record for record in state.processes if record.name in PROCESSES}
+    paths = NodePaths.of(state.workdir)
+
+    def stop_named(*names: str) -> list[ProcessRecord]:
+        return stop([records[name] for name in names if name in records])
+
+    survivors = stop_named("node-capacity", "kubelet")
+    containerd = records.get("containerd")
+    if containerd is not None and containerd.alive():
+        # Stopped and removed while containerd runs: containers killed, CNI torn down.
+        with contextlib.suppress(NodeError, ToolsMissingError, subprocess.TimeoutExpired):
+            RealNode(state).crictl("rmp", "--all", "--force", timeout=60)
+    survivors += stop_named("kube-proxy", "containerd")
+    _kill_shims(paths)
+    survivors += stop_named(*PROCESSES[4:])
+    if state.netns is not None and not survivors:
+        # The mounts made for the node lived in its mount namespace, which ended with its last process.
+        delete_netns(state.netns)
+    return survivors
