@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup tools demo test lint typecheck unit lock crds clean \
+.PHONY: help setup tools images demo test lint typecheck unit lock crds clean \
 	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator
 
 help:  ## List the targets.
@@ -44,6 +44,10 @@ setup: $(VENV)/.synced  ## Create or update the virtual environment.
 # Pins live in tools/kube/go.mod; the script skips the build when this version set is already cached.
 tools:  ## Build etcd, Kubernetes, kwok, helm (first time ~20 min; cached in ~/.cache/neuronfleet/kube-tools).
 	tools/kube/build.sh
+
+# Content-keyed: a rerun with no input changed takes seconds. IMAGES_ARGS=--target=operator builds one.
+images: setup  ## Build the operator and engine images with podman (OCI archives in ~/.cache/neuronfleet/images).
+	$(BIN)/neuronfleet-dev images build $(IMAGES_ARGS)
 
 # DEMO_ARGS=--exit-when-ready stops once the service is Ready (what the test runs).
 demo: setup tools  ## The local control plane, the Helm chart, a service live to Ready; Ctrl-C tears it down.
