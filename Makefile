@@ -62,7 +62,7 @@ typecheck: setup  ## mypy, strict.
 	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster
 	$(BIN)/mypy tests bench
 
-unit: setup tools  ## pytest (the cluster tests start a local control plane).
+unit: setup tools images  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
 	$(BIN)/pytest
 
 test: lint typecheck unit  ## Everything CI runs.
