@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 from neuronfleet.devcluster.images import (
@@ -106,3 +107,9 @@ def test_disk_guard_leaves_a_process_alone_while_space_lasts(tmp_path: Path) -> 
         assert process.wait(timeout=10) == 0
         watcher.join(timeout=10)
     assert guard.tripped_at is None
+
+
+def test_cli_refuses_an_unknown_target(run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    refused = run_cli("neuronfleet-dev", "images", "build", "--target", "nope")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "error: unknown target nope: choose from operator, engine"
