@@ -15,39 +15,38 @@
 #
 # The environment sees the base image's packages (--system-site-packages), so the DLC's Neuron
 # packages stay importable. Builds run `uv sync --locked`: the images get exactly uv.lock.
+# The engine's environment (about 10 GB: PyTorch and CUDA) is installed in its final stage, with uv
+# and the sources mounted from throwaway stages, so no build copies it from one stage to another.
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
 ARG ENGINE_BASE=${PYTHON_BASE}
 
-# ---- build stages: uv, the locked dependencies, the project as a wheel (not editable) ----
+# ---- throwaway stages: uv, the lock, the sources ----
 
-FROM ${PYTHON_BASE} AS operator-build
-ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never \
-    UV_PROJECT_ENVIRONMENT=/opt/neuronfleet PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install --no-cache-dir uv==0.13.8
+FROM ${PYTHON_BASE} AS uv
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir uv==0.13.8
+
+FROM ${PYTHON_BASE} AS lock
+COPY pyproject.toml uv.lock README.md /src/
+
+FROM lock AS sources
+COPY engine /src/engine
+COPY operator /src/operator
+COPY devcluster /src/devcluster
+
+# ---- the operator: built in its own stage, the small environment copied out ----
+
+FROM uv AS operator-build
+ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=/opt/neuronfleet
 WORKDIR /src
 # Dependencies first, so a source change does not reinstall them.
 COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --locked --no-dev --extra operator --no-install-project
+RUN /opt/uv/bin/uv sync --locked --no-dev --extra operator --no-install-project
 COPY engine engine
 COPY operator operator
 COPY devcluster devcluster
-RUN uv sync --locked --no-dev --extra operator --no-editable
-
-FROM ${ENGINE_BASE} AS engine-build
-ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never \
-    UV_PROJECT_ENVIRONMENT=/opt/neuronfleet PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install --no-cache-dir uv==0.13.8
-WORKDIR /src
-COPY pyproject.toml uv.lock README.md ./
-RUN uv venv --system-site-packages /opt/neuronfleet \
-    && uv sync --locked --no-dev --extra engine --no-install-project
-COPY engine engine
-COPY operator operator
-COPY devcluster devcluster
-RUN uv sync --locked --no-dev --extra engine --no-editable
-
-# ---- final stages: the base image plus the environment; no uv, pip cache or sources ----
+RUN /opt/uv/bin/uv sync --locked --no-dev --extra operator --no-editable
 
 FROM ${PYTHON_BASE} AS operator
 COPY --from=operator-build /opt/neuronfleet /opt/neuronfleet
@@ -60,8 +59,23 @@ ENTRYPOINT ["neuronfleet-operator"]
 # The Helm chart passes the full command line (liveness endpoint, metrics port, namespaces).
 CMD ["run"]
 
+# ---- the engine: installed in place, uv and the sources only mounted (no uv, cache or sources kept) ----
+
 FROM ${ENGINE_BASE} AS engine
-COPY --from=engine-build /opt/neuronfleet /opt/neuronfleet
+ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=/opt/neuronfleet
+# Where uv keeps downloads: a cache mount here; a builder may point it at a mounted cache of its own.
+ARG UV_CACHE_DIR=/root/.cache/uv
+# Dependencies first, from the lock alone, so a source change does not reinstall them.
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=bind,from=lock,source=/src,target=/src \
+    --mount=type=cache,target=/root/.cache/uv \
+    /opt/uv/bin/uv venv --system-site-packages /opt/neuronfleet \
+    && /opt/uv/bin/uv sync --project /src --locked --no-dev --extra engine --no-install-project
+# The project as a wheel; the mount is writable because the build writes beside the sources (discarded).
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=bind,from=sources,source=/src,target=/src,rw \
+    --mount=type=cache,target=/root/.cache/uv \
+    /opt/uv/bin/uv sync --project /src --locked --no-dev --extra engine --no-editable
 ENV PATH=/opt/neuronfleet/bin:${PATH} HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # The operator's pods run as 1000:1000 (neuronfleet.operator.plan.RUN_AS).
 USER 1000:1000

@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup packages tools demo test lint typecheck unit lock crds clean \
+.PHONY: help setup packages tools images demo test lint typecheck unit lock crds clean \
 	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator
 
 help:  ## List the targets.
@@ -50,6 +50,10 @@ tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl (firs
 	tools/kube/build.sh
 	tools/node/build.sh
 
+# Content-keyed: a rerun with no input changed takes seconds. IMAGES_ARGS=--target=operator builds one.
+images: setup  ## Build the operator and engine images with podman (OCI archives in ~/.cache/neuronfleet/images).
+	$(BIN)/neuronfleet-dev images build $(IMAGES_ARGS)
+
 # DEMO_ARGS=--exit-when-ready stops once the service is Ready (what the test runs).
 demo: setup tools  ## The local control plane, the Helm chart, a service live to Ready; Ctrl-C tears it down.
 	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
@@ -63,7 +67,7 @@ typecheck: setup  ## mypy, strict.
 	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster
 	$(BIN)/mypy tests bench
 
-unit: setup tools  ## pytest (the cluster tests start a local control plane).
+unit: setup tools images  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
 	$(BIN)/pytest
 
 test: lint typecheck unit  ## Everything CI runs.

@@ -22,6 +22,8 @@ EXIT_FAILED = 1
 app = typer.Typer(help="neuronfleet developer tools.", no_args_is_help=True, pretty_exceptions_enable=False)
 cluster_app = typer.Typer(help="A local Kubernetes control plane with fake Neuron nodes (KWOK).", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
+images_app = typer.Typer(help="The Dockerfile's images, built with podman into OCI archives.", no_args_is_help=True)
+app.add_typer(images_app, name="images")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -171,3 +173,24 @@ def demo(
     except KeyboardInterrupt:
         err.print("interrupted: torn down", markup=False)
         raise typer.Exit(130) from None
+
+
+@images_app.command("build")
+def images_build(
+    target: Annotated[
+        list[str] | None, typer.Option("--target", "-t", help="operator or engine (repeatable). Default: both.")
+    ] = None,
+) -> None:
+    """Build each image whose inputs changed; print each archive's path (for `ctr images import`)."""
+    from neuronfleet.devcluster.images import TARGETS, ImageError, build
+
+    chosen = target or list(TARGETS)
+    unknown = sorted(set(chosen) - set(TARGETS))
+    if unknown:
+        fail(f"unknown target {', '.join(unknown)}: choose from {', '.join(TARGETS)}")
+    for name in TARGETS:
+        if name in chosen:
+            try:
+                out.print(str(build(name).archive), markup=False)
+            except ImageError as error:
+                fail(str(error), EXIT_FAILED)

@@ -1,211 +1,243 @@
-"""Container images built on this machine (no registry is reachable), as OCI archives.
+"""The images the Dockerfile builds, as OCI archives under the cache, rebuilt only when an input changes.
 
-Each function returns the path of an OCI archive (``oci-layout``, ``index.json``, ``blobs/``) that
-``RealNode.import_image`` loads into the node's containerd. Archives are cached under
-``~/.cache/neuronfleet/images`` by a key that hashes everything that goes into them, so an image is
-rebuilt only when its recipe changes.
+``build(target)`` runs ``podman build --target <target>`` on a local base image and commits the result
+straight into ``~/.cache/neuronfleet/images/<key>/<target>.oci.tar`` (for ``ctr images import``). The key hashes
+everything the image is made of: the Dockerfile, .dockerignore, pyproject.toml, uv.lock, README.md, the
+package sources and the base image. An archive whose key exists is reused as it is.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
-import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
-import tempfile
 import time
-from collections.abc import Callable
-from importlib import resources
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-#: The image references the node's pods use (``imagePullPolicy: Never``: nothing is pulled).
-PAUSE_IMAGE = "localhost/neuronfleet/pause:local"
-BASE_IMAGE = "localhost/neuronfleet/base:bookworm"
+from neuronfleet.devcluster import node_images, runc_norlimits
+from neuronfleet.devcluster.podman import DiskGuard, Podman, PodmanError, free_bytes
 
-#: The base image's non-root user (pods run as it unless they say otherwise).
-BASE_USER_UID = 1000
-#: bookworm's Python is 3.11, the version the project supports; pip and venv for images built on it.
-BASE_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certificates")
-BASE_ENV = (
-    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    # Debian marks its Python externally managed (PEP 668); images built on this one install with pip.
-    "PIP_BREAK_SYSTEM_PACKAGES=1",
-    "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
-)
-#: The pause process runs as nobody, as registry.k8s.io/pause does.
-PAUSE_USER = "65535:65535"
+Target = Literal["operator", "engine"]
+TARGETS: tuple[Target, ...] = ("operator", "engine")
 
-#: Bumped when the archive layout written here changes, so old cached archives are not reused.
-_FORMAT = "1"
-_LAYER = "application/vnd.oci.image.layer.v1.tar"
+#: Files and folders the build context sends (what .dockerignore lets through), relative to the checkout.
+INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "uv.lock", "README.md")
+INPUT_DIRS = ("engine", "operator", "devcluster")
 
+#: Free space a build must find before it starts, the guard's 15 GB included: the engine's environment
+#: (about 10 GB) is held twice while buildah commits it (the container's copy and the layer's diff),
+#: beside the compressed layer and the archive it goes into (about 4 GB each).
+NEEDED_BYTES: dict[Target, int] = {"operator": 20 * 10**9, "engine": 40 * 10**9}
 
-def cache_dir() -> Path:
-    """Where built archives are kept (``$NEURONFLEET_CACHE/images``)."""
-    root = os.environ.get("NEURONFLEET_CACHE") or str(Path.home() / ".cache" / "neuronfleet")
-    return Path(root) / "images"
+#: The uv download cache the builds reuse (mounted where the Dockerfile's UV_CACHE_DIR points).
+UV_CACHE = Path.home() / ".cache" / "uv"
+UV_CACHE_IN_BUILD = "/uv-cache"
+#: The host's CA bundle, mounted read-only during the build only (never part of an image).
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def content_key(*parts: str | bytes) -> str:
-    """A short hash of an image's recipe: every input, in order."""
-    digest = hashlib.sha256(_FORMAT.encode())
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        digest.update(len(data).to_bytes(8, "big") + data)
-    return digest.hexdigest()[:16]
+class ImageError(RuntimeError):
+    """An image could not be built or its inputs are missing."""
 
 
-def image_config(layer_digest: str, *, user: str, env: tuple[str, ...] = (), **process: Any) -> dict[str, Any]:
-    """An OCI image config with one layer (``layer_digest`` is its uncompressed sha256)."""
-    config: dict[str, Any] = {"User": user, "Env": list(env), **process}
-    return {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
-    }
+def cache_root() -> Path:
+    """``$NEURONFLEET_CACHE/images`` (default ``~/.cache/neuronfleet/images``), beside the node's images."""
+    return node_images.cache_dir()
 
 
-def _sha256_file(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest(), path.stat().st_size
+def checkout() -> Path:
+    """The neuronfleet checkout this package is installed from (the Dockerfile lives there)."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "Dockerfile").is_file() and (parent / "uv.lock").is_file():
+            return parent
+    raise ImageError("Dockerfile not found: build images from a neuronfleet checkout (`make images`)")
 
 
-def _add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = 0o644
-    archive.addfile(info, io.BytesIO(data))
-
-
-def write_oci_archive(path: Path, reference: str, layer: Path, **config: Any) -> Path:
-    """Write a one-layer image named ``reference`` (layer: an uncompressed root filesystem tar) to ``path``."""
-    layer_digest, layer_size = _sha256_file(layer)
-    config_blob = json.dumps(image_config(layer_digest, **config), sort_keys=True).encode()
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": f"sha256:{hashlib.sha256(config_blob).hexdigest()}",
-            "size": len(config_blob),
-        },
-        "layers": [{"mediaType": _LAYER, "digest": f"sha256:{layer_digest}", "size": layer_size}],
-    }
-    manifest_blob = json.dumps(manifest, sort_keys=True).encode()
-    index = {
-        "schemaVersion": 2,
-        "manifests": [
-            {
-                "mediaType": manifest["mediaType"],
-                "digest": f"sha256:{hashlib.sha256(manifest_blob).hexdigest()}",
-                "size": len(manifest_blob),
-                # containerd names the imported image after this annotation.
-                "annotations": {"org.opencontainers.image.ref.name": reference, "io.containerd.image.name": reference},
-            }
-        ],
-    }
-    with tarfile.open(path, "w") as archive:
-        _add_bytes(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        _add_bytes(archive, "index.json", json.dumps(index).encode())
-        for blob in (config_blob, manifest_blob):
-            _add_bytes(archive, f"blobs/sha256/{hashlib.sha256(blob).hexdigest()}", blob)
-        archive.add(layer, f"blobs/sha256/{layer_digest}")
+def base_archive() -> Path:
+    """The base image's OCI archive: ``NEURONFLEET_BASE_IMAGE``, or the one built here (Debian bookworm,
+    Python 3.11, uid 1000; see ``node_images.base_image``)."""
+    override = os.environ.get("NEURONFLEET_BASE_IMAGE")
+    if override is None:
+        return node_images.base_image()
+    path = Path(override)
+    if not path.is_file():
+        raise ImageError(f"no base image at {path}: NEURONFLEET_BASE_IMAGE must name an OCI archive")
     return path
 
 
-def _cached(name: str, key: str, build: Callable[[Path, Path], None], log: Callable[[str], None]) -> Path:
-    """The archive ``<name>-<key>.oci.tar`` from the cache, built by ``build(archive, scratch)`` if missing."""
-    target = cache_dir() / f"{name}-{key}.oci.tar"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log(f"==> image {name}: building into {target}")
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as scratch:
-        staging = Path(scratch) / "image.oci.tar"
-        build(staging, Path(scratch))
-        # Renamed whole: a reader never sees half an archive.
-        staging.replace(target)
-    size = target.stat().st_size / 2**20
-    log(f"==> image {name}: done in {time.monotonic() - start:.0f} s ({size:.0f} MiB)")
-    return target
+def input_files(root: Path) -> list[Path]:
+    """Every file an image is built from, relative to ``root``, sorted (bytecode left out)."""
+    found = [Path(name) for name in INPUT_FILES]
+    for folder in INPUT_DIRS:
+        found += [
+            path.relative_to(root)
+            for path in (root / folder).rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        ]
+    return sorted(found)
 
 
-def _print(message: str) -> None:
-    print(message, flush=True)
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def pause_image(log: Callable[[str], None] = _print) -> Path:
-    """The sandbox image: ``pause.c`` compiled static, alone in its root filesystem."""
-    source = resources.files(__package__).joinpath("pause.c").read_bytes()
-    compile_flags = ("-Os", "-static", "-s")
-    key = content_key(source, *compile_flags, PAUSE_IMAGE, PAUSE_USER)
-
-    def build(archive: Path, scratch: Path) -> None:
-        (scratch / "pause.c").write_bytes(source)
-        binary = scratch / "pause"
-        _run(["gcc", *compile_flags, "-o", str(binary), str(scratch / "pause.c")], "compiling pause.c")
-        rootfs = scratch / "rootfs.tar"
-        with tarfile.open(rootfs, "w") as layer:
-            info = layer.gettarinfo(str(binary), "pause")
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mode = 0o755
-            with binary.open("rb") as stream:
-                layer.addfile(info, stream)
-        write_oci_archive(archive, PAUSE_IMAGE, rootfs, user=PAUSE_USER, Entrypoint=["/pause"])
-
-    return _cached("pause", key, build, log)
+def image_key(target: str, files: Iterable[tuple[str, bytes]], base_key: str) -> str:
+    """A short content key over the target, the base image's key and each input's name and bytes."""
+    digest = hashlib.sha256(f"target={target}\nbase={base_key}\n".encode())
+    for name, data in files:
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()[:16]
 
 
-def _base_argv(rootfs: Path) -> list[str]:
-    create_user = f'chroot "$1" useradd --uid {BASE_USER_UID} --create-home --shell /bin/sh app'
-    return [
-        "mmdebstrap",
-        "--variant=minbase",
-        f"--include={','.join(BASE_PACKAGES)}",
-        f"--customize-hook={create_user}",
-        "--quiet",
-        "bookworm",
-        str(rootfs),
+def checkout_key(target: str, root: Path, base_key: str) -> str:
+    """:func:`image_key` over the checkout's inputs as they are on disk now."""
+    return image_key(target, ((str(p), (root / p).read_bytes()) for p in input_files(root)), base_key)
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """An image as an OCI archive, and the name it carries."""
+
+    target: Target
+    key: str
+    archive: Path
+
+    @property
+    def name(self) -> str:
+        """The reference the archive holds, e.g. ``localhost/neuronfleet/engine:<key>``."""
+        return f"localhost/neuronfleet/{self.target}:{self.key}"
+
+
+def build_args(target: Target, root: Path, base_name: str, destination: str) -> list[str]:
+    """``podman build`` arguments for ``target`` on ``base_name``, reusing the uv cache, into ``destination``."""
+    args = [
+        "build",
+        "--pull=never",
+        # Build containers share the host's network: the sandbox cannot give them their own.
+        "--network=host",
+        # One commit per stage: intermediate layers of 10 GB would each be written again.
+        "--layers=false",
+        # gzip layers: the archive is about half the environment's size.
+        "--disable-compression=false",
+        f"--build-arg=PYTHON_BASE={base_name}",
+        f"--build-arg=UV_CACHE_DIR={UV_CACHE_IN_BUILD}",
+        f"--volume={UV_CACHE}:{UV_CACHE_IN_BUILD}",
+        f"--target={target}",
+        f"--tag={destination}",
+        f"--file={root / 'Dockerfile'}",
     ]
+    if CA_BUNDLE.is_file():
+        # Downloads go through a proxy with its own CA; the bundle is mounted for the build alone.
+        args.append(f"--volume={CA_BUNDLE}:{CA_BUNDLE}:ro")
+    return [*args, str(root)]
 
 
-def base_image(log: Callable[[str], None] = _print) -> Path:
-    """Debian bookworm (minbase) with Python 3.11, pip and venv, and user ``app`` (uid 1000) to run as.
+def _say(message: str) -> None:
+    print(f"==> {message}", flush=True)
 
-    Built with mmdebstrap from the machine's configured Debian mirror (first time: ~2 min, ~250 MB).
-    """
-    argv = _base_argv(Path("rootfs.tar"))
-    key = content_key(*argv, BASE_IMAGE, *BASE_ENV, str(BASE_USER_UID))
 
-    def build(archive: Path, scratch: Path) -> None:
-        rootfs = scratch / "rootfs.tar"
-        _run(_base_argv(rootfs), "mmdebstrap of the base image", timeout=1800)
-        write_oci_archive(
-            archive, BASE_IMAGE, rootfs, user=f"{BASE_USER_UID}:{BASE_USER_UID}", env=BASE_ENV, Cmd=["python3"]
+def build(
+    target: Target,
+    *,
+    root: Path | None = None,
+    base: Path | None = None,
+    cache: Path | None = None,
+    say: Callable[[str], None] = _say,
+) -> BuiltImage:
+    """The archive of ``target`` for the checkout as it is: reused when its key exists, else built."""
+    root = root or checkout()
+    base = base or base_archive()
+    cache = cache or cache_root()
+    key = checkout_key(target, root, file_digest(base))
+    image = BuiltImage(target, key, cache / key / f"{target}.oci.tar")
+    if not image.archive.is_file():
+        # One build of a target at a time: a second waits, then finds the first one's archive.
+        with exclusive(cache / f"build-{target}.lock"):
+            if not image.archive.is_file():
+                _build(image, root, base, cache, say)
+                prune(cache, target, keep=key)
+                return image
+    say(f"{target} image {key} is up to date: {image.archive}")
+    return image
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` (created if missing)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _build(image: BuiltImage, root: Path, base: Path, cache: Path, say: Callable[[str], None]) -> None:
+    target = image.target
+    needed = NEEDED_BYTES[target]
+    if free_bytes(cache) < needed:
+        raise ImageError(
+            f"building the {target} image needs {needed / 1e9:.0f} GB free under {cache}, "
+            f"there are {free_bytes(cache) / 1e9:.1f} GB"
         )
+    podman = Podman(cache / f"build-{target}", runc_norlimits.install(cache / "runc-norlimits"))
+    started = time.monotonic()
+    say(f"building the {target} image {image.key} (podman, store in {podman.root})")
+    try:
+        podman.reset()
+        base_name = podman.load(base)
+        partial = image.archive.with_name(f"{target}.partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        # Committed straight into the archive: the 10 GB layer is not stored a second time and then saved.
+        destination = f"oci-archive:{partial}:{image.name}"
+        podman.stream(build_args(target, root, base_name, destination), DiskGuard(cache))
+        partial.rename(image.archive)
+    except PodmanError as error:
+        shutil.rmtree(image.archive.parent, ignore_errors=True)
+        raise ImageError(str(error)) from error
+    finally:
+        podman.reset()
+    size = image.archive.stat().st_size
+    say(f"{target} image built in {time.monotonic() - started:.0f} s: {size / 1e6:.0f} MB at {image.archive}")
 
-    return _cached("base", key, build, log)
+
+def prune(cache: Path, target: Target, keep: str) -> list[Path]:
+    """Remove ``target``'s archives of other keys (only the newest build of each image is kept)."""
+    removed = []
+    for archive in cache.glob(f"*/{target}.oci.tar"):
+        if archive.parent.name != keep:
+            archive.unlink()
+            removed.append(archive)
+            if not any(archive.parent.iterdir()):
+                archive.parent.rmdir()
+    return removed
 
 
-class ImageBuildError(RuntimeError):
-    """A step of an image build failed; the message ends with its output."""
+def archive_config(archive: Path) -> dict[str, Any]:
+    """The image configuration (User, Env, Entrypoint, ...) an OCI archive holds, read without podman."""
+    with tarfile.open(archive) as tar:
 
+        def blob(name: str) -> dict[str, Any]:
+            member = tar.extractfile(name)
+            if member is None:
+                raise ImageError(f"{archive} has no {name}")
+            document: dict[str, Any] = json.load(member)
+            return document
 
-def _run(argv: list[str], what: str, timeout: float = 300) -> None:
-    if shutil.which(argv[0]) is None:
-        raise ImageBuildError(f"{argv[0]} not found for {what}: run `make packages` (tools/node/debian-packages.txt)")
-    result = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
-    )
-    if result.returncode != 0:
-        raise ImageBuildError(f"{what} failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-4000:]}")
+        def by_digest(digest: str) -> dict[str, Any]:
+            return blob("blobs/" + digest.replace(":", "/", 1))
+
+        (manifest,) = blob("index.json")["manifests"]
+        config: dict[str, Any] = by_digest(by_digest(manifest["digest"])["config"]["digest"])
+        return config

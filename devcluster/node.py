@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import yaml
 
-from neuronfleet.devcluster import images, runc_norlimits
+from neuronfleet.devcluster import node_images, runc_norlimits
 from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.fleet import POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL
 from neuronfleet.devcluster.processes import ManagedProcess, ProcessRecord, stop
@@ -203,7 +203,7 @@ state = "{c / "state"}"
     snapshotter = 'overlayfs'
     # No registry is reachable: every image is imported, the sandbox's too.
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = '{images.PAUSE_IMAGE}'
+      sandbox = '{node_images.PAUSE_IMAGE}'
 
   [plugins.'io.containerd.cri.v1.runtime']
     enable_selinux = false
@@ -344,12 +344,8 @@ class NodeFiles:
 def write_files(paths: NodePaths, layout: Layout, node_tools: NodeTools) -> NodeFiles:
     """Write the node's configuration: containerd (with the runc wrapper and its spec), CNI, kubelet, kube-proxy."""
     (paths.root / "cni").mkdir(parents=True)
-    runc = paths.root / "runc"
-    # containerd runs this path without arguments of its own. The wrapper runs as a plain script in isolated
-    # mode (-I): quick, and nothing it prints at start-up (runc's stderr is the container's) can reach a pod's log.
-    wrapper = Path(runc_norlimits.__file__)
-    runc.write_text(f'#!/bin/sh\nexec {sys.executable} -I {wrapper} "$@"\n')
-    runc.chmod(0o755)
+    # containerd runs this path without arguments of its own.
+    runc = runc_norlimits.install(paths.root / "runc")
     # containerd's default spec carries RLIMIT_NOFILE: the wrapper would strip it from every container anyway.
     spec = json.loads(_run([str(node_tools.path("ctr")), "oci", "spec"], "containerd's default spec"))
     runc_norlimits.without_rlimits(spec["process"])
@@ -415,8 +411,8 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     containerd = spawn("containerd", [*enter, str(node_tools.path("containerd")), f"--config={files.containerd}"], env)
     node = RealNode(state)
     wait("containerd to answer", containerd, lambda: _answers(node))
-    # Built once and cached (images.py); the base image is what the node's own pods run.
-    for archive in (images.pause_image(), images.base_image()):
+    # Built once and cached (node_images.py); the base image is what the node's own pods run.
+    for archive in (node_images.pause_image(), node_images.base_image()):
         node.import_image(archive)
 
     labels = ",".join(f"{key}={value}" for key, value in node_labels().items())

@@ -21,6 +21,16 @@ RUNC = "/usr/sbin/runc"
 _GLOBAL_WITH_VALUE = frozenset({"--root", "--log", "--log-format", "--criu", "--rootless"})
 
 
+def install(path: Path) -> Path:
+    """Write an executable at ``path`` that runs this wrapper, for an OCI runtime setting (containerd's
+    ``BinaryName``, podman's ``--runtime``). It runs in isolated mode (-I): quick, and nothing it prints at
+    start-up (runc's stderr is the container's) can reach a container's output."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} -I {Path(__file__)} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
 def subcommand(args: Sequence[str]) -> str | None:
     """runc's subcommand in ``args`` (global flags and their values skipped)."""
     skip = False

@@ -1,7 +1,7 @@
 """The Dockerfile: lint-clean, two slim non-root final stages, entrypoints that work, no vLLM for the operator.
 
-No container engine runs here, so the image is checked by what it is made of: hadolint, the stages'
-instructions, the installed package's entrypoints, and the operator extra's closure in uv.lock.
+The file is checked by what it is made of: hadolint, the stages' instructions, the installed package's
+entrypoints, and the operator extra's closure in uv.lock. tests/images/ builds both images and looks inside.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
+from harness.lockfile import closure, load_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -91,30 +91,53 @@ def test_dockerignore_sends_only_what_the_images_install() -> None:
     assert not allowed & {".venv", ".git", "tests", "bench"}
 
 
-@pytest.mark.parametrize(
-    ("target", "builder", "extra"), [("operator", "operator-build", "operator"), ("engine", "engine-build", "engine")]
-)
-def test_final_stage_is_the_runtime_alone(target: str, builder: str, extra: str) -> None:
-    found = stages()
-    final, build = found[target], found[builder]
-    assert final.all("RUN") == [], "a final stage runs nothing: no package manager, no build tools"
-    assert final.all("COPY") == [f"--from={builder} /opt/neuronfleet /opt/neuronfleet"]
-    (user,) = final.all("USER")
+def numeric_non_root(stage: Stage) -> None:
+    (user,) = stage.all("USER")
     uid, _, gid = user.partition(":")
     assert uid.isdigit(), f"numeric user (runAsNonRoot can check it), got {user}"
     assert int(uid) > 0, "non-root"
     assert gid.isdigit(), f"numeric group, got {user}"
-    # Built with uv from the lock, with only this image's extra, as a wheel (not a link to sources).
-    syncs = [args for args in build.all("RUN") if "uv sync" in args]
+
+
+def locked_syncs(stage: Stage, extra: str) -> list[str]:
+    """The stage's ``uv sync`` runs, checked to install from the lock, this extra only, finally as a wheel."""
+    syncs = [args for args in stage.all("RUN") if "uv sync" in args]
     assert syncs
     assert all("--locked" in s and "--no-dev" in s and f"--extra {extra}" in s for s in syncs), syncs
-    assert "--no-editable" in syncs[-1]
+    assert "--no-editable" in syncs[-1], "the project as a wheel, not a link to sources"
+    return syncs
+
+
+def test_operator_final_stage_is_the_runtime_alone() -> None:
+    found = stages()
+    final = found["operator"]
+    assert final.all("RUN") == [], "a final stage runs nothing: no package manager, no build tools"
+    assert final.all("COPY") == ["--from=operator-build /opt/neuronfleet /opt/neuronfleet"]
+    numeric_non_root(final)
+    locked_syncs(found["operator-build"], "operator")
+
+
+def test_engine_installs_in_place_with_uv_and_sources_only_mounted() -> None:
+    found = stages()
+    final = found["engine"]
+    # Nothing is copied in: the 10 GB environment is written once, and no uv or sources stay behind.
+    assert final.all("COPY") == []
+    syncs = locked_syncs(final, "engine")
+    for run in final.all("RUN"):
+        assert "--mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv" in run
+        assert "--mount=type=cache,target=/root/.cache/uv" in run, "downloads stay out of the image"
+    assert "from=lock," in syncs[0], "dependencies from the lock alone first"
+    assert "--no-install-project" in syncs[0]
+    assert "from=sources," in syncs[-1]
+    assert found["lock"].all("RUN") == [], "the mounted stages only hold files"
+    assert found["sources"].all("RUN") == []
+    numeric_non_root(final)
 
 
 def test_engine_base_image_is_a_build_argument() -> None:
     found = stages()
-    assert found["engine"].base == found["engine-build"].base == "${ENGINE_BASE}"
-    assert found["operator"].base == "${PYTHON_BASE}"
+    assert found["engine"].base == "${ENGINE_BASE}"
+    assert found["operator"].base == found["uv"].base == found["lock"].base == "${PYTHON_BASE}"
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG ENGINE_BASE=\$\{PYTHON_BASE\}$", text, re.MULTILINE)
     assert "--build-arg ENGINE_BASE=" in text, "the header documents how to build on the Neuron DLC"
@@ -154,27 +177,8 @@ def test_operator_entrypoint_imports_no_vllm() -> None:
     assert ran.stdout.strip() == "[]"
 
 
-def closure(lock: dict[str, Any], root: str, extras: set[str]) -> set[str]:
-    """Every package ``root[extras]`` can pull in, per uv.lock (markers ignored: a superset)."""
-    packages = {p["name"]: p for p in lock["package"]}
-    seen: set[tuple[str, frozenset[str]]] = set()
-    todo = [(root, frozenset(extras))]
-    while todo:
-        name, wanted = todo.pop()
-        package = packages[name]
-        deps = list(package.get("dependencies", []))
-        for extra in wanted:
-            deps += package.get("optional-dependencies", {}).get(extra, [])
-        for dep in deps:
-            key = (dep["name"], frozenset(dep.get("extra", [])))
-            if key not in seen:
-                seen.add(key)
-                todo.append(key)
-    return {name for name, _ in seen}
-
-
 def test_operator_extra_locks_no_vllm_or_torch() -> None:
-    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    lock = load_lock()
     operator = closure(lock, "neuronfleet", {"operator"})
     assert {"kopf", "kubernetes", "pydantic"} <= operator
     assert not operator & HEAVY, operator & HEAVY

@@ -8,7 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from neuronfleet.devcluster import images
+from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.egress_proxy import allowed, connect_target
 from neuronfleet.devcluster.node_capacity import needs_patch, neuron_capacity
 from neuronfleet.devcluster.node_namespace import Mount, cgroup_mounts
@@ -75,7 +75,9 @@ def test_oci_archive_names_the_image_and_matches_its_digests(tmp_path: Path) -> 
     layer = tmp_path / "layer.tar"
     with tarfile.open(layer, "w") as archive:
         archive.add(__file__, "hello")
-    path = images.write_oci_archive(tmp_path / "image.tar", "localhost/x:1", layer, user="1000:1000", Cmd=["hello"])
+    path = node_images.write_oci_archive(
+        tmp_path / "image.tar", "localhost/x:1", layer, user="1000:1000", Cmd=["hello"]
+    )
     with tarfile.open(path) as archive:
         index = json.loads(archive.extractfile("index.json").read())  # type: ignore[union-attr]
         entry = index["manifests"][0]
@@ -88,6 +90,6 @@ def test_oci_archive_names_the_image_and_matches_its_digests(tmp_path: Path) -> 
 
 
 def test_content_key_changes_with_any_input() -> None:
-    assert images.content_key("a", "b") == images.content_key("a", "b")
-    assert images.content_key("a", "b") != images.content_key("ab")
-    assert images.content_key("a") != images.content_key(b"b")
+    assert node_images.content_key("a", "b") == node_images.content_key("a", "b")
+    assert node_images.content_key("a", "b") != node_images.content_key("ab")
+    assert node_images.content_key("a") != node_images.content_key(b"b")

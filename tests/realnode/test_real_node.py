@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster import images
+from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
@@ -43,14 +43,14 @@ http.server.HTTPServer(("", 8080), Handler).serve_forever()
 
 def pod(name: str, command: list[str], **spec: Any) -> Obj:
     """A pod from the base image as its non-root user, placed on the real node (it tolerates the Neuron taint)."""
-    container = {"name": "main", "image": images.BASE_IMAGE, "imagePullPolicy": "Never", "command": command}
+    container = {"name": "main", "image": node_images.BASE_IMAGE, "imagePullPolicy": "Never", "command": command}
     container.update(spec.pop("container", {}))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
-            "securityContext": {"runAsNonRoot": True, "runAsUser": images.BASE_USER_UID},
+            "securityContext": {"runAsNonRoot": True, "runAsUser": node_images.BASE_USER_UID},
             "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [container],
             **spec,
@@ -137,7 +137,7 @@ def test_cluster_ip_answers_through_kube_proxy(
             what=f"Service {web} ({cluster_ip}) to answer from the node's namespace",
             show=lambda result: result.stderr[-300:],
         )
-        assert answered.stdout.strip() == f"uid={images.BASE_USER_UID}"
+        assert answered.stdout.strip() == f"uid={node_images.BASE_USER_UID}"
         # The API server fetches the log from the kubelet through the egress proxy; it holds the server's
         # request lines (probes and the fetch) and nothing else: no runtime noise leaks into a pod's output.
         logs = real_cluster.kubectl("logs", web)
@@ -209,7 +209,7 @@ def test_delete_runs_prestop_and_ends_within_grace(api: Api, real_cluster: Local
     api.request("DELETE", f"{PODS}/{name}")
     wait_for(lambda: read(api, name), lambda found: not found, timeout=grace + 10, what=f"pod {name} gone")
     assert time.monotonic() - deleted < grace
-    assert Path(marks / "prestop").read_text().strip() == str(images.BASE_USER_UID)
+    assert Path(marks / "prestop").read_text().strip() == str(node_images.BASE_USER_UID)
     events = api.request("GET", f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name={name}")
     killing = [e for e in events["items"] if e["reason"] == "Killing" and e["source"].get("component") == "kubelet"]
     assert killing, [e["reason"] for e in events["items"]]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from neuronfleet.devcluster import images
+from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.processes import send_signal
@@ -37,7 +37,7 @@ def test_down_after_a_crash_leaves_nothing_behind() -> None:
             "metadata": {"name": "sleeper"},
             "spec": {
                 "tolerations": [{"operator": "Exists"}],
-                "containers": [{"name": "main", "image": images.PAUSE_IMAGE, "imagePullPolicy": "Never"}],
+                "containers": [{"name": "main", "image": node_images.PAUSE_IMAGE, "imagePullPolicy": "Never"}],
             },
         }
         with cluster.admin_api() as api:

@@ -1,0 +1,213 @@
+"""Container images built on this machine (no registry is reachable), as OCI archives.
+
+Each function returns the path of an OCI archive (``oci-layout``, ``index.json``, ``blobs/``) that
+``RealNode.import_image`` loads into the node's containerd. Archives are cached under
+``~/.cache/neuronfleet/images`` by a key that hashes everything that goes into them, so an image is
+rebuilt only when its recipe changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+#: The image references the node's pods use (``imagePullPolicy: Never``: nothing is pulled).
+PAUSE_IMAGE = "localhost/neuronfleet/pause:local"
+BASE_IMAGE = "localhost/neuronfleet/base:bookworm"
+
+#: The base image's non-root user. The image itself runs as root, as python:3.11-slim does, so the
+#: Dockerfile's build stages on it can install; its images and the node's pods choose this user.
+BASE_USER_UID = 1000
+BASE_IMAGE_USER = "0:0"
+#: bookworm's Python is 3.11, the version the project supports; pip and venv for images built on it.
+BASE_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certificates")
+BASE_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    # Debian marks its Python externally managed (PEP 668); images built on this one install with pip.
+    "PIP_BREAK_SYSTEM_PACKAGES=1",
+    "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+)
+#: The pause process runs as nobody, as registry.k8s.io/pause does.
+PAUSE_USER = "65535:65535"
+
+#: Bumped when the archive layout written here changes, so old cached archives are not reused.
+_FORMAT = "1"
+_LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+
+def cache_dir() -> Path:
+    """Where built archives are kept (``$NEURONFLEET_CACHE/images``)."""
+    root = os.environ.get("NEURONFLEET_CACHE") or str(Path.home() / ".cache" / "neuronfleet")
+    return Path(root) / "images"
+
+
+def content_key(*parts: str | bytes) -> str:
+    """A short hash of an image's recipe: every input, in order."""
+    digest = hashlib.sha256(_FORMAT.encode())
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()[:16]
+
+
+def image_config(layer_digest: str, *, user: str, env: tuple[str, ...] = (), **process: Any) -> dict[str, Any]:
+    """An OCI image config with one layer (``layer_digest`` is its uncompressed sha256)."""
+    config: dict[str, Any] = {"User": user, "Env": list(env), **process}
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
+    }
+
+
+def _sha256_file(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest(), path.stat().st_size
+
+
+def _add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    archive.addfile(info, io.BytesIO(data))
+
+
+def write_oci_archive(path: Path, reference: str, layer: Path, **config: Any) -> Path:
+    """Write a one-layer image named ``reference`` (layer: an uncompressed root filesystem tar) to ``path``."""
+    layer_digest, layer_size = _sha256_file(layer)
+    config_blob = json.dumps(image_config(layer_digest, **config), sort_keys=True).encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": f"sha256:{hashlib.sha256(config_blob).hexdigest()}",
+            "size": len(config_blob),
+        },
+        "layers": [{"mediaType": _LAYER, "digest": f"sha256:{layer_digest}", "size": layer_size}],
+    }
+    manifest_blob = json.dumps(manifest, sort_keys=True).encode()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": manifest["mediaType"],
+                "digest": f"sha256:{hashlib.sha256(manifest_blob).hexdigest()}",
+                "size": len(manifest_blob),
+                # containerd names the imported image after this annotation.
+                "annotations": {"org.opencontainers.image.ref.name": reference, "io.containerd.image.name": reference},
+            }
+        ],
+    }
+    with tarfile.open(path, "w") as archive:
+        _add_bytes(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+        _add_bytes(archive, "index.json", json.dumps(index).encode())
+        for blob in (config_blob, manifest_blob):
+            _add_bytes(archive, f"blobs/sha256/{hashlib.sha256(blob).hexdigest()}", blob)
+        archive.add(layer, f"blobs/sha256/{layer_digest}")
+    return path
+
+
+def _cached(name: str, key: str, build: Callable[[Path, Path], None], log: Callable[[str], None]) -> Path:
+    """The archive ``<name>-<key>.oci.tar`` from the cache, built by ``build(archive, scratch)`` if missing."""
+    target = cache_dir() / f"{name}-{key}.oci.tar"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log(f"==> image {name}: building into {target}")
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as scratch:
+        staging = Path(scratch) / "image.oci.tar"
+        build(staging, Path(scratch))
+        # Renamed whole: a reader never sees half an archive.
+        staging.replace(target)
+    size = target.stat().st_size / 2**20
+    log(f"==> image {name}: done in {time.monotonic() - start:.0f} s ({size:.0f} MiB)")
+    return target
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
+
+
+def pause_image(log: Callable[[str], None] = _print) -> Path:
+    """The sandbox image: ``pause.c`` compiled static, alone in its root filesystem."""
+    source = resources.files(__package__).joinpath("pause.c").read_bytes()
+    compile_flags = ("-Os", "-static", "-s")
+    key = content_key(source, *compile_flags, PAUSE_IMAGE, PAUSE_USER)
+
+    def build(archive: Path, scratch: Path) -> None:
+        (scratch / "pause.c").write_bytes(source)
+        binary = scratch / "pause"
+        _run(["gcc", *compile_flags, "-o", str(binary), str(scratch / "pause.c")], "compiling pause.c")
+        rootfs = scratch / "rootfs.tar"
+        with tarfile.open(rootfs, "w") as layer:
+            info = layer.gettarinfo(str(binary), "pause")
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mode = 0o755
+            with binary.open("rb") as stream:
+                layer.addfile(info, stream)
+        write_oci_archive(archive, PAUSE_IMAGE, rootfs, user=PAUSE_USER, Entrypoint=["/pause"])
+
+    return _cached("pause", key, build, log)
+
+
+def _base_argv(rootfs: Path) -> list[str]:
+    create_user = f'chroot "$1" useradd --uid {BASE_USER_UID} --create-home --shell /bin/sh app'
+    return [
+        "mmdebstrap",
+        "--variant=minbase",
+        f"--include={','.join(BASE_PACKAGES)}",
+        f"--customize-hook={create_user}",
+        "--quiet",
+        "bookworm",
+        str(rootfs),
+    ]
+
+
+def base_image(log: Callable[[str], None] = _print) -> Path:
+    """Debian bookworm (minbase) with Python 3.11, pip and venv, and user ``app`` (uid 1000) for what runs on it.
+
+    Built with mmdebstrap from the machine's configured Debian mirror (first time: ~2 min, ~250 MB).
+    """
+    argv = _base_argv(Path("rootfs.tar"))
+    key = content_key(*argv, BASE_IMAGE, *BASE_ENV, str(BASE_USER_UID), BASE_IMAGE_USER)
+
+    def build(archive: Path, scratch: Path) -> None:
+        rootfs = scratch / "rootfs.tar"
+        _run(_base_argv(rootfs), "mmdebstrap of the base image", timeout=1800)
+        write_oci_archive(
+            archive, BASE_IMAGE, rootfs, user=BASE_IMAGE_USER, env=BASE_ENV, Cmd=["python3"]
+        )
+
+    return _cached("base", key, build, log)
+
+
+class ImageBuildError(RuntimeError):
+    """A step of an image build failed; the message ends with its output."""
+
+
+def _run(argv: list[str], what: str, timeout: float = 300) -> None:
+    if shutil.which(argv[0]) is None:
+        raise ImageBuildError(f"{argv[0]} not found for {what}: run `make packages` (tools/node/debian-packages.txt)")
+    result = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+    )
+    if result.returncode != 0:
+        raise ImageBuildError(f"{what} failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-4000:]}")
