@@ -192,9 +192,7 @@ def base_image(log: Callable[[str], None] = _print) -> Path:
     def build(archive: Path, scratch: Path) -> None:
         rootfs = scratch / "rootfs.tar"
         _run(_base_argv(rootfs), "mmdebstrap of the base image", timeout=1800)
-        write_oci_archive(
-            archive, BASE_IMAGE, rootfs, user=BASE_IMAGE_USER, env=BASE_ENV, Cmd=["python3"]
-        )
+        write_oci_archive(archive, BASE_IMAGE, rootfs, user=BASE_IMAGE_USER, env=BASE_ENV, Cmd=["python3"])
 
     return _cached("base", key, build, log)
 
