@@ -1,5 +1,5 @@
-"""Where the pinned binaries live: the control plane's (``tools/kube/build.sh``) and the real node's
-(``tools/node/build.sh``), both run by ``make tools``."""
+"""Where the pinned binaries live: the control plane's (``tools/kube/build.sh``), the real node's
+(``tools/node/build.sh``) and the tests' S3 server (``tools/s3/build.sh``), all run by ``make tools``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ TOOLS_ENV = "NEURONFLEET_KUBE_TOOLS"
 
 #: Overrides the real node's bin dir (``tools/node/build.sh --print-bin-dir`` otherwise).
 NODE_TOOLS_ENV = "NEURONFLEET_NODE_TOOLS"
+
+#: Overrides the S3 server's bin dir (``tools/s3/build.sh --print-bin-dir`` otherwise).
+S3_TOOLS_ENV = "NEURONFLEET_S3_TOOLS"
+_OVERRIDES = {"kube": TOOLS_ENV, "node": NODE_TOOLS_ENV, "s3": S3_TOOLS_ENV}
 
 #: Every binary the kube build script produces.
 BINARIES = (
@@ -64,7 +68,7 @@ def pinned_version(module: str) -> str:
 
 def bin_dir(kind: str = "kube") -> Path:
     """The directory the pinned binaries of ``tools/<kind>`` are (or will be) built into."""
-    override = os.environ.get(TOOLS_ENV if kind == "kube" else NODE_TOOLS_ENV)
+    override = os.environ.get(_OVERRIDES[kind])
     if override:
         return Path(override)
     script = _build_script(kind)

@@ -14,7 +14,8 @@ from neuronfleet.devcluster.processes import SCRIPTS
 
 # `cluster`, `crds`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use.
 # The operator's fixtures (`api`, `operator`, `services`) load only in the modules that name them.
-pytest_plugins = ["harness.cluster_fixtures"]
+# `s3_server` and `s3_bucket`: a real local S3-compatible server, started on first use.
+pytest_plugins = ["harness.cluster_fixtures", "harness.s3_fixtures"]
 
 
 @pytest.fixture

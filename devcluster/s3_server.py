@@ -1,0 +1,107 @@
+"""A local S3-compatible server: versitygw (``tools/s3``) on a loopback port, its posix backend in a directory.
+
+The engine's ``s3://`` artifact stores are tested against it as against S3:
+real HTTP, SigV4-signed requests, real objects with metadata. Its posix backend
+keeps each bucket as a directory and each object as a file, so a bucket is made
+by making a directory, and a test can look at (or damage) what was uploaded.
+The credentials are made up per server and given to it in its environment, so
+they appear in no command line.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neuronfleet.devcluster.processes import ManagedProcess, free_ports
+from neuronfleet.devcluster.tools import ToolsMissingError, bin_dir
+
+BINARY = "versitygw"
+#: Where versitygw answers GET with 200 once it serves.
+HEALTH_PATH = "/health"
+REGION = "us-east-1"
+
+
+def versitygw() -> Path:
+    """The pinned versitygw binary, or one line saying how to build it."""
+    path = bin_dir("s3") / BINARY
+    if not path.is_file():
+        raise ToolsMissingError(f"the S3 server is not built ({path} is missing): run `make tools`")
+    return path
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    """The server's root access key and secret (the secret never shows in a repr)."""
+
+    access_key: str
+    secret_key: str = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> S3Credentials:
+        """Fresh random credentials."""
+        return cls(access_key=f"NF{secrets.token_hex(9).upper()}", secret_key=secrets.token_urlsafe(30))
+
+
+@dataclass
+class S3Server:
+    """A running versitygw: where it listens, where it keeps buckets, and who may use it."""
+
+    process: ManagedProcess
+    endpoint: str
+    root: Path
+    credentials: S3Credentials
+
+    @classmethod
+    def start(cls, directory: Path, *, timeout: float = 30.0) -> S3Server:
+        """Start a server keeping its buckets in ``directory/buckets`` and its log in ``directory``."""
+        root = directory / "buckets"
+        root.mkdir(parents=True, exist_ok=True)
+        (port,) = free_ports(1)
+        credentials = S3Credentials.generate()
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "ROOT_ACCESS_KEY": credentials.access_key,
+            "ROOT_SECRET_KEY": credentials.secret_key,
+        }
+        argv = [
+            str(versitygw()),
+            "--port",
+            f"127.0.0.1:{port}",
+            "--region",
+            REGION,
+            "--health",
+            HEALTH_PATH,
+            "--quiet",
+            "posix",
+            str(root),
+        ]
+        process = ManagedProcess.spawn("versitygw", argv, directory / "versitygw.log", cwd=directory, env=env)
+        server = cls(process, f"http://127.0.0.1:{port}", root, credentials)
+        try:
+            process.wait_ready(f"{server.endpoint}{HEALTH_PATH}", timeout=timeout, what="the S3 server to answer")
+        except BaseException:
+            process.stop(grace=2)
+            raise
+        return server
+
+    def create_bucket(self, name: str) -> Path:
+        """A new empty bucket (a directory of the posix backend); its directory."""
+        path = self.root / name
+        path.mkdir()
+        return path
+
+    def client_env(self) -> dict[str, str]:
+        """What an AWS client needs to use this server: its endpoint, region and credentials."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": self.credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.credentials.secret_key,
+        }
+
+    def stop(self) -> bool:
+        """Stop the server; whether it is gone."""
+        return self.process.stop(grace=5)
