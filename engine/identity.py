@@ -114,5 +114,10 @@ class CompileIdentity(BaseModel):
 
     def hash(self) -> str:
         """The artifact's content hash: hex SHA-256 of the canonical JSON document, truncated."""
-        canonical = json.dumps(self.document(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:IDENTITY_HASH_LENGTH]
+        return hash_document(self.document())
+
+
+def hash_document(document: dict[str, Any]) -> str:
+    """The hash of an identity document (``CompileIdentity.document()``, or one a manifest records)."""
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:IDENTITY_HASH_LENGTH]

@@ -3,15 +3,18 @@
 An artifact is named by its identity hash (``neuronfleet.engine.identity``, the
 same function the operator uses) and lives in ``STORE/HASH/``. Its
 ``manifest.json`` lists one entry per compiled graph (each prefill token bucket,
-each decode batch bucket) with its shape, status and compile time, and says
-whether the artifact is complete. It is rewritten atomically after every
-bucket, so an interrupted compile resumes where it stopped, and a complete
-artifact is never compiled again.
+each decode batch bucket) with its shape, status and compile time, says
+whether the artifact is complete and, once it is, lists every file beside it
+(the compiled graphs) with its size and SHA-256, so a copy of the artifact
+(``neuronfleet.engine.artifacts.s3``) can be checked file by file. It is
+rewritten atomically after every bucket, so an interrupted compile resumes
+where it stopped, and a complete artifact is never compiled again.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -28,14 +31,20 @@ from neuronfleet.engine.sim_settings import Device
 
 MANIFEST = "manifest.json"
 LOCK = ".compile.lock"
-#: Bumped when the manifest's shape changes.
-MANIFEST_SCHEMA = 1
+#: Bumped when the manifest's shape changes (2: the file list).
+MANIFEST_SCHEMA = 2
+#: The graphs' directory inside an artifact (the vLLM Neuron plugin's remote compile cache on Neuron).
+GRAPHS_DIR = "neff"
 
 BucketKind = Literal["prefill", "decode"]
 
 
 class ArtifactError(Exception):
     """An artifact that is missing, incomplete, unreadable or not the one asked for, said in one line."""
+
+
+class StoreError(ArtifactError):
+    """The store cannot be reached, or what it holds is damaged or not the artifact asked for."""
 
 
 class BucketEntry(BaseModel):
@@ -53,6 +62,16 @@ class BucketEntry(BaseModel):
     compiled_at: str | None = None
 
 
+class ArtifactFile(BaseModel):
+    """One file of a complete artifact, relative to its directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    size: int
+    sha256: str
+
+
 class Manifest(BaseModel):
     """``manifest.json`` of one artifact."""
 
@@ -66,6 +85,8 @@ class Manifest(BaseModel):
     buckets: list[BucketEntry]
     created_at: str
     completed_at: str | None = None
+    #: Every file of the complete artifact but the manifest (empty while compiling).
+    files: list[ArtifactFile] = []
 
     @property
     def complete(self) -> bool:
@@ -85,13 +106,30 @@ def now() -> str:
 
 
 def artifact_dir(store: str, artifact_hash: str) -> Path:
-    """``STORE/HASH``; only local (mounted) stores are read and written by this engine."""
+    """``STORE/HASH`` of a local (mounted) store; ``s3://`` stores are copied to a local one first."""
     if "://" in store:
         raise ArtifactError(
-            f"artifact store {store!r} is not a local path: this engine reads and writes mounted stores only "
-            "(a pvc:// store, or copy the artifact from S3 first)"
+            f"artifact store {store!r} is not a local path or an s3:// prefix "
+            "(the operator mounts a pvc:// store and passes its directory)"
         )
     return Path(store) / artifact_hash
+
+
+def file_digest(path: Path) -> str:
+    """Hex SHA-256 of a file's content."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def artifact_files(directory: Path) -> list[ArtifactFile]:
+    """Every file of the artifact in ``directory`` but its manifest, lock and temporary files, sorted."""
+    found = []
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if not path.is_file() or any(part.startswith(".") for part in relative.parts) or relative.name == MANIFEST:
+            continue
+        found.append(ArtifactFile(path=relative.as_posix(), size=path.stat().st_size, sha256=file_digest(path)))
+    return found
 
 
 def planned_buckets(prefill_buckets: Sequence[int], decode_buckets: Sequence[int]) -> list[BucketEntry]:
@@ -191,6 +229,7 @@ def compile_artifact(
         if manifest.status != "complete":
             manifest.status = "complete"
             manifest.completed_at = now()
+            manifest.files = artifact_files(directory)
             write_manifest(directory, manifest)
         return manifest, compiled
 

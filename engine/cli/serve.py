@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
@@ -12,15 +13,20 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from neuronfleet.engine.artifacts.store import (
+    GRAPHS_DIR,
+    MANIFEST,
     ArtifactError,
+    ArtifactFile,
     BucketEntry,
     Manifest,
+    StoreError,
     artifact_dir,
     compile_artifact,
     is_complete,
     load_for_serving,
 )
 from neuronfleet.engine.cli.common import (
+    EXIT_INVALID,
     AsyncSchedulingOption,
     ConfigOption,
     err,
@@ -47,6 +53,8 @@ from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSe
 #: Exit status when the compiled artifact to serve is missing or incomplete.
 EXIT_NO_ARTIFACT = 3
 DEFAULT_MODEL = "hf://neuronfleet/tiny"
+#: Where artifacts of an s3:// store are compiled before the upload, and downloaded before serving.
+CACHE_ENV = "NEURONFLEET_ARTIFACT_CACHE"
 
 DeviceOption = Annotated[
     Device,
@@ -71,7 +79,21 @@ ImageOption = Annotated[
 ]
 StoreOption = Annotated[
     str | None,
-    typer.Option("--artifact-store", help="Directory that holds compiled artifacts, one per hash.", show_default=False),
+    typer.Option(
+        "--artifact-store",
+        help="Where compiled artifacts are kept, one per hash: a directory or s3://BUCKET[/PREFIX].",
+        show_default=False,
+    ),
+]
+CacheOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache-dir",
+        envvar=CACHE_ENV,
+        help="Local copies of s3:// artifacts (compiled here, then uploaded; downloaded before serving). "
+        "Default: ~/.cache/neuronfleet/artifacts.",
+        show_default=False,
+    ),
 ]
 HashOption = Annotated[
     str | None,
@@ -142,7 +164,8 @@ def sim_settings(
 def run_compile(
     engine: EngineConfig, identity: CompileIdentity, store: str, device: Device, settings: SimSettings | None
 ) -> tuple[Manifest, int]:
-    """Compile the artifact into ``store``, with a progress bar on stderr; one line and exit 2 on failure."""
+    """Compile the artifact into the local ``store``, with a progress bar on stderr; one line and exit 2 on failure."""
+    artifact_hash = identity.hash()
     if device == "neuron":
         from neuronfleet.engine.artifacts.neuron_compile import neuron_compile_bucket
 
@@ -153,10 +176,10 @@ def run_compile(
             cost = CostModel(
                 get_instance_type(settings.instance_type), get_shape(settings.shape), engine.tensor_parallel_size
             )
-        except ValueError as error:
+            graphs = artifact_dir(store, artifact_hash) / GRAPHS_DIR
+        except (ValueError, ArtifactError) as error:
             fail(str(error))
-        compile_bucket = simulated_compiler(cost, sleep=settings.clock == "real")
-    artifact_hash = identity.hash()
+        compile_bucket = simulated_compiler(cost, sleep=settings.clock == "real", graphs=graphs, seed=artifact_hash)
     progress = Progress(
         TextColumn("compiling artifact {task.fields[artifact]}: {task.description}"),
         BarColumn(),
@@ -179,6 +202,69 @@ def run_compile(
             fail(str(error))
 
 
+def cache_root(cache_dir: Path | None) -> Path:
+    """The local cache of s3:// artifacts."""
+    return cache_dir if cache_dir is not None else Path.home() / ".cache" / "neuronfleet" / "artifacts"
+
+
+def show_file(verb: str) -> Callable[[ArtifactFile, int, int, bool], None]:
+    """One line on stderr per file copied (or found already there): progress that reads the same in pod logs."""
+
+    def on_file(entry: ArtifactFile, done: int, total: int, skipped: bool) -> None:
+        what = "already there" if skipped else verb
+        err.print(f"{what} {entry.path} ({entry.size:,} bytes) [{done}/{total}]", markup=False)
+
+    return on_file
+
+
+def compile_to_s3(
+    engine: EngineConfig,
+    identity: CompileIdentity,
+    store: str,
+    cache: Path,
+    device: Device,
+    settings: SimSettings | None,
+) -> str:
+    """Compile into the local cache, then upload, the manifest last; the line that says what was done."""
+    # Imported only for s3:// stores: boto3 takes a moment to load.
+    from neuronfleet.engine.artifacts import s3
+
+    artifact_hash = identity.hash()
+    try:
+        location = s3.S3Location.of(store, artifact_hash)
+        remote = s3.read_remote_manifest(s3.client(), location)
+        if remote is not None:
+            s3.check_identity(remote, artifact_hash, location.uri(MANIFEST))
+            if remote.complete:
+                return f"artifact {artifact_hash} already complete at {location.uri()}: nothing to compile"
+        manifest, compiled = run_compile(engine, identity, str(cache), device, settings)
+        sent = s3.upload(artifact_dir(str(cache), artifact_hash), manifest, location, show_file("uploaded"))
+    except ArtifactError as error:
+        fail(str(error))
+    return (
+        f"compiled {compiled} of {len(manifest.buckets)} graphs, uploaded {sent} of {len(manifest.files)} files: "
+        f"artifact {artifact_hash} complete at {location.uri()}"
+    )
+
+
+def download_from_s3(store: str, cache: Path, artifact_hash: str) -> Path:
+    """The local copy of an s3:// artifact, downloaded (or completed) first; ``ArtifactError`` when unusable."""
+    from neuronfleet.engine.artifacts import s3
+
+    location = s3.S3Location.of(store, artifact_hash)
+    local = artifact_dir(str(cache), artifact_hash)
+    manifest = s3.download(location, local, artifact_hash, show_file("downloaded"))
+    if manifest is None:
+        raise ArtifactError(
+            f"no compiled artifact at {location.uri()} (no {MANIFEST}): run `neuronfleet-engine compile` first"
+        )
+    if not manifest.complete:
+        raise ArtifactError(
+            f"the artifact at {location.uri()} is incomplete: finish it with `neuronfleet-engine compile`"
+        )
+    return local
+
+
 def is_complete_quietly(store: str, artifact_hash: str) -> bool:
     """Whether the artifact is complete; an unreadable one is not (compiling says why)."""
     try:
@@ -195,6 +281,7 @@ def compile_command(
     engine_image: ImageOption = None,
     artifact_store: StoreOption = None,
     artifact_hash: HashOption = None,
+    cache_dir: CacheOption = None,
     device: DeviceOption = "neuron",
     shape: ShapeOption = None,
     instance_type: InstanceOption = None,
@@ -209,6 +296,9 @@ def compile_command(
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else None
+    if artifact_store.startswith("s3://"):
+        out.print(compile_to_s3(engine, identity, artifact_store, cache_root(cache_dir), device, settings))
+        return
     manifest, compiled = run_compile(engine, identity, artifact_store, device, settings)
     where = f"{artifact_store.rstrip('/')}/{manifest.hash}"
     if compiled:
@@ -229,6 +319,7 @@ def serve_command(
     engine_image: ImageOption = None,
     artifact_store: StoreOption = None,
     artifact_hash: HashOption = None,
+    cache_dir: CacheOption = None,
     compile_on_start: Annotated[
         bool, typer.Option("--compile-on-start", help="Compile a missing or incomplete artifact instead of refusing.")
     ] = False,
@@ -256,7 +347,7 @@ def serve_command(
     if artifact_store is not None:
         identity = compile_identity(engine, model, revision, target, engine_image)
         directory = serving_artifact(
-            engine, identity, artifact_store, artifact_hash, device, settings, compile_on_start
+            engine, identity, artifact_store, artifact_hash, device, settings, compile_on_start, cache_root(cache_dir)
         )
     elif artifact_hash is not None:
         fail("--artifact-hash needs --artifact-store")
@@ -296,21 +387,33 @@ def serving_artifact(
     device: Device,
     settings: SimSettings,
     compile_on_start: bool,
+    cache: Path,
 ) -> Path:
-    """The directory of the complete artifact to serve; exit 3 when it is missing or incomplete."""
+    """The local directory of the complete artifact to serve (an s3:// one downloaded first).
+
+    Exit 3 when it is missing or incomplete; exit 2 when the store cannot be
+    reached, or holds a damaged artifact or another one under its name.
+    """
     wanted = artifact_hash or identity.hash()
     buckets = (engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets)
+    remote = store.startswith("s3://")
     try:
-        directory = artifact_dir(store, wanted)
         try:
+            directory = download_from_s3(store, cache, wanted) if remote else artifact_dir(store, wanted)
             load_for_serving(directory, *buckets)
-        except ArtifactError:
-            if not compile_on_start:
+        except ArtifactError as error:
+            if not compile_on_start or isinstance(error, StoreError):
                 raise
             if wanted != identity.hash():
                 fail(f"cannot compile artifact {wanted}: the identity computed here is {identity.hash()}")
-            run_compile(engine, identity, store, device, settings if device == "sim" else None)
+            sim = settings if device == "sim" else None
+            if remote:
+                err.print(compile_to_s3(engine, identity, store, cache, device, sim), markup=False)
+                directory = artifact_dir(str(cache), wanted)
+            else:
+                directory = artifact_dir(store, wanted)
+                run_compile(engine, identity, store, device, sim)
     except ArtifactError as error:
         err.print(f"error: {error}", markup=False)
-        raise typer.Exit(EXIT_NO_ARTIFACT) from None
+        raise typer.Exit(EXIT_INVALID if isinstance(error, StoreError) else EXIT_NO_ARTIFACT) from None
     return directory

@@ -131,8 +131,8 @@ class ServerPool:
         self.logs = logs
         self.servers: list[EngineServer] = []
 
-    def start(self, *args: str, wait: bool = True) -> EngineServer:
-        """``neuronfleet-engine serve ARGS`` on a free port, ready unless ``wait`` is false."""
+    def start(self, *args: str, wait: bool = True, env: dict[str, str] | None = None) -> EngineServer:
+        """``neuronfleet-engine serve ARGS`` on a free port (``env`` added), ready unless ``wait`` is false."""
         (port,) = free_ports(1)
         log = self.logs() / "serve.log"
         # The engine's metrics files go to the test's directory, not the host's temporary one.
@@ -143,7 +143,7 @@ class ServerPool:
             [str(SCRIPTS / "neuronfleet-engine"), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
             log,
             cwd=log.parent,
-            env={**engine_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics)},
+            env={**engine_env(), "PROMETHEUS_MULTIPROC_DIR": str(metrics), **(env or {})},
         )
         server = EngineServer(managed, port)
         self.servers.append(server)

@@ -1,0 +1,241 @@
+"""``s3://bucket/prefix`` artifact stores: an artifact copied to S3 after compiling, and back before serving.
+
+An artifact in S3 has the local layout under ``PREFIX/HASH/``: its files, then
+``manifest.json``. Uploads put every file first and the manifest last, so an
+artifact whose manifest is in the store is complete, and a killed upload leaves
+no manifest. Downloads read the manifest first, check it is the artifact asked
+for (its hash, and the hash of the identity it records), copy every file it
+lists, checking size and SHA-256, and write the manifest locally last, so a
+local copy with a manifest is a complete one. Both skip files already there
+with the right size and SHA-256 (kept in each object's ``sha256`` metadata),
+which makes them idempotent and resumable after a kill.
+
+The client is boto3's: credentials come the standard AWS ways (environment,
+web identity for IRSA, EKS Pod Identity, profiles) and custom endpoints from
+``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT_URL_S3``. Connect and read timeouts
+and a bounded retry count make an unreachable store an error, never a hang.
+No credential is ever part of a message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import boto3
+from boto3.exceptions import S3UploadFailedError
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
+
+from neuronfleet.engine.artifacts.store import (
+    MANIFEST,
+    ArtifactError,
+    ArtifactFile,
+    Manifest,
+    StoreError,
+    file_digest,
+    write_manifest,
+)
+from neuronfleet.engine.identity import hash_document
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+SCHEME = "s3://"
+#: Object metadata that records a file's SHA-256 (S3's ETag is not one for multipart uploads).
+SHA256_METADATA = "sha256"
+#: Seconds to connect and to wait for a response, and attempts per request (retries included).
+CONNECT_TIMEOUT = 10
+READ_TIMEOUT = 60
+MAX_ATTEMPTS = 3
+
+#: ``(file, done, total, skipped)``: called after each file, skipped when it was already there.
+OnFile = Callable[[ArtifactFile, int, int, bool], None]
+
+
+def is_s3(store: str) -> bool:
+    """Whether ``store`` is an ``s3://`` prefix."""
+    return store.startswith(SCHEME)
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """One artifact's place in an S3 store: ``s3://BUCKET/PREFIX/HASH``."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def of(cls, store: str, artifact_hash: str) -> S3Location:
+        """The location of artifact ``artifact_hash`` in store ``s3://BUCKET[/PREFIX]``."""
+        bucket, _, prefix = store.removeprefix(SCHEME).partition("/")
+        if not bucket:
+            raise StoreError(f"artifact store {store!r} names no bucket (s3://BUCKET[/PREFIX])")
+        return cls(bucket, "/".join(part for part in (*prefix.strip("/").split("/"), artifact_hash) if part))
+
+    def key(self, relative: str) -> str:
+        """The object key of a file of the artifact."""
+        return f"{self.prefix}/{relative}"
+
+    def uri(self, relative: str = "") -> str:
+        """``s3://BUCKET/PREFIX/HASH[/relative]``, for messages."""
+        return f"{SCHEME}{self.bucket}/{self.key(relative) if relative else self.prefix}"
+
+
+def client() -> S3Client:
+    """An S3 client from the standard AWS configuration, with timeouts and bounded retries."""
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=READ_TIMEOUT,
+        retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+        # Checksums only where S3 requires them: S3-compatible stores differ in the ones they accept.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.session.Session().client("s3", config=config)
+
+
+def describe(error: Exception) -> str:
+    """A one-line reason for a failed request: the service's error code and message, or the client's."""
+    if isinstance(error, ClientError):
+        details = error.response.get("Error", {})
+        code = details.get("Code") or "error"
+        message = details.get("Message") or ""
+        return f"{code}: {message}".rstrip(": ") if message else code
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _missing(error: ClientError) -> bool:
+    return error.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}
+
+
+def remote_size_and_digest(s3: S3Client, location: S3Location, relative: str) -> tuple[int, str] | None:
+    """The size and recorded SHA-256 of one object, or ``None`` when it is not there."""
+    try:
+        head = s3.head_object(Bucket=location.bucket, Key=location.key(relative))
+    except ClientError as error:
+        if _missing(error):
+            return None
+        raise StoreError(f"cannot read {location.uri(relative)}: {describe(error)}") from None
+    except BotoCoreError as error:
+        raise StoreError(f"cannot reach the artifact store at {location.uri()}: {describe(error)}") from None
+    return head["ContentLength"], head.get("Metadata", {}).get(SHA256_METADATA, "")
+
+
+def read_remote_manifest(s3: S3Client, location: S3Location) -> Manifest | None:
+    """The artifact's manifest in the store, or ``None`` when it has none (not uploaded, or not completely)."""
+    try:
+        body = s3.get_object(Bucket=location.bucket, Key=location.key(MANIFEST))["Body"].read()
+    except ClientError as error:
+        if _missing(error):
+            return None
+        raise StoreError(f"cannot read {location.uri(MANIFEST)}: {describe(error)}") from None
+    except BotoCoreError as error:
+        raise StoreError(f"cannot reach the artifact store at {location.uri()}: {describe(error)}") from None
+    try:
+        return Manifest.model_validate(json.loads(body))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as error:
+        first = str(error).splitlines()[0]
+        raise StoreError(f"{location.uri(MANIFEST)} is not a valid artifact manifest: {first}") from None
+
+
+def check_identity(manifest: Manifest, artifact_hash: str, where: str) -> None:
+    """Refuse a manifest of another artifact, or one whose identity does not hash to its name."""
+    if manifest.hash != artifact_hash:
+        raise StoreError(f"{where} belongs to artifact {manifest.hash}, not {artifact_hash}")
+    recorded = hash_document(manifest.identity)
+    if recorded != artifact_hash:
+        raise StoreError(f"{where} records an identity whose hash is {recorded}, not {artifact_hash}: refusing it")
+
+
+def upload(local: Path, manifest: Manifest, location: S3Location, on_file: OnFile | None = None) -> int:
+    """Copy a complete local artifact to the store, its manifest last; return how many files were sent."""
+    if not manifest.complete:
+        raise ArtifactError(f"the artifact at {local} is not complete: nothing is uploaded")
+    s3 = client()
+    sent = 0
+    for done, entry in enumerate(manifest.files, start=1):
+        present = remote_size_and_digest(s3, location, entry.path) == (entry.size, entry.sha256)
+        if not present:
+            _put(s3, local / entry.path, location, entry)
+            sent += 1
+        if on_file is not None:
+            on_file(entry, done, len(manifest.files), present)
+    try:
+        s3.put_object(
+            Bucket=location.bucket,
+            Key=location.key(MANIFEST),
+            Body=manifest.model_dump_json(indent=2).encode(),
+            ContentType="application/json",
+        )
+    except (BotoCoreError, ClientError) as error:
+        raise StoreError(f"cannot write {location.uri(MANIFEST)}: {describe(error)}") from None
+    return sent
+
+
+def _put(s3: S3Client, path: Path, location: S3Location, entry: ArtifactFile) -> None:
+    if path.stat().st_size != entry.size or file_digest(path) != entry.sha256:
+        raise ArtifactError(f"{path} changed after it was compiled: compile the artifact again")
+    try:
+        metadata = {"Metadata": {SHA256_METADATA: entry.sha256}}
+        s3.upload_file(str(path), location.bucket, location.key(entry.path), ExtraArgs=metadata)
+    except (BotoCoreError, ClientError, S3UploadFailedError) as error:
+        raise StoreError(f"cannot write {location.uri(entry.path)}: {describe(error)}") from None
+
+
+def download(location: S3Location, local: Path, artifact_hash: str, on_file: OnFile | None = None) -> Manifest | None:
+    """Copy the artifact from the store into ``local``; ``None`` when the store has no manifest for it.
+
+    The manifest is checked before any file is copied, and written locally only
+    after every file it lists is there with its size and SHA-256.
+    """
+    s3 = client()
+    manifest = read_remote_manifest(s3, location)
+    if manifest is None:
+        return None
+    check_identity(manifest, artifact_hash, location.uri(MANIFEST))
+    if not manifest.complete:
+        return manifest
+    local.mkdir(parents=True, exist_ok=True)
+    for done, entry in enumerate(manifest.files, start=1):
+        path = local / entry.path
+        present = path.is_file() and path.stat().st_size == entry.size and file_digest(path) == entry.sha256
+        if not present:
+            _get(s3, location, entry, path)
+        if on_file is not None:
+            on_file(entry, done, len(manifest.files), present)
+    write_manifest(local, manifest)
+    return manifest
+
+
+def _get(s3: S3Client, location: S3Location, entry: ArtifactFile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(handle)
+    try:
+        try:
+            s3.download_file(location.bucket, location.key(entry.path), temporary)
+        except ClientError as error:
+            if _missing(error):
+                raise StoreError(
+                    f"{location.uri(entry.path)} is missing from the store: the artifact is damaged, compile it again"
+                ) from None
+            raise StoreError(f"cannot read {location.uri(entry.path)}: {describe(error)}") from None
+        except BotoCoreError as error:
+            raise StoreError(f"cannot reach the artifact store at {location.uri()}: {describe(error)}") from None
+        size = os.stat(temporary).st_size
+        if size != entry.size or file_digest(Path(temporary)) != entry.sha256:
+            raise StoreError(
+                f"{location.uri(entry.path)} is not the file the manifest lists ({size} bytes, "
+                f"expected {entry.size} with SHA-256 {entry.sha256[:12]}…): the artifact is damaged, compile it again"
+            )
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
