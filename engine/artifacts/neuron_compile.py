@@ -5,8 +5,9 @@ starts. With ``VLLM_NEURON_CPU_COMPILE=1`` it compiles without a Neuron device
 and without executing, for the target in ``NEURON_PLATFORM_TARGET_OVERRIDE``,
 and ``NEURON_LIBTORCH_REMOTE_CACHE`` makes it write the NEFFs to a shared
 directory: here ``STORE/HASH/neff``, which ``serve --device neuron`` points the
-plugin at again. The command is, for an engine configuration rendered as in
-``serve``::
+plugin at again (with ``VLLM_NEURON_DISABLE_WARMUP_COMPILE=1``: a graph missing
+there stops the server instead of compiling). The command is, for an engine
+configuration rendered as in ``serve``::
 
     VLLM_NEURON_CPU_COMPILE=1 NEURON_PLATFORM_TARGET_OVERRIDE=trn2 \\
     NEURON_LIBTORCH_REMOTE_CACHE=STORE/HASH/neff \\
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.engine.artifacts.store import BucketEntry, artifact_dir
+from neuronfleet.engine.artifacts.store import GRAPHS_DIR, BucketEntry, artifact_dir
 from neuronfleet.engine.config import EngineConfig
 
 
@@ -37,6 +38,8 @@ def compile_command(model: str, engine: EngineConfig, target: str, neff_dir: Pat
         "VLLM_NEURON_CPU_COMPILE": "1",
         "NEURON_PLATFORM_TARGET_OVERRIDE": target,
         "NEURON_LIBTORCH_REMOTE_CACHE": str(neff_dir),
+        # A compile must compile: an inherited "cache miss is fatal" (serving's setting) would stop it.
+        "VLLM_NEURON_DISABLE_WARMUP_COMPILE": "0",
         "PYTHONSAFEPATH": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
@@ -49,7 +52,7 @@ def neuron_compile_bucket(engine: EngineConfig, identity: Any, store: str) -> Ca
     The plugin builds all graphs in one engine start-up, so each bucket is
     recorded with an equal share of the total time.
     """
-    neff_dir = artifact_dir(store, identity.hash()) / "neff"
+    neff_dir = artifact_dir(store, identity.hash()) / GRAPHS_DIR
     neff_dir.mkdir(parents=True, exist_ok=True)
     argv, env = compile_command(identity.model.uri.removeprefix("hf://"), engine, identity.target, neff_dir)
     share: list[float] = []

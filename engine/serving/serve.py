@@ -19,12 +19,15 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
+from neuronfleet.engine.artifacts.store import GRAPHS_DIR
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 
 #: The executor vLLM runs the simulated device on (``--distributed-executor-backend``).
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
 NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
+#: Set to 1, a graph missing from the compile cache stops the plugin instead of compiling at start-up.
+NO_WARMUP_COMPILE_ENV = "VLLM_NEURON_DISABLE_WARMUP_COMPILE"
 
 
 #: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.serving.readiness``), for ``VLLM_PLUGINS``.
@@ -150,7 +153,9 @@ def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, 
     else:
         env.pop(DEVICE_ENV, None)
         if request.artifact_dir is not None:
-            env[NEURON_CACHE_ENV] = str(request.artifact_dir / "neff")
+            env[NEURON_CACHE_ENV] = str(request.artifact_dir / GRAPHS_DIR)
+            # Serving never compiles: a cache miss is an error, not hours of compiling on a Neuron node.
+            env[NO_WARMUP_COMPILE_ENV] = "1"
     return env
 
 
@@ -158,6 +163,12 @@ def exec_vllm_serve(request: ServeRequest) -> NoReturn:
     """Become ``vllm serve`` for ``request`` (this process's id is kept)."""
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *vllm_serve_argv(request)]
     env = serve_environment(request, dict(os.environ))
+    if request.device == "neuron" and request.artifact_dir is not None:
+        print(
+            f"serving artifact {request.artifact_dir.name} from {env[NEURON_CACHE_ENV]}: a graph missing from it "
+            f"stops the engine ({NO_WARMUP_COMPILE_ENV}=1), nothing is compiled here",
+            file=sys.stderr,
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)

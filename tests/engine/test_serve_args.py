@@ -105,6 +105,9 @@ def test_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     neuron = serve_environment(request(device="neuron", port=8124), {"NEURONFLEET_DEVICE": "sim"})
     assert "NEURONFLEET_DEVICE" not in neuron
     assert neuron["NEURON_LIBTORCH_REMOTE_CACHE"] == "/store/abc/neff"
+    # The Neuron SDK 2.33 contract: serving never compiles, a graph missing from the cache is an error.
+    assert neuron["VLLM_NEURON_DISABLE_WARMUP_COMPILE"] == "1"
+    assert "VLLM_NEURON_DISABLE_WARMUP_COMPILE" not in sim
     mine = serve_environment(request(port=8125), {"PROMETHEUS_MULTIPROC_DIR": "/mine", "VLLM_PLUGINS": "a"})
     assert mine["PROMETHEUS_MULTIPROC_DIR"] == "/mine"
     assert mine["VLLM_PLUGINS"] == "a,neuronfleet_ready"
