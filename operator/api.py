@@ -58,6 +58,12 @@ QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:@-]*[a-zA-Z0-9._:@-]*$"
 #: Where compiled artifacts are kept: a PersistentVolumeClaim (with an optional sub-path) or an S3 prefix.
 STORE_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[A-Za-z0-9._/-]*)?|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._/-]*)?)$"
+#: A DNS-1123 subdomain: the name of a ServiceAccount or a Secret.
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+#: An http(s) endpoint for an S3-compatible service.
+ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?$"
+#: An AWS region name.
+REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"
 #: A Kubernetes condition reason: CamelCase.
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
@@ -118,6 +124,32 @@ class CompileResources(K8sModel):
     memory: str = Field("16Gi", pattern=QUANTITY_PATTERN, max_length=32, description="Memory request and limit.")
 
 
+class S3Access(K8sModel):
+    """How compile and serving pods reach an ``s3://`` artifact store; credentials never appear here."""
+
+    region: str | None = Field(
+        None,
+        pattern=REGION_PATTERN,
+        max_length=32,
+        description="The bucket's region (AWS_REGION). Default: the pods' own (IRSA and Pod Identity set it).",
+    )
+    endpoint_url: str | None = Field(
+        None,
+        pattern=ENDPOINT_PATTERN,
+        max_length=256,
+        description="An S3-compatible endpoint instead of AWS's (AWS_ENDPOINT_URL_S3; STS stays AWS's).",
+    )
+    credentials_secret: str | None = Field(
+        None,
+        pattern=OBJECT_NAME_PATTERN,
+        max_length=253,
+        description=(
+            "A Secret in the service's namespace whose keys become the pods' environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), for clusters without IRSA or EKS Pod Identity."
+        ),
+    )
+
+
 class CompileSettings(K8sModel):
     """How and where compile Jobs run, and where they keep what they build."""
 
@@ -128,10 +160,21 @@ class CompileSettings(K8sModel):
         description=(
             "Where compiled artifacts are kept, one directory per artifact hash: pvc://CLAIM[/PATH] "
             "(a ReadWriteMany claim in the service's namespace, mounted by compile and serving pods) "
-            "or s3://BUCKET[/PREFIX], which this release's engine does not read or write yet (its compile "
-            "Jobs fail saying so): use pvc://."
+            "or s3://BUCKET[/PREFIX] (compile Jobs upload each artifact, serving pods download it "
+            "before the engine starts; no volume)."
         ),
     )
+    service_account_name: str | None = Field(
+        None,
+        pattern=OBJECT_NAME_PATTERN,
+        max_length=253,
+        description=(
+            "The ServiceAccount compile and serving pods run as: for an s3:// store, the one IRSA "
+            "(its eks.amazonaws.com/role-arn annotation) or an EKS Pod Identity association grants the "
+            "bucket. Default: the namespace's default ServiceAccount."
+        ),
+    )
+    s3: S3Access | None = Field(None, description="Region, endpoint and credentials for an s3:// store.")
     timeout_seconds: int = Field(
         7200,
         ge=60,

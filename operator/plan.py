@@ -32,6 +32,10 @@ FIELD_MANAGER = "neuronfleet-operator"
 CONFIG_DIR = "/etc/neuronfleet"
 ENGINE_FILE = "engine.yaml"
 STORE_MOUNT = "/var/lib/neuronfleet/artifacts"
+#: Where pods of an s3:// store keep their local copy of the artifact (an emptyDir).
+CACHE_MOUNT = "/var/cache/neuronfleet/artifacts"
+#: The engine reads its local cache's place from here.
+CACHE_ENV = "NEURONFLEET_ARTIFACT_CACHE"
 HTTP_PORT = 8000
 ENGINE_COMMAND = "neuronfleet-engine"
 CONFIG_HASH_LENGTH = 10
@@ -156,16 +160,45 @@ def store_location(settings: api.CompileSettings, artifact_hash: str) -> str:
     return f"{settings.artifact_store.rstrip('/')}/{artifact_hash}"
 
 
-def _store_volume(settings: api.CompileSettings, *, read_only: bool) -> tuple[list[Obj], list[Obj]]:
-    """Volumes and mounts for a ``pvc://`` store; none for S3."""
-    if settings.store_claim is None:
-        return [], []
-    volume = {
-        "name": "artifacts",
-        "persistentVolumeClaim": {"claimName": settings.store_claim, "readOnly": read_only},
-    }
-    mount = {"name": "artifacts", "mountPath": STORE_MOUNT, "readOnly": read_only}
-    return [volume], [mount]
+@dataclass(frozen=True)
+class StoreAccess:
+    """What a compile or serving pod needs to reach the store: a claim mounted, or S3's environment."""
+
+    volumes: list[Obj]
+    mounts: list[Obj]
+    env: list[Obj]
+    env_from: list[Obj]
+
+
+def store_access(settings: api.CompileSettings, *, read_only: bool) -> StoreAccess:
+    """A ``pvc://`` store is a mounted claim; an ``s3://`` one is the AWS environment and a local cache."""
+    if settings.store_claim is not None:
+        volume = {
+            "name": "artifacts",
+            "persistentVolumeClaim": {"claimName": settings.store_claim, "readOnly": read_only},
+        }
+        mount = {"name": "artifacts", "mountPath": STORE_MOUNT, "readOnly": read_only}
+        return StoreAccess([volume], [mount], [], [])
+    s3 = settings.s3 or api.S3Access()
+    env = [{"name": CACHE_ENV, "value": CACHE_MOUNT}]
+    if s3.region is not None:
+        env.append({"name": "AWS_REGION", "value": s3.region})
+    if s3.endpoint_url is not None:
+        # S3's own endpoint variable: a web identity (IRSA) still goes to AWS's STS.
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": s3.endpoint_url})
+    # The credentials stay in their Secret: the pod's environment reads them, no object here holds them.
+    env_from = [] if s3.credentials_secret is None else [{"secretRef": {"name": s3.credentials_secret}}]
+    cache = {"name": "artifact-cache", "emptyDir": {}}
+    return StoreAccess([cache], [{"name": "artifact-cache", "mountPath": CACHE_MOUNT}], env, env_from)
+
+
+def _identity(settings: api.CompileSettings) -> Obj:
+    """The pod's ServiceAccount, when the user names one (IRSA or Pod Identity grant it the bucket)."""
+    return {} if settings.service_account_name is None else {"serviceAccountName": settings.service_account_name}
+
+
+def _env_from(access: StoreAccess) -> Obj:
+    return {"envFrom": access.env_from} if access.env_from else {}
 
 
 def _pod_security() -> Obj:
@@ -259,7 +292,7 @@ def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSp
     settings = spec.compile
     labels = artifact_labels(spec.hash())
     config_volume, config_mount = _config_volume(owner.name)
-    store_volumes, store_mounts = _store_volume(settings, read_only=False)
+    access = store_access(settings, read_only=False)
     resources = {"cpu": settings.resources.cpu, "memory": settings.resources.memory}
     return {
         "apiVersion": "batch/v1",
@@ -272,6 +305,8 @@ def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSp
                 "metadata": _pod_metadata(labels, settings.pod_annotations),
                 "spec": {
                     "restartPolicy": "Never",
+                    **_identity(settings),
+                    # IRSA and Pod Identity project their own token; the API token is never needed.
                     "automountServiceAccountToken": False,
                     "nodeSelector": dict(settings.node_selector),
                     "tolerations": [t.model_dump(mode="json", exclude_none=True) for t in settings.tolerations],
@@ -282,15 +317,16 @@ def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSp
                             "image": spec.image,
                             "command": [ENGINE_COMMAND],
                             "args": compile_args(spec),
-                            "env": [{"name": "HOME", "value": "/tmp"}],
+                            "env": [{"name": "HOME", "value": "/tmp"}, *access.env],
+                            **_env_from(access),
                             "resources": {"requests": resources, "limits": resources},
                             "securityContext": _container_security(),
                             # The compiler's last lines become the artifact's failure message.
                             "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "volumeMounts": [config_mount, *store_mounts, {"name": "tmp", "mountPath": "/tmp"}],
+                            "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}],
                         }
                     ],
-                    "volumes": [config_volume, *store_volumes, {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [config_volume, *access.volumes, {"name": "tmp", "emptyDir": {}}],
                 },
             },
         },
@@ -380,7 +416,14 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
     if spec.resources.memory is not None:
         requests["memory"] = limits["memory"] = spec.resources.memory
     config_volume, config_mount = _config_volume(engine_configmap_name(owner.name, spec.engine))
-    store_volumes, store_mounts = _store_volume(served.store, read_only=True)
+    # Who the pods are is the service's business; where the artifact is, the artifact's.
+    who = served.store.model_copy(
+        update={
+            "service_account_name": spec.compile.service_account_name or served.store.service_account_name,
+            "s3": spec.compile.s3 or served.store.s3,
+        }
+    )
+    access = store_access(who, read_only=True)
     container: Obj = {
         "name": "engine",
         "image": spec.image,
@@ -389,12 +432,14 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
         "env": [
             {"name": "HOME", "value": "/tmp"},
             {"name": "NEURONFLEET_ARTIFACT_HASH", "value": served.hash},
+            *access.env,
         ],
+        **_env_from(access),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "resources": {"requests": requests, "limits": limits},
         **_probes(spec),
         "securityContext": _container_security(),
-        "volumeMounts": [config_mount, *store_mounts, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}],
     }
     if spec.drain.pre_stop_seconds:
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": spec.drain.pre_stop_seconds}}}
@@ -420,10 +465,11 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
                     "nodeSelector": {INSTANCE_TYPE_LABEL: spec.instance_type},
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     "terminationGracePeriodSeconds": spec.drain.grace_seconds,
+                    **_identity(who),
                     "automountServiceAccountToken": False,
                     "securityContext": _pod_security(),
                     "containers": [container],
-                    "volumes": [config_volume, *store_volumes, {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [config_volume, *access.volumes, {"name": "tmp", "emptyDir": {}}],
                 },
             },
         },
