@@ -114,6 +114,43 @@ def test_pvc_store_is_mounted_writable_for_compile_and_read_only_for_serving() -
     assert {"name": "artifacts", "mountPath": "/var/lib/neuronfleet/artifacts", "readOnly": True} in mounts
 
 
+def test_s3_store_gives_pods_a_local_cache_and_the_aws_environment_but_no_claim() -> None:
+    settings = {"artifactStore": "s3://neff-bucket/prod"}
+    owner, parsed = artifact_spec(compile=settings)
+    job_pod = plan.compile_job(owner, NS, parsed)["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in job_pod
+    (compile_container,) = job_pod["containers"]
+    assert compile_container["env"] == [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "NEURONFLEET_ARTIFACT_CACHE", "value": plan.CACHE_MOUNT},
+    ]
+    assert "envFrom" not in compile_container
+    assert {"name": "artifact-cache", "emptyDir": {}} in job_pod["volumes"]
+    assert not [v for v in job_pod["volumes"] if "persistentVolumeClaim" in v]
+
+    access = {"region": "eu-west-1", "endpointUrl": "https://s3.example.net", "credentialsSecret": "keys"}
+    s = spec(compile={**settings, "serviceAccountName": "neff-reader", "s3": access})
+    pod = plan.deployment(OWNER, NS, s, served(s))["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "neff-reader"
+    assert pod["automountServiceAccountToken"] is False
+    engine = container(plan.deployment(OWNER, NS, s, served(s)))
+    assert engine["env"][2:] == [
+        {"name": "NEURONFLEET_ARTIFACT_CACHE", "value": plan.CACHE_MOUNT},
+        {"name": "AWS_REGION", "value": "eu-west-1"},
+        {"name": "AWS_ENDPOINT_URL_S3", "value": "https://s3.example.net"},
+    ]
+    assert engine["envFrom"] == [{"secretRef": {"name": "keys"}}]
+    assert {"name": "artifact-cache", "mountPath": plan.CACHE_MOUNT} in engine["volumeMounts"]
+
+
+def test_serving_pods_run_as_their_own_services_account_on_a_shared_artifact() -> None:
+    first = spec(compile={"artifactStore": "s3://neff-bucket/prod", "serviceAccountName": "first"})
+    second = spec(compile={"artifactStore": "s3://neff-bucket/prod", "serviceAccountName": "second"})
+    pod = plan.deployment(OWNER, NS, second, served(first))["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "second"
+    assert arg(pod["containers"][0]["args"], "--artifact-store") == "s3://neff-bucket/prod"
+
+
 def test_engine_config_map_holds_the_compiled_shapes() -> None:
     s = spec(engine={"max_num_seqs": 6, "max_model_len": 4096})
     cm = plan.engine_configmap(OWNER, NS, s, "abc")
