@@ -18,7 +18,7 @@ from typing import Any
 from harness.engine_server import SCRIPTS, engine_env
 from harness.programs import run_program
 from harness.services import Services
-from kubernetes.client import CoreV1Api
+from kubernetes.client import CoreV1Api, V1ObjectMeta, V1ServiceAccount
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import FAIL_ANNOTATION, FAIL_MESSAGE_ANNOTATION
@@ -77,7 +77,7 @@ def assert_wired_for_s3(pod_spec: Obj) -> None:
 def test_an_s3_service_compiles_and_serves_with_its_pods_wired_for_the_store(
     services: Services, operator: OperatorProcess, api: Kube, core: CoreV1Api, namespace: str, wait_for: WaitFor
 ) -> None:
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": ACCOUNT}})
+    core.create_namespaced_service_account(namespace, V1ServiceAccount(metadata=V1ObjectMeta(name=ACCOUNT)))
     services.create("llama", spec())
     assert services.wait_phase("llama", "Compiling")["status"]["artifact"]["phase"] in {"Pending", "Compiling"}
     done = services.wait_ready("llama")
@@ -131,7 +131,7 @@ def test_an_unreachable_store_ends_compile_failed_with_the_engines_reason(
     cluster: LocalCluster,
     tmp_path: Path,
 ) -> None:
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": ACCOUNT}})
+    core.create_namespaced_service_account(namespace, V1ServiceAccount(metadata=V1ObjectMeta(name=ACCOUNT)))
     service = spec(backoffLimit=0)
     line = engine_failure_line(tmp_path, service)
     assert line.startswith(f"error: cannot reach the artifact store at {STORE}/")
