@@ -19,8 +19,8 @@ from harness.programs import run_program
 from harness.s3_fixtures import Bucket
 
 from neuronfleet.engine.artifacts.neuron_compile import compile_command
-from neuronfleet.engine.artifacts.s3 import S3Location
-from neuronfleet.engine.artifacts.store import StoreError
+from neuronfleet.engine.artifacts.s3 import S3Location, download
+from neuronfleet.engine.artifacts.store import ArtifactFile, StoreError, artifact_files, read_manifest
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
 
@@ -259,6 +259,40 @@ def test_wrong_credentials_are_refused_without_printing_them(s3_bucket: Bucket, 
     (line,) = error_lines(result.stderr)
     assert line.startswith(f"error: cannot read {s3_bucket.store()}/{artifact_hash(SETTINGS)}/manifest.json: ")
     assert "not-the-secret" not in result.stdout + result.stderr
+
+
+def test_a_download_resumes_and_fetches_only_what_is_missing_or_wrong(
+    s3_bucket: Bucket, uploaded: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in s3_bucket.env.items():
+        monkeypatch.setenv(key, value)
+    expected = artifact_hash(SETTINGS)
+    location = S3Location.of(s3_bucket.store(), expected)
+    local = tmp_path / "copy"
+    fetched: list[tuple[str, bool]] = []
+
+    def record(entry: ArtifactFile, done: int, total: int, skipped: bool) -> None:
+        fetched.append((entry.path, skipped))
+
+    first = download(location, local, expected, record)
+    assert first is not None
+    assert first.complete
+    assert fetched == [(f.path, False) for f in first.files]
+    assert read_manifest(local) == first
+
+    # As a killed download leaves it: no manifest yet, one file short, one half-written.
+    (local / "manifest.json").unlink()
+    (local / "neff" / "decode-1.neff").unlink()
+    (local / "neff" / "prefill-256.neff").write_bytes(b"partial")
+    fetched.clear()
+    assert download(location, local, expected, record) == first
+    assert fetched == [
+        ("neff/decode-1.neff", False),
+        ("neff/decode-2.neff", True),
+        ("neff/prefill-128.neff", True),
+        ("neff/prefill-256.neff", False),
+    ]
+    assert artifact_files(local) == first.files
 
 
 def test_store_locations() -> None:
