@@ -109,8 +109,8 @@ def artifact_dir(store: str, artifact_hash: str) -> Path:
     """``STORE/HASH`` of a local (mounted) store; ``s3://`` stores are copied to a local one first."""
     if "://" in store:
         raise ArtifactError(
-            f"artifact store {store!r} is not a local path or an s3:// prefix "
-            "(the operator mounts a pvc:// store and passes its directory)"
+            f"artifact store {store!r} is not a local path: give a directory (the operator mounts a pvc:// "
+            "store and passes its path) or an s3:// prefix"
         )
     return Path(store) / artifact_hash
 

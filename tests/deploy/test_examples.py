@@ -43,7 +43,7 @@ def test_example_is_a_complete_service(path: Path) -> None:
     # Every bucket set written out: what is compiled is what the file says, and `kubectl get` shows it.
     assert spec.engine.num_batched_tokens_buckets is not None
     assert spec.engine.num_seqs_buckets is not None
-    # The engine reads and writes mounted stores only.
+    # The examples keep their artifacts on a claim (docs/deploy.md says how to use s3:// instead).
     assert spec.compile.store_kind == "pvc", spec.compile.artifact_store
     assert "namespace" not in body["metadata"], "applied with -n"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -103,12 +104,35 @@ def test_a_directory_holding_another_artifact_is_refused(tmp_path: Path) -> None
         compile_artifact(str(tmp_path), other, "sim", one_second)
 
 
-def test_only_local_stores(tmp_path: Path) -> None:
-    with pytest.raises(ArtifactError, match="'s3://bucket/neff' is not a local path"):
-        artifact_dir("s3://bucket/neff", IDENTITY.hash())
+def test_a_store_directory_is_local(tmp_path: Path) -> None:
+    # s3:// stores are copied to a local directory first; other schemes are never directories.
+    with pytest.raises(ArtifactError, match="'pvc://claim/neff' is not a local path: give a directory"):
+        artifact_dir("pvc://claim/neff", IDENTITY.hash())
 
 
 def test_an_unreadable_manifest_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text("{not json")
     with pytest.raises(ArtifactError, match="is not a valid artifact manifest"):
         read_manifest(tmp_path)
+
+
+def test_a_complete_manifest_lists_every_file_but_itself_its_lock_and_temporaries(tmp_path: Path) -> None:
+    directory = tmp_path / IDENTITY.hash()
+
+    def write_graph(entry: BucketEntry) -> float:
+        (directory / "neff").mkdir(parents=True, exist_ok=True)
+        (directory / "neff" / f"{entry.kind}-{entry.size}.neff").write_bytes(b"x" * entry.size)
+        (directory / "neff" / ".partial.tmp").write_bytes(b"half")
+        return 1.0
+
+    manifest, _ = compile_artifact(str(tmp_path), IDENTITY, "sim", write_graph)
+    assert [(f.path, f.size) for f in manifest.files] == [
+        ("neff/decode-1.neff", 1),
+        ("neff/decode-2.neff", 2),
+        ("neff/decode-4.neff", 4),
+        ("neff/prefill-128.neff", 128),
+        ("neff/prefill-256.neff", 256),
+        ("neff/prefill-512.neff", 512),
+    ]
+    assert manifest.files[0].sha256 == hashlib.sha256(b"x").hexdigest()
+    assert read_manifest(directory) == manifest
