@@ -29,11 +29,12 @@ RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir uv==0.13.8
 
 FROM ${PYTHON_BASE} AS lock
 COPY pyproject.toml uv.lock README.md /src/
+# The workspace's other member (the dev harness): uv reads its metadata; no image installs it.
+COPY devcluster/pyproject.toml /src/devcluster/
 
 FROM lock AS sources
 COPY engine /src/engine
 COPY operator /src/operator
-COPY devcluster /src/devcluster
 
 # ---- the operator: built in its own stage, the small environment copied out ----
 
@@ -42,10 +43,10 @@ ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_PROJECT
 WORKDIR /src
 # Dependencies first, so a source change does not reinstall them.
 COPY pyproject.toml uv.lock README.md ./
+COPY devcluster/pyproject.toml devcluster/
 RUN /opt/uv/bin/uv sync --locked --no-dev --extra operator --no-install-project
 COPY engine engine
 COPY operator operator
-COPY devcluster devcluster
 RUN /opt/uv/bin/uv sync --locked --no-dev --extra operator --no-editable
 
 FROM ${PYTHON_BASE} AS operator

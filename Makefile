@@ -32,14 +32,14 @@ $(UV):
 	$(UV_HOME)/bin/pip install --quiet uv==$(UV_VERSION)
 
 # Reinstalls dependencies only when the spec or the lock changed.
-$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+$(VENV)/.synced: pyproject.toml devcluster/pyproject.toml uv.lock | $(UV)
 	@echo "==> installing locked dependencies into $(VENV) (first run: several minutes, ~9 GB)"
 	$(UV) sync --locked --all-extras
 	touch $@
 
 setup: $(VENV)/.synced  ## Create or update the virtual environment.
 	@# The project itself is an editable link tree: refresh it so new modules are seen.
-	$(UV) sync --locked --all-extras --reinstall-package neuronfleet --quiet
+	$(UV) sync --locked --all-extras --reinstall-package neuronfleet --reinstall-package neuronfleet-devcluster --quiet
 
 # One list (tools/node/debian-packages.txt); apt-get runs only when one of them is missing.
 packages:  ## Install the Debian packages the real node needs (runc, CNI plugins, iptables, socat, mmdebstrap, ...).

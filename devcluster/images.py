@@ -28,8 +28,8 @@ Target = Literal["operator", "engine"]
 TARGETS: tuple[Target, ...] = ("operator", "engine")
 
 #: Files and folders the build context sends (what .dockerignore lets through), relative to the checkout.
-INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "uv.lock", "README.md")
-INPUT_DIRS = ("engine", "operator", "devcluster")
+INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "uv.lock", "README.md", "devcluster/pyproject.toml")
+INPUT_DIRS = ("engine", "operator")
 
 #: Free space a build must find before it starts, the guard's 15 GB included: the engine's environment
 #: (about 10 GB) is held twice while buildah commits it (the container's copy and the layer's diff),

@@ -53,6 +53,8 @@ PROCESSES = (
     "egress-proxy",
     "node-namespace",
 )
+#: Seconds one image import may take.
+IMPORT_TIMEOUT_S = 1800
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Starts and records one process: ``spawn(name, argv, env)``.
@@ -318,7 +320,8 @@ class RealNode:
 
     def import_image(self, archive: Path) -> None:
         """Load an OCI archive (see :mod:`.images`) into the node's containerd, unpacked for its pods."""
-        self.ctr("images", "import", str(archive))
+        # The engine's 4.6 GB archive unpacks to 10 GB: minutes on two busy cores.
+        self.ctr("images", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
 
     def in_netns(self, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside the node's network namespace (output captured, status not checked)."""

@@ -1,5 +1,6 @@
-"""The chart on the local control plane: installed with helm, the operator run with the chart's
-ServiceAccount token (not admin) takes a service to Ready; then what users see with kubectl.
+"""The chart on the local control plane: installed with helm, the operator runs in-cluster from the image
+built here, on the real node, under the chart's ServiceAccount, and takes a service to Ready on the KWOK
+fleet; then what users see with kubectl.
 
 The release lives in a namespace that enforces the restricted Pod Security Standard, and the chart
 binds its role only there (watchNamespaces), so the operator has nothing but what the chart grants.
@@ -18,14 +19,17 @@ from typing import Any
 
 import pytest
 import yaml
+from harness.cluster_fixtures import NodeImage
 from harness.services import Services
 
 from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
-from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.images import BuiltImage
 from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, Kube
 
@@ -40,12 +44,13 @@ Health = Callable[[str, Obj], dict[str, str]]
 
 @dataclass
 class Release:
-    """The chart installed in one namespace, its operator running with the chart's credentials."""
+    """The chart installed in one namespace, its operator running in a pod on the real node."""
 
     cluster: LocalCluster
     namespace: str
+    #: The chart's ServiceAccount token, for asking what the operator may do.
     kubeconfig: Path
-    operator: OperatorProcess
+    image: BuiltImage
     notes: str
 
     @property
@@ -64,6 +69,10 @@ class Release:
             check=False,
         )
 
+    def operator_log(self) -> str:
+        """The operator container's log, as the kubelet keeps it."""
+        return ok(self.kubectl("logs", f"deployment/{RELEASE}", "--tail=-1"))
+
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, f"{result.args}: {result.stderr}"
@@ -71,11 +80,15 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def release(cluster: LocalCluster, crds: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+def release(
+    real_cluster: LocalCluster, node_image: NodeImage, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    image = node_image("operator")
     namespace = f"chart-{uuid.uuid4().hex[:8]}"
-    ok(cluster.kubectl("create", "namespace", namespace))
-    ok(cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"))
-    installed = cluster.helm(
+    ok(real_cluster.kubectl("create", "namespace", namespace))
+    ok(real_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"))
+    repository, tag = image.name.rsplit(":", 1)
+    installed = real_cluster.helm(
         "install",
         RELEASE,
         str(CHART),
@@ -85,21 +98,47 @@ def release(cluster: LocalCluster, crds: Path, tmp_path_factory: pytest.TempPath
         f"watchNamespaces={{{namespace}}}",
         "--set",
         "resyncSeconds=5",
+        # The image was imported into the node's containerd: there is no registry to pull from.
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+        "--set",
+        "image.pullPolicy=Never",
+        # The real node is the one that runs containers; it is a Neuron node, so the pod tolerates its taint.
+        "--set-string",
+        f"nodeSelector.kubernetes\\.io/hostname={REAL_NODE}",
+        "--set",
+        f"tolerations[0].key={NEURON_TAINT_KEY}",
+        "--set",
+        "tolerations[0].operator=Exists",
+        "--set",
+        "tolerations[0].effect=NoSchedule",
         "--wait",
-        "--timeout=90s",
+        "--timeout=300s",
+        timeout=330,
     )
     ok(installed)
     workdir = tmp_path_factory.mktemp("release")
-    kubeconfig = service_account_kubeconfig(cluster, namespace, RELEASE, workdir / "operator.kubeconfig")
-    operator = OperatorProcess(kubeconfig, [namespace], workdir, resync_seconds=5)
-    operator.start(wait_for)
+    kubeconfig = service_account_kubeconfig(real_cluster, namespace, RELEASE, workdir / "operator.kubeconfig")
+    installed_release = Release(real_cluster, namespace, kubeconfig, image, installed.stdout)
     try:
-        yield Release(cluster, namespace, kubeconfig, operator, installed.stdout)
+        yield installed_release
     finally:
-        operator.stop()
-        print(f"--- operator log ---\n{operator.tail(60)}")
-        cluster.helm("uninstall", RELEASE, "--namespace", namespace)
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+        log = installed_release.kubectl("logs", f"deployment/{RELEASE}", "--tail=60")
+        print(f"--- operator log ---\n{log.stdout}{log.stderr}")
+        real_cluster.helm("uninstall", RELEASE, "--namespace", namespace)
+        real_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def kube(real_cluster: LocalCluster) -> Iterator[Any]:
+    """A ``kubernetes`` API client for the real cluster, as admin."""
+    client = real_cluster.api_client()
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="module")
@@ -119,11 +158,19 @@ def ready_service(release: Release, kube: Any, tmp_path_factory: pytest.TempPath
 
 def test_operator_reaches_ready_with_only_the_charts_rights(release: Release, ready_service: Obj) -> None:
     assert ready_service["status"]["readyReplicas"] == ready_service["spec"]["replicas"] == 2
+    pods = json.loads(ok(release.kubectl("get", "pods", "-l", "app.kubernetes.io/name=neuronfleet", "-o", "json")))
+    (pod,) = pods["items"]
+    # The operator ran in a container from the image built here, on the real node, as the chart's account.
+    assert pod["spec"]["nodeName"] == REAL_NODE
+    assert pod["spec"]["serviceAccountName"] == RELEASE
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"] == release.image.name
+    assert status["ready"] is True
     whoami = ok(release.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", as_operator=True))
     assert whoami == release.identity
     # A verb the chart forgot shows up as a 403 somewhere, even where the operator carries on.
-    log = release.operator.log.read_text(errors="replace")
-    assert not re.search(r"forbidden|\b403\b", log, re.IGNORECASE), release.operator.tail(60)
+    log = release.operator_log()
+    assert not re.search(r"forbidden|\b403\b", log, re.IGNORECASE), log[-3000:]
 
 
 def can_i(release: Release, verb: str, resource: str, namespace: str | None = None) -> bool:

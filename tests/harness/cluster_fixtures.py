@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import yaml
 
+from neuronfleet.devcluster import node
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
+from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.fleet import DEFAULT_FLEET
+from neuronfleet.devcluster.images import BuiltImage, Target, build
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.waiting import WaitFor, wait_for
 
@@ -38,13 +42,16 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="session")
 def real_cluster() -> Iterator[LocalCluster]:
-    """A second cluster for the session whose only node is the real one (``real-0``), so every pod lands there.
+    """A second cluster for the session: the real node ``real-0`` (the one trn2.48xlarge) beside KWOK nodes.
 
     Started on first use, beside (never inside) the KWOK tests' ``cluster``, whose speed it leaves alone.
-    Its containerd holds the pause and base images (``neuronfleet.devcluster.images``).
+    The KWOK fleet has no trn2 node, so trn2.48xlarge pods land on the real node; inf2 services and compile
+    Jobs land on KWOK nodes. Its containerd holds the pause and base images (``neuronfleet.devcluster.images``);
+    :func:`node_image` imports the operator and engine images.
     """
     reap_orphans()
-    local = LocalCluster.start(f"pytest-real-{os.getpid()}", fleet=(), owner_pid=os.getpid(), real_node=True)
+    fleet = [pool for pool in DEFAULT_FLEET if pool.shape.instance_type != node.INSTANCE_TYPE]
+    local = LocalCluster.start(f"pytest-real-{os.getpid()}", fleet=fleet, owner_pid=os.getpid(), real_node=True)
     try:
         yield local
     finally:
@@ -57,6 +64,26 @@ def real_node(real_cluster: LocalCluster) -> RealNode:
     node = real_cluster.real_node
     assert node is not None
     return node
+
+
+#: Imports an image built here into the real node's containerd (once per session) and returns it.
+NodeImage = Callable[[Target], BuiltImage]
+
+
+@pytest.fixture(scope="session")
+def node_image(real_node: RealNode) -> NodeImage:
+    """:data:`NodeImage` for the real node: the operator or engine image, built (or up to date) and imported."""
+    imported: dict[Target, BuiltImage] = {}
+
+    def load(target: Target) -> BuiltImage:
+        if target not in imported:
+            image = build(target)
+            print(f"==> importing the {target} image into {REAL_NODE}'s containerd", flush=True)
+            real_node.import_image(image.archive)
+            imported[target] = image
+        return imported[target]
+
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Real containers on the real node: probes, a Service through kube-proxy, Neuron capacity, preStop.
 
-Every pod runs on ``real-0`` (the ``real_cluster`` has no KWOK nodes) from the locally built base image;
-all traffic stays inside the node's network namespace.
+Every pod runs on ``real-0`` (pinned there: the ``real_cluster`` also has KWOK nodes) from the locally built
+base image; all traffic stays inside the node's network namespace.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 Obj = dict[str, Any]
 PODS = "/api/v1/namespaces/default/pods"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Seconds the web server waits before it listens, so "not Ready yet" is observable.
 WEB_DELAY = 4
 #: A web server that answers with its uid once WEB_DELAY has passed, and exits on SIGTERM at once.
@@ -42,7 +43,7 @@ http.server.HTTPServer(("", 8080), Handler).serve_forever()
 
 
 def pod(name: str, command: list[str], **spec: Any) -> Obj:
-    """A pod from the base image as its non-root user, placed on the real node (it tolerates the Neuron taint)."""
+    """A pod from the base image as its non-root user, pinned to the real node (it tolerates the Neuron taint)."""
     container = {"name": "main", "image": node_images.BASE_IMAGE, "imagePullPolicy": "Never", "command": command}
     container.update(spec.pop("container", {}))
     return {
@@ -51,6 +52,7 @@ def pod(name: str, command: list[str], **spec: Any) -> Obj:
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
             "securityContext": {"runAsNonRoot": True, "runAsUser": node_images.BASE_USER_UID},
+            "nodeSelector": {HOSTNAME_LABEL: REAL_NODE},
             "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [container],
             **spec,

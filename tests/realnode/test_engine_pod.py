@@ -1,0 +1,192 @@
+"""The engine image on the real node, in the operator's own pod template: probes, Service, completion, drain.
+
+The Deployment, its ConfigMap and its Service are what :mod:`neuronfleet.operator.plan` renders for a
+trn2.48xlarge service, changed in one way only: the engine serves on the simulated device (``--device sim``)
+with no artifact store, since there is no Neuron device here and nothing has been compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness.cluster_fixtures import NodeImage
+
+from neuronfleet.devcluster.api import Api
+from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.node import RealNode
+from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.operator import api as nis_api
+from neuronfleet.operator import plan
+
+Obj = dict[str, Any]
+NAMESPACE = "default"
+NAME = "tiny"
+MAX_TOKENS = 7
+SPEC = {
+    "model": {"uri": "hf://neuronfleet/tiny", "revision": "main"},
+    "instanceType": "trn2.48xlarge",
+    "engine": {"max_num_seqs": 4, "max_model_len": 256, "max_num_batched_tokens": 256, "tensor_parallel_size": 4},
+    "compile": {"artifactStore": "s3://unused/neff"},
+    "drain": {"preStopSeconds": 2, "drainTimeoutSeconds": 5},
+}
+#: Only the serve command's artifact pins go: the flags and their values.
+ARTIFACT_FLAGS = ("--artifact-store", "--artifact-hash")
+
+
+def sim_args(args: list[str]) -> list[str]:
+    """``serve`` arguments on the simulated device: the artifact pins dropped, ``--device sim`` added."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ARTIFACT_FLAGS:
+            skip = True
+        else:
+            kept.append(arg)
+    return [*kept, "--device", "sim"]
+
+
+def rendered(image: str) -> tuple[Obj, Obj, Obj]:
+    """The operator's ConfigMap, Deployment and Service for :data:`SPEC`, without owner references."""
+    spec = nis_api.parse_service_spec({**SPEC, "image": image})
+    owner = plan.Owner(nis_api.API_VERSION, "NeuronInferenceService", NAME, "not-applied")
+    served = plan.ServedArtifact("unused", "0" * 16, spec.compile)
+    configmap, deployment, service, _ = plan.serving_objects(owner, NAMESPACE, spec, served)
+    for obj in (configmap, deployment, service):
+        # No NeuronInferenceService exists: the garbage collector would delete what it owns.
+        obj["metadata"].pop("ownerReferences")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = sim_args(container["args"])
+    return configmap, deployment, service
+
+
+def pods(api: Api) -> list[Obj]:
+    """The serving pods not being deleted."""
+    selector = ",".join(f"{k}={v}" for k, v in plan.service_labels(NAME).items())
+    found = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")["items"]
+    return [p for p in found if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: Obj) -> bool:
+    """Whether the pod's Ready condition is True."""
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+@pytest.fixture(scope="module")
+def engine(real_cluster: LocalCluster, node_image: NodeImage) -> Iterator[tuple[Api, Obj, Obj]]:
+    """The engine Deployment and Service applied; the API, the Deployment and the created Service."""
+    image = node_image("engine")
+    configmap, deployment, service = rendered(image.name)
+    with real_cluster.admin_api() as api:
+        api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", configmap)
+        api.request("POST", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", deployment)
+        created = api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", service)
+        try:
+            yield api, deployment, created
+        finally:
+            for path in (
+                f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}",
+                f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}",
+                f"/api/v1/namespaces/{NAMESPACE}/configmaps/{configmap['metadata']['name']}",
+            ):
+                api.request("DELETE", path)
+
+
+def fetch(node: RealNode, url: str, document: Obj | None = None) -> subprocess.CompletedProcess[str]:
+    """GET ``url``, or POST ``document`` as JSON, from the node's network namespace (a client on the node)."""
+    data = "None" if document is None else f"{json.dumps(document)!r}.encode()"
+    script = (
+        "import urllib.request\n"
+        f"request = urllib.request.Request({url!r}, data={data}, headers={{'Content-Type': 'application/json'}})\n"
+        "print(urllib.request.urlopen(request, timeout=60).read().decode())\n"
+    )
+    return node.in_netns(["python3", "-I", "-c", script], timeout=90)
+
+
+def running_pod(api: Api) -> Obj:
+    """The one serving pod, once its container runs."""
+    return wait_for(
+        lambda: pods(api),
+        lambda found: len(found) == 1 and found[0].get("status", {}).get("phase") == "Running",
+        timeout=120,
+        what="the engine pod Running",
+        show=lambda found: [p.get("status") for p in found],
+    )[0]
+
+
+def ready_pod(api: Api) -> Obj:
+    """The one serving pod, once it is Ready."""
+    found = wait_for(lambda: pods(api), lambda pods: len(pods) == 1 and ready(pods[0]), timeout=600, what="Ready pod")
+    return found[0]
+
+
+def log_tail(cluster: LocalCluster, pod: str) -> str:
+    """The end of the pod's log, to show why it is not Ready."""
+    return cluster.kubectl("logs", pod).stdout[-2000:]
+
+
+def test_engine_pod_is_ready_only_once_the_engine_answers(
+    engine: tuple[Api, Obj, Obj], real_cluster: LocalCluster, real_node: RealNode
+) -> None:
+    api, _, _ = engine
+    pod = running_pod(api)
+    # vLLM takes far longer than a poll to start: Running is seen while the probes still hold it back.
+    assert not ready(pod), pod["status"]
+    assert pod["spec"]["nodeName"] == REAL_NODE
+    name = pod["metadata"]["name"]
+    pod = wait_for(
+        lambda: api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}") or {},
+        ready,
+        timeout=600,
+        interval=2,
+        what=f"engine pod {name} Ready",
+        show=lambda found: (found.get("status", {}).get("containerStatuses"), log_tail(real_cluster, name)),
+    )
+    models = fetch(real_node, f"http://{pod['status']['podIP']}:{plan.HTTP_PORT}/v1/models")
+    assert models.returncode == 0, models.stderr
+    assert [m["id"] for m in json.loads(models.stdout)["data"]] == ["neuronfleet/tiny"]
+    # The engine runs as the image's non-root user, as the pod's security context demands.
+    uid = real_cluster.kubectl("exec", name, "--", "id", "-u")
+    assert uid.returncode == 0, uid.stderr
+    assert uid.stdout.strip() == str(plan.RUN_AS)
+
+
+def test_completion_through_the_service_returns_the_requested_tokens(
+    engine: tuple[Api, Obj, Obj], real_node: RealNode
+) -> None:
+    api, _, service = engine
+    ready_pod(api)
+    document = {"model": "neuronfleet/tiny", "prompt": "The fleet", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    # The ClusterIP, DNATed by kube-proxy's rules to the Ready pod.
+    answer = fetch(real_node, f"http://{service['spec']['clusterIP']}:{plan.HTTP_PORT}/v1/completions", document)
+    assert answer.returncode == 0, answer.stderr
+    completion = json.loads(answer.stdout)
+    assert completion["usage"]["completion_tokens"] == MAX_TOKENS
+    assert completion["choices"][0]["finish_reason"] == "length"
+
+
+def test_deleted_pod_runs_its_prestop_and_stops_within_its_grace(engine: tuple[Api, Obj, Obj]) -> None:
+    api, deployment, _ = engine
+    pod_spec = deployment["spec"]["template"]["spec"]
+    grace = pod_spec["terminationGracePeriodSeconds"]
+    pre_stop = pod_spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    name = ready_pod(api)["metadata"]["name"]
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+    deleted = time.monotonic()
+    api.request("DELETE", path)
+    wait_for(lambda: api.get(path), lambda found: not found, timeout=grace + 15, what=f"pod {name} gone")
+    stopped_after = time.monotonic() - deleted
+    # The preStop sleep holds the stop signal back; the engine (pid 1) then exits on SIGTERM, not at the kill.
+    assert pre_stop <= stopped_after < grace, stopped_after
+    events = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector=involvedObject.name={name}")
+    reasons = [e["reason"] for e in events["items"] if e["source"].get("component") == "kubelet"]
+    assert "Killing" in reasons, reasons
+    assert "FailedPreStopHook" not in reasons, reasons
