@@ -79,9 +79,10 @@ typecheck: setup  ## mypy, strict.
 unit: setup tools images  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
 	$(BIN)/pytest
 
-# The suites marked vllm_matrix (pyproject.toml) run here; `unit` runs them on 0.33 with everything else.
+# The suites marked vllm_matrix (pyproject.toml; all in tests/engine, whose imports this venv has) run
+# here; `unit` runs them on 0.33 with everything else.
 compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated device on vLLM 0.29.0 (pytest -m vllm_matrix).
-	$(COMPAT_VENV)/bin/pytest -m vllm_matrix
+	$(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine
 
 test: lint typecheck unit compat  ## Everything CI runs.
 
