@@ -10,6 +10,9 @@ UV_HOME := $(CACHE)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
+# The scheduler's other supported vLLM (0.29, the Neuron SDK 2.33 one): its own uv project, lock and venv.
+COMPAT := compat/vllm-0.29
+COMPAT_VENV := $(COMPAT)/.venv
 
 # Only the system Python: nothing may be downloaded from outside the package registries.
 export UV_PYTHON_DOWNLOADS := never
@@ -20,7 +23,7 @@ export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
 
-.PHONY: help setup packages tools images demo test lint typecheck unit lock crds clean \
+.PHONY: help setup packages tools images demo test lint typecheck unit compat lock crds clean \
 	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator
 
 help:  ## List the targets.
@@ -35,6 +38,12 @@ $(UV):
 $(VENV)/.synced: pyproject.toml devcluster/pyproject.toml uv.lock | $(UV)
 	@echo "==> installing locked dependencies into $(VENV) (first run: several minutes, ~9 GB)"
 	$(UV) sync --locked --all-extras
+	touch $@
+
+# The same for vLLM 0.29; neuronfleet is an editable path dependency, so its pyproject.toml counts too.
+$(COMPAT_VENV)/.synced: $(COMPAT)/pyproject.toml $(COMPAT)/uv.lock pyproject.toml devcluster/pyproject.toml | $(UV)
+	@echo "==> installing vLLM 0.29.0 and its locked dependencies into $(COMPAT_VENV) (first run: a few minutes)"
+	cd $(COMPAT) && $(UV) sync --locked
 	touch $@
 
 setup: $(VENV)/.synced  ## Create or update the virtual environment.
@@ -71,7 +80,12 @@ typecheck: setup  ## mypy, strict.
 unit: setup tools images  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
 	$(BIN)/pytest
 
-test: lint typecheck unit  ## Everything CI runs.
+# The suites marked vllm_matrix (pyproject.toml; all in tests/engine, whose imports this venv has) run
+# here; `unit` runs them on 0.33 with everything else.
+compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated device on vLLM 0.29.0 (pytest -m vllm_matrix).
+	$(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine
+
+test: lint typecheck unit compat  ## Everything CI runs.
 
 crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's API models.
 	$(BIN)/neuronfleet-operator crds --output crds
@@ -98,8 +112,9 @@ bench-serving: setup  ## Throughput, TTFT and ITL by request rate on the simulat
 bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.
 	$(BIN)/python bench/control_plane.py
 
-lock:  $(UV) ## Re-resolve uv.lock after changing dependencies.
+lock:  $(UV) ## Re-resolve uv.lock (and the vLLM 0.29 environment's) after changing dependencies.
 	$(UV) lock
+	cd $(COMPAT) && $(UV) lock
 
 clean:  ## Remove the virtual environment and build leftovers (caches stay).
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

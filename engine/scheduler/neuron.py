@@ -106,6 +106,8 @@ class NeuronScheduler(Scheduler):
         self.num_kv_deferred_admissions = 0
         #: Decodes hidden from the base scheduler in the last step.
         self.last_num_hidden_decodes = 0
+        # The last output whose prefills were worked out, and those prefills.
+        self._last_prefill_split: tuple[SchedulerOutput, set[str]] | None = None
         self._max_kv_concurrent = self._compute_max_kv_concurrent()
         self._usable_kv_blocks = vllm_compat.usable_kv_blocks(self) or 0
         if self.options.kv_admission == "request_bound" and not self._usable_kv_blocks:
@@ -222,7 +224,11 @@ class NeuronScheduler(Scheduler):
             # exactly the requests admitted here.
             vllm_compat.cap_admissions(self, self._num_admitted)
         try:
-            scheduler_output = self._call_base_schedule(throttle_prefills)
+            # The design's _call_base_schedule takes no argument (subclasses override it so);
+            # vLLM's data-parallel prefill throttle is passed on only when asked for.
+            scheduler_output = (
+                self._call_base_schedule(throttle_prefills) if throttle_prefills else self._call_base_schedule()
+            )
         finally:
             for name, value in limits.items():
                 setattr(self, name, value)
@@ -232,10 +238,11 @@ class NeuronScheduler(Scheduler):
                 vllm_compat.requeue_waiting(self, self.holdback_queue.popleft())
 
         # Steps 6-8: pad, verify, update the state machine.
-        prefill_ids = self._scheduled_prefill_ids(scheduler_output)
-        scheduler_output = self._apply_padding_and_log_stats(scheduler_output, prefill_ids)
-        self._update_state(scheduler_output, has_prefill=bool(prefill_ids))
-        self._count_decode_wait(decode_turn, has_prefill=bool(prefill_ids), num_hidden=len(hidden))
+        # Called with the design's signatures, which subclasses override.
+        scheduler_output = self._apply_padding_and_log_stats(scheduler_output)
+        self._update_state(scheduler_output)
+        has_prefill = bool(self._scheduled_prefill_ids(scheduler_output))
+        self._count_decode_wait(decode_turn, has_prefill=has_prefill, num_hidden=len(hidden))
         for observer in self.step_observers:
             observer(self, scheduler_output)
         return scheduler_output
@@ -265,12 +272,21 @@ class NeuronScheduler(Scheduler):
         elif num_hidden:
             self._prefill_steps_with_decodes_waiting += 1
 
-    def _call_base_schedule(self, throttle_prefills: bool) -> SchedulerOutput:
+    def _call_base_schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """The base scheduler's step on the queues as rearranged (the design calls it with no argument)."""
         return Scheduler.schedule(self, throttle_prefills)
 
     def _scheduled_prefill_ids(self, scheduler_output: SchedulerOutput) -> set[str]:
-        """Ids of the scheduled requests that were in prefill when the step started."""
-        return set(vllm_compat.scheduled_prefill_ids(scheduler_output, self.prompt_len))
+        """Ids of the scheduled requests that were in prefill when the step started.
+
+        Worked out once per output: padding, the state machine and the stall bound all ask.
+        """
+        last = self._last_prefill_split
+        if last is not None and last[0] is scheduler_output:
+            return last[1]
+        prefill_ids = set(vllm_compat.scheduled_prefill_ids(scheduler_output, self.prompt_len))
+        self._last_prefill_split = (scheduler_output, prefill_ids)
+        return prefill_ids
 
     def prompt_len(self, req_id: str) -> int:
         """The prompt length of a request this scheduler holds."""
@@ -280,8 +296,12 @@ class NeuronScheduler(Scheduler):
         """The prefill bucket a chunk of ``token_count`` tokens runs in (0 for none)."""
         return get_bucket_for_count(token_count, self.num_batched_tokens_buckets)
 
-    def _apply_padding_and_log_stats(self, scheduler_output: SchedulerOutput, prefill_ids: set[str]) -> SchedulerOutput:
-        """Record each request's padded size beside its actual count; refuse mixed batches."""
+    def _apply_padding_and_log_stats(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
+        """Record each request's padded size beside its actual count; refuse mixed batches.
+
+        Prefills are told apart by the output's pre-step computed tokens, as in the design.
+        """
+        prefill_ids = self._scheduled_prefill_ids(scheduler_output)
         num_decodes = len(scheduler_output.num_scheduled_tokens) - len(prefill_ids)
         if prefill_ids and num_decodes:
             raise RuntimeError(
@@ -305,16 +325,18 @@ class NeuronScheduler(Scheduler):
             logger.debug("Neuron step: actual %s, padded %s", scheduler_output.num_scheduled_tokens, padded)
         return scheduler_output
 
-    def _update_state(self, scheduler_output: SchedulerOutput, has_prefill: bool) -> None:
+    def _update_state(self, scheduler_output: SchedulerOutput) -> None:
         """IDLE with nothing queued; else what this step ran; an empty step changes nothing."""
         if vllm_compat.waiting_count(self) == 0 and not self.running:
             self.state = SchedulerState.IDLE
         elif scheduler_output.num_scheduled_tokens:
+            has_prefill = bool(self._scheduled_prefill_ids(scheduler_output))
             self.state = SchedulerState.ACTIVE_PREFILL if has_prefill else SchedulerState.ACTIVE_DECODE
 
 
 class NeuronAsyncScheduler(NeuronScheduler, AsyncScheduler):
     """``NeuronScheduler`` for vLLM's async scheduling (two steps in flight, the default)."""
 
-    def _call_base_schedule(self, throttle_prefills: bool) -> SchedulerOutput:
+    def _call_base_schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """vLLM's async step, which leaves output placeholders for the step still in flight."""
         return AsyncScheduler.schedule(self, throttle_prefills)

@@ -1,9 +1,30 @@
-"""Everything neuronfleet knows about vLLM's internals, for vLLM 0.33.
+"""Everything neuronfleet knows about vLLM's internals, for vLLM 0.29 and 0.33.
 
 The scheduler works by rearranging the base scheduler's queues and limits around
 its ``schedule()`` call; the server drains before vLLM's own shutdown begins. The
 names involved change between vLLM releases; they are all here, so an upgrade is
-reviewed in one file.
+reviewed in one file, and every branch on the version is here, each saying which
+upstream change made it necessary. ``vllm_range`` says which releases are supported;
+importing this module on any other fails with one line naming them.
+
+What differs between 0.29 and 0.33, as far as neuronfleet reaches:
+
+- The waiting queues (``KV_HOLDING_QUEUE``): 0.29 has ``skipped_waiting`` before
+  ``waiting``, 0.33 ``kv_holding_waiting`` before ``waiting``. The functions on waiting
+  requests below branch on it.
+- The admission limit (``ACTIVE_REQS_LIMIT``): 0.29 admits against
+  ``max_num_running_reqs``, 0.33 against ``max_num_active_reqs``
+  (``hidden_limit_attributes``, ``cap_admissions``).
+- Two calls the engine core makes on the simulated worker (``sim/executor.py``): 0.29
+  calls ``set_kv_cache_layout(layout)`` without 0.33's context-parallel interleave size,
+  and asks ``supports_draft_weight_updates()`` at start-up. The worker answers both forms,
+  so nothing branches.
+
+The same in both (read from the two wheels, and run by the scheduler suites on each):
+``schedule(throttle_prefills)``, ``_update_after_schedule`` (neither class overrides it),
+the ``SchedulerOutput`` fields read here, ``Request(...)``, ``RequestQueue``,
+``get_max_concurrency_for_kv_cache_config``, the ``AsyncLLM.shutdown(timeout)`` that
+``drain_before_shutdown`` wraps, the plugin entry points and the executor interface.
 """
 
 from __future__ import annotations
@@ -12,14 +33,33 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import vllm
+
+from neuronfleet.engine.scheduler.vllm_range import supported_series
+
+# Before the internals below: on another release they may be missing or mean something else.
+VLLM_SERIES = supported_series(vllm.__version__)
+
 from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+#: vLLM 0.33 keeps waiting requests that hold KV blocks in their own queue, ``kv_holding_waiting``,
+#: drained before ``waiting`` (upstream PR #57841, "Avoid Deadlocks in Skipped Waiting under KV
+#: Pressure", which replaced 0.29's ``skipped_waiting`` queue by it and the ``deferred_waiting`` set).
+KV_HOLDING_QUEUE = VLLM_SERIES == "0.33"
+#: vLLM 0.33 caps admission into ``running`` by ``max_num_active_reqs``, apart from the runner's
+#: slot count ``max_num_running_reqs`` (upstream PR #56758, "Add --max-num-active-seqs to cap
+#: RUNNING admission"); 0.29 admits against ``max_num_running_reqs``.
+ACTIVE_REQS_LIMIT = VLLM_SERIES == "0.33"
+
 __all__ = [
+    "ACTIVE_REQS_LIMIT",
+    "KV_HOLDING_QUEUE",
+    "VLLM_SERIES",
     "AsyncScheduler",
     "Request",
     "Scheduler",
@@ -38,23 +78,43 @@ __all__ = [
     "take_all_waiting",
     "usable_kv_blocks",
     "waiting_count",
+    "waiting_requests",
 ]
 
 #: Limits the base scheduler checks against ``len(running)``: lowered by the number
-#: of hidden decodes while they are hidden. 0.33 split admission
-#: (``max_num_active_reqs``) from the runner slot count (``max_num_running_reqs``).
-hidden_limit_attributes = ("max_num_running_reqs", "max_num_active_reqs")
+#: of hidden decodes while they are hidden (see ``ACTIVE_REQS_LIMIT``).
+hidden_limit_attributes: tuple[str, ...] = (
+    ("max_num_running_reqs", "max_num_active_reqs") if ACTIVE_REQS_LIMIT else ("max_num_running_reqs",)
+)
+#: The limit the base scheduler's admission loop stops at.
+_ADMISSION_LIMIT = "max_num_active_reqs" if ACTIVE_REQS_LIMIT else "max_num_running_reqs"
+
+
+def _on_0_29(scheduler: Scheduler) -> Any:
+    """``scheduler`` typed for names only 0.29 has: mypy checks against 0.33's annotations."""
+    return scheduler
+
+
+def _waiting_queues(scheduler: Scheduler) -> tuple[RequestQueue, RequestQueue]:
+    """The base scheduler's waiting queues, in the order it admits from them under fcfs.
+
+    0.33 drains ``kv_holding_waiting`` (requests that already hold KV blocks) before
+    ``waiting``; 0.29 drains ``skipped_waiting`` (requests it passed over, or enqueued
+    in a blocked status) before ``waiting`` (``_select_waiting_queue_for_scheduling``).
+    """
+    if KV_HOLDING_QUEUE:
+        return scheduler.kv_holding_waiting, scheduler.waiting
+    return _on_0_29(scheduler).skipped_waiting, scheduler.waiting
 
 
 def take_all_waiting(scheduler: Scheduler) -> list[Request]:
     """Empty every waiting queue the base scheduler admits from, in its order.
 
-    0.33 drains ``kv_holding_waiting`` (requests that already hold KV blocks)
-    before ``waiting``; both must be held back, or a request could be admitted
-    without passing the Neuron admission checks.
+    Every one must be held back, or a request could be admitted without passing
+    the Neuron admission checks.
     """
     taken: list[Request] = []
-    for queue in (scheduler.kv_holding_waiting, scheduler.waiting):
+    for queue in _waiting_queues(scheduler):
         while queue:
             taken.append(queue.pop_request())
     return taken
@@ -62,15 +122,19 @@ def take_all_waiting(scheduler: Scheduler) -> list[Request]:
 
 def requeue_waiting(scheduler: Scheduler, request: Request) -> None:
     """Put a held-back request at the tail of the queue the base scheduler keeps it in."""
-    if scheduler._holds_kv_blocks(request):
-        scheduler.kv_holding_waiting.add_request(request)
+    if KV_HOLDING_QUEUE:
+        # 0.33's own _enqueue_waiting_request would also mark a blocked request deferred
+        # again; the request is requeued, not newly deferred.
+        queue = scheduler.kv_holding_waiting if scheduler._holds_kv_blocks(request) else scheduler.waiting
+        queue.add_request(request)
     else:
-        scheduler.waiting.add_request(request)
+        # 0.29: blocked statuses (grammar, remote KV, streaming) go to skipped_waiting.
+        _on_0_29(scheduler)._enqueue_waiting_request(request)
 
 
 def peek_waiting(scheduler: Scheduler) -> Request | None:
     """The request the base scheduler would try to admit first, if any."""
-    for queue in (scheduler.kv_holding_waiting, scheduler.waiting):
+    for queue in _waiting_queues(scheduler):
         if queue:
             request: Request = queue.peek_request()
             return request
@@ -81,16 +145,23 @@ def cap_admissions(scheduler: Scheduler, num_admissions: int) -> None:
     """Let the base scheduler admit at most ``num_admissions`` waiting requests this step.
 
     Its admission loop stops once the running requests (and paused streaming
-    sessions, which hold slots) reach ``max_num_active_reqs``, before looking at
-    the next waiting request: a cap costs nothing per waiting request.
+    sessions, which hold slots) reach the admission limit, before looking at the
+    next waiting request: a cap costs nothing per waiting request. On 0.29 that
+    limit is ``max_num_running_reqs``, which the base scheduler also asserts after
+    the step; the cap keeps it true, since running grows by at most the admissions.
     """
     in_use = len(scheduler.running) + scheduler.num_waiting_for_streaming_input
-    scheduler.max_num_active_reqs = min(scheduler.max_num_active_reqs, in_use + num_admissions)
+    setattr(scheduler, _ADMISSION_LIMIT, min(getattr(scheduler, _ADMISSION_LIMIT), in_use + num_admissions))
+
+
+def waiting_requests(scheduler: Scheduler) -> list[Request]:
+    """Every waiting request, in admission order (for checks and tests; the queues are unchanged)."""
+    return [request for queue in _waiting_queues(scheduler) for request in queue]
 
 
 def waiting_count(scheduler: Scheduler) -> int:
     """Requests the base scheduler would consider admitting this step."""
-    return len(scheduler.waiting) + len(scheduler.kv_holding_waiting)
+    return sum(len(queue) for queue in _waiting_queues(scheduler))
 
 
 def pre_increment_computed_tokens(output: SchedulerOutput) -> dict[str, int]:

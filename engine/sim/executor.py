@@ -84,8 +84,11 @@ class SimNeuronWorker:
         """The layouts the device's attention supports."""
         return [KV_CACHE_LAYOUT]
 
-    def set_kv_cache_layout(self, kv_cache_layout: str, cp_kv_cache_interleave_size: int) -> None:
-        """The engine core's resolved layout: nothing to lay out on a simulated device."""
+    def set_kv_cache_layout(self, kv_cache_layout: str, cp_kv_cache_interleave_size: int = 1) -> None:
+        """The engine core's resolved layout: nothing to lay out on a simulated device.
+
+        vLLM 0.29 passes the layout alone (the differences are listed in ``vllm_compat``).
+        """
 
     def determine_available_memory(self) -> int:
         """HBM for the KV cache, capped at what ``max_num_seqs`` full-length requests need.
@@ -170,6 +173,10 @@ class SimNeuronWorker:
     def take_draft_token_ids(self) -> None:
         """No speculative decoding."""
         return None
+
+    def supports_draft_weight_updates(self) -> bool:
+        """No draft model, so none to update (vLLM 0.29's engine core asks at start-up)."""
+        return False
 
     # Housekeeping vLLM calls on every worker ---------------------------------------
 

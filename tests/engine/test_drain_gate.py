@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -15,6 +16,8 @@ from starlette.testclient import TestClient
 
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
+
+pytestmark = pytest.mark.vllm_matrix
 
 
 def test_the_drain_refuses_new_requests_and_waits_for_the_admitted_ones() -> None:

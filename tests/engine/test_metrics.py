@@ -11,6 +11,8 @@ from neuronfleet.engine.scheduler.metrics import NeuronMetrics, SchedulerObserve
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler
 from neuronfleet.engine.tuning.exposition import CHUNK_METRIC, Kind, observed_lengths
 
+pytestmark = pytest.mark.vllm_matrix
+
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     value = registry.get_sample_value(name, labels)

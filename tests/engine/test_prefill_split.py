@@ -9,6 +9,8 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 
 from neuronfleet.engine.scheduler import vllm_compat
 
+pytestmark = pytest.mark.vllm_matrix
+
 PROMPT_LEN = 100
 
 

@@ -10,6 +10,8 @@ from neuronfleet.engine.config import REFERENCE_SCHEDULER, SchedulerOptions
 from neuronfleet.engine.offline.driver import OfflineEngine, run_scenario
 from neuronfleet.engine.offline.scenarios import SCENARIOS, Scenario
 
+pytestmark = pytest.mark.vllm_matrix
+
 
 def with_options(scenario: Scenario, options: SchedulerOptions) -> Scenario:
     engine = scenario.engine.model_copy(update={"scheduler": options})

@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
 from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, run_scenario
 from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
+from neuronfleet.engine.scheduler import vllm_compat
+
+pytestmark = pytest.mark.vllm_matrix
 
 OPTION_SETS = {
     "reference": REFERENCE_SCHEDULER,
@@ -68,8 +71,7 @@ def check_queues(engine: OfflineEngine) -> None:
     scheduler = engine.scheduler
     assert not scheduler.holdback_queue
     queued = [r.request_id for r in scheduler.running]
-    queued += [r.request_id for r in scheduler.waiting]
-    queued += [r.request_id for r in scheduler.kv_holding_waiting]
+    queued += [r.request_id for r in vllm_compat.waiting_requests(scheduler)]
     assert not [req_id for req_id, n in Counter(queued).items() if n > 1], "a request is queued twice"
     assert set(queued) == set(scheduler.requests), "a request was lost"
 

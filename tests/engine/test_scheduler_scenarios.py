@@ -8,6 +8,8 @@ from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, run_sce
 from neuronfleet.engine.offline.scenarios import SCENARIOS
 from neuronfleet.engine.scheduler.neuron import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
 
+pytestmark = pytest.mark.vllm_matrix
+
 both_classes = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 
 

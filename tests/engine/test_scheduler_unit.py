@@ -11,6 +11,8 @@ from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler, bu
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler, read_neuron_config
 
+pytestmark = pytest.mark.vllm_matrix
+
 SMALL = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024, block_size=16)
 
 
@@ -84,7 +86,7 @@ def test_kv_bound_leaves_out_the_null_block() -> None:
 class FailingBaseScheduler(NeuronScheduler):
     """The base scheduler raising mid-step, as it may on an internal assertion."""
 
-    def _call_base_schedule(self, throttle_prefills: bool) -> vllm_compat.SchedulerOutput:
+    def _call_base_schedule(self, throttle_prefills: bool = False) -> vllm_compat.SchedulerOutput:
         raise RuntimeError("base scheduler failed")
 
 

@@ -17,6 +17,8 @@ from harness.engine_server import SCRIPTS, EngineServer, ServerPool, write_engin
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.sim.tokenizer import words
 
+pytestmark = pytest.mark.vllm_matrix
+
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 MODEL = "neuronfleet/tiny"

@@ -24,6 +24,8 @@ from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
 from neuronfleet.engine.sim_settings import ClockMode
 
+pytestmark = pytest.mark.vllm_matrix
+
 ENGINE = EngineConfig(
     max_num_seqs=4,
     max_num_batched_tokens=256,
