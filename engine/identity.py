@@ -7,7 +7,8 @@ alone.
 
 Only compile-relevant inputs take part: the model and its revision, the shapes
 (limits and bucket sets, as compiled: defaults written out), tensor parallelism,
-dtype, the Neuron target and the engine image (which fixes the compiler version).
+dtype, the Neuron target, the engine image (which fixes the compiler version) and
+the device compiled for (a simulated artifact never stands in for a Neuron one).
 Replicas, resources and rollout settings never change the hash.
 """
 
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import NeuronTarget
+from neuronfleet.engine.sim_settings import Device
 
 #: Bumped when the hashed document changes shape, so old and new hashes never collide.
 IDENTITY_SCHEMA = 1
@@ -91,26 +93,37 @@ class CompileIdentity(BaseModel):
         max_length=512,
         description="The engine image that compiles and serves; it fixes the Neuron SDK and compiler version.",
     )
+    device: Device = Field(
+        "neuron",
+        description="What the graphs are compiled for: neuron (Neuron devices) or sim (the simulated device).",
+    )
 
     @classmethod
-    def of(cls, model: ModelSource, engine: EngineConfig, target: NeuronTarget, image: str) -> CompileIdentity:
-        """The identity of serving ``model`` with ``engine``, normalized.
+    def of(
+        cls, model: ModelSource, engine: EngineConfig, target: NeuronTarget, image: str, device: Device = "neuron"
+    ) -> CompileIdentity:
+        """The identity of serving ``model`` with ``engine`` on ``device``, normalized.
 
         The bucket sets are written out (an omitted list and the same list written
         by hand are one artifact) and non-compile settings are dropped.
         """
         compiled = EngineConfig.model_validate(compiled_shapes(engine))
-        return cls(model=model, engine=compiled, target=target, image=image)
+        return cls(model=model, engine=compiled, target=target, image=image, device=device)
 
     def document(self) -> dict[str, Any]:
         """The hashed document: the compile-relevant fields only, in a fixed shape."""
-        return {
+        document: dict[str, Any] = {
             "schema": IDENTITY_SCHEMA,
             "model": {"uri": self.model.uri, "revision": self.model.revision},
             "engine": compiled_shapes(self.engine),
             "target": self.target,
             "image": self.image,
         }
+        # Only a simulated artifact names its device: Neuron artifacts keep the hashes they had, and a
+        # simulated one, whose document has one key more, can never hash like a Neuron one.
+        if self.device != "neuron":
+            document["device"] = self.device
+        return document
 
     def hash(self) -> str:
         """The artifact's content hash: hex SHA-256 of the canonical JSON document, truncated."""

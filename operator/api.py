@@ -26,6 +26,7 @@ from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCK
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
+from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import __version__
 
 GROUP = "neuronfleet.io"
@@ -351,6 +352,13 @@ _NEURON_DEVICES_RULES: list[JsonValue] = [
         "fieldPath": ".resources.neuronDevices",
     },
     {
+        "rule": "self.device != 'sim' || !has(self.resources.neuronDevices)",
+        "message": (
+            "resources.neuronDevices is for device neuron: a sim replica requests resources.cpu and resources.memory"
+        ),
+        "fieldPath": ".resources.neuronDevices",
+    },
+    {
         "rule": (
             f"self.engine.tensor_parallel_size <= {_CEL_DEVICES}[self.instanceType] * "
             f"{_CEL_CORES_PER_DEVICE}[self.instanceType]"
@@ -381,6 +389,15 @@ class NeuronInferenceServiceSpec(K8sModel):
     instance_type: InstanceTypeName = Field(
         DEFAULT_INSTANCE_TYPE,
         description="The Neuron instance type replicas run on (node.kubernetes.io/instance-type).",
+    )
+    device: Device = Field(
+        "neuron",
+        description=(
+            "neuron: replicas run on Neuron devices of instanceType nodes. sim: the simulated Neuron device "
+            "on CPU, with instanceType's cost model, to rehearse a fleet: pods request CPU and memory "
+            "(resources.cpu, resources.memory) instead of Neuron devices and run on any node; the artifact is "
+            "simulated and never shared with a neuron one."
+        ),
     )
     resources: ServingResources = Field(default_factory=ServingResources, description="Per-replica resources.")
     replicas: int = Field(1, ge=0, le=1000, description="Serving replicas.")
@@ -413,7 +430,7 @@ class NeuronInferenceServiceSpec(K8sModel):
 
     def identity(self) -> CompileIdentity:
         """The compiled artifact this spec serves."""
-        return CompileIdentity.of(self.model, self.engine, self.instance.target, self.image)
+        return CompileIdentity.of(self.model, self.engine, self.instance.target, self.image, self.device)
 
     @model_validator(mode="after")
     def _check_neuron_fit(self) -> Self:
@@ -435,6 +452,15 @@ class NeuronInferenceServiceSpec(K8sModel):
                     where,
                     f"resources.neuronDevices ({given}) exceeds the {instance.devices} Neuron devices "
                     f"of one {instance.name}",
+                    given,
+                )
+            )
+        if given is not None and self.device == "sim":
+            errors.append(
+                (
+                    where,
+                    "resources.neuronDevices is for device neuron: "
+                    "a sim replica requests resources.cpu and resources.memory",
                     given,
                 )
             )
@@ -474,7 +500,9 @@ class NeuronCompiledArtifactSpec(CompileIdentity):
 
     def identity(self) -> CompileIdentity:
         """The identity alone, without compile settings."""
-        return CompileIdentity(model=self.model, engine=self.engine, target=self.target, image=self.image)
+        return CompileIdentity(
+            model=self.model, engine=self.engine, target=self.target, image=self.image, device=self.device
+        )
 
 
 # Status

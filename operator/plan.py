@@ -18,6 +18,7 @@ from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCK
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
 
 Obj = dict[str, Any]
@@ -42,6 +43,10 @@ CONFIG_HASH_LENGTH = 10
 CONFIG_VOLUME = "config"
 #: Non-root user and group of the engine image.
 RUN_AS = 1000
+#: What a replica on the simulated device asks for when resources.cpu and resources.memory are unset:
+#: vLLM's API server and engine core with a small model, on CPU.
+SIM_CPU = "2"
+SIM_MEMORY = "6Gi"
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,7 @@ def artifact(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec)
         engine=identity.engine,
         target=identity.target,
         image=identity.image,
+        device=identity.device,
         compile=spec.compile,
     )
     return {
@@ -266,6 +272,11 @@ def artifact_configmap(owner: Owner, namespace: str, spec: api.NeuronCompiledArt
     }
 
 
+def _device_args(device: Device) -> list[str]:
+    """``--device sim``, or nothing: neuron is the engine's default, and pods that ran before keep their spec."""
+    return ["--device", device] if device != "neuron" else []
+
+
 def compile_args(spec: api.NeuronCompiledArtifactSpec) -> list[str]:
     """The engine's compile command: it recomputes the hash and refuses a mismatch."""
     return [
@@ -284,6 +295,7 @@ def compile_args(spec: api.NeuronCompiledArtifactSpec) -> list[str]:
         store_path(spec.compile),
         "--artifact-hash",
         spec.hash(),
+        *_device_args(spec.device),
     ]
 
 
@@ -360,7 +372,10 @@ def engine_configmap(owner: Owner, namespace: str, spec: api.NeuronInferenceServ
 
 
 def serve_args(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> list[str]:
-    """The engine's serve command, pinned to one artifact."""
+    """The engine's serve command, pinned to one artifact; on the simulated device, the instance's cost model."""
+    device = _device_args(spec.device)
+    if spec.device == "sim":
+        device += ["--instance-type", spec.instance_type]
     return [
         "serve",
         "--config",
@@ -377,6 +392,7 @@ def serve_args(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> 
         str(HTTP_PORT),
         "--drain-timeout",
         str(spec.drain.drain_timeout_seconds),
+        *device,
     ]
 
 
@@ -406,15 +422,34 @@ def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
     }
 
 
+def _resources(spec: api.NeuronInferenceServiceSpec) -> Obj:
+    """A replica's requests and limits: Neuron devices, or on the simulated device CPU and memory."""
+    requests: Obj = {}
+    limits: Obj = {}
+    cpu, memory = spec.resources.cpu, spec.resources.memory
+    if spec.device == "neuron":
+        requests[NEURON_DEVICE_RESOURCE] = limits[NEURON_DEVICE_RESOURCE] = str(spec.neuron_devices)
+    else:
+        cpu, memory = cpu or SIM_CPU, memory or SIM_MEMORY
+    if cpu is not None:
+        requests["cpu"] = cpu
+    if memory is not None:
+        requests["memory"] = limits["memory"] = memory
+    return {"requests": requests, "limits": limits}
+
+
+def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
+    """Neuron replicas go to the instance type's nodes, tolerating their taint; simulated ones anywhere."""
+    if spec.device == "sim":
+        return {}
+    return {
+        "nodeSelector": {INSTANCE_TYPE_LABEL: spec.instance_type},
+        "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+
+
 def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> Obj:
     """The serving Deployment: Neuron nodes, pinned to one artifact, surge-first, draining on stop."""
-    devices = str(spec.neuron_devices)
-    requests: Obj = {NEURON_DEVICE_RESOURCE: devices}
-    limits: Obj = {NEURON_DEVICE_RESOURCE: devices}
-    if spec.resources.cpu is not None:
-        requests["cpu"] = spec.resources.cpu
-    if spec.resources.memory is not None:
-        requests["memory"] = limits["memory"] = spec.resources.memory
     config_volume, config_mount = _config_volume(engine_configmap_name(owner.name, spec.engine))
     # Who the pods are is the service's business; where the artifact is, the artifact's.
     who = served.store.model_copy(
@@ -436,7 +471,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
         ],
         **_env_from(access),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
-        "resources": {"requests": requests, "limits": limits},
+        "resources": _resources(spec),
         **_probes(spec),
         "securityContext": _container_security(),
         "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}],
@@ -462,8 +497,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
             "template": {
                 "metadata": _pod_metadata(serving_labels(owner.name, served.hash), spec.pod_annotations),
                 "spec": {
-                    "nodeSelector": {INSTANCE_TYPE_LABEL: spec.instance_type},
-                    "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    **_placement(spec),
                     "terminationGracePeriodSeconds": spec.drain.grace_seconds,
                     **_identity(who),
                     "automountServiceAccountToken": False,

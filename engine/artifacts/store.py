@@ -185,7 +185,6 @@ def is_complete(store: str, artifact_hash: str) -> bool:
 def compile_artifact(
     store: str,
     identity: CompileIdentity,
-    device: Device,
     compile_bucket: Callable[[BucketEntry], float],
     on_bucket: Callable[[BucketEntry, int, int], None] | None = None,
 ) -> tuple[Manifest, int]:
@@ -196,6 +195,7 @@ def compile_artifact(
     complete compiles nothing.
     """
     artifact_hash = identity.hash()
+    device = identity.device
     directory = artifact_dir(store, artifact_hash)
     directory.mkdir(parents=True, exist_ok=True)
     with compile_lock(directory):

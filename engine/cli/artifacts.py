@@ -71,7 +71,7 @@ def run_compile(
             progress.update(task, completed=done, total=total, description=f"{entry.kind} {entry.size}")
 
         try:
-            return compile_artifact(store, identity, device, compile_bucket, on_bucket)
+            return compile_artifact(store, identity, compile_bucket, on_bucket)
         except ArtifactError as error:
             fail(str(error))
 

@@ -114,12 +114,12 @@ def check_device(device: Device) -> None:
 
 
 def compile_identity(
-    engine: EngineConfig, model: str, revision: str, target: NeuronTarget, image: str | None
+    engine: EngineConfig, model: str, revision: str, target: NeuronTarget, image: str | None, device: Device
 ) -> CompileIdentity:
-    """The artifact identity of serving ``model`` with ``engine``: the function the operator uses."""
+    """The artifact identity of serving ``model`` with ``engine`` on ``device``: the function the operator uses."""
     try:
         source = ModelSource(uri=model, revision=revision)
-        return CompileIdentity.of(source, engine, target, image or default_image())
+        return CompileIdentity.of(source, engine, target, image or default_image(), device)
     except ValidationError as error:
         fail_validation(error)
 
@@ -162,7 +162,7 @@ def compile_command(
     engine = load_config(config, None, None, None, None, None)
     if artifact_store is None:
         fail("--artifact-store is required: the directory that holds compiled artifacts")
-    identity = compile_identity(engine, model, revision, target, engine_image)
+    identity = compile_identity(engine, model, revision, target, engine_image, device)
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else None
@@ -215,7 +215,7 @@ def serve_command(
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
     directory = None
     if artifact_store is not None:
-        identity = compile_identity(engine, model, revision, target, engine_image)
+        identity = compile_identity(engine, model, revision, target, engine_image, device)
         directory = serving_artifact(
             engine, identity, artifact_store, artifact_hash, device, settings, compile_on_start, cache_root(cache_dir)
         )

@@ -22,7 +22,7 @@ from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
 
 ENGINE = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
-IDENTITY = CompileIdentity.of(ModelSource(uri="hf://org/model"), ENGINE, "trn2", "neuronfleet/engine:test")
+IDENTITY = CompileIdentity.of(ModelSource(uri="hf://org/model"), ENGINE, "trn2", "neuronfleet/engine:test", "sim")
 PREFILL, DECODE = [128, 256, 512], [1, 2, 4]
 
 
@@ -31,7 +31,7 @@ def one_second(entry: BucketEntry) -> float:
 
 
 def test_compile_writes_one_manifest_entry_per_bucket(tmp_path: Path) -> None:
-    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
+    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, one_second)
     assert compiled == 6
     assert manifest.complete
     on_disk = json.loads((tmp_path / IDENTITY.hash() / MANIFEST).read_text())
@@ -49,13 +49,13 @@ def test_compile_writes_one_manifest_entry_per_bucket(tmp_path: Path) -> None:
 
 
 def test_compiling_a_complete_artifact_again_changes_nothing(tmp_path: Path) -> None:
-    compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
+    compile_artifact(str(tmp_path), IDENTITY, one_second)
     before = (tmp_path / IDENTITY.hash() / MANIFEST).read_bytes()
 
     def never(entry: BucketEntry) -> float:
         raise AssertionError(f"recompiled {entry.kind} {entry.size}")
 
-    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, "sim", never)
+    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, never)
     assert compiled == 0
     assert manifest.complete
     assert (tmp_path / IDENTITY.hash() / MANIFEST).read_bytes() == before
@@ -68,7 +68,7 @@ def test_an_interrupted_compile_is_incomplete_and_resumes(tmp_path: Path) -> Non
         return 1.0
 
     with pytest.raises(RuntimeError, match="compiler crashed"):
-        compile_artifact(str(tmp_path), IDENTITY, "sim", fail_on_third)
+        compile_artifact(str(tmp_path), IDENTITY, fail_on_third)
     directory = artifact_dir(str(tmp_path), IDENTITY.hash())
     with pytest.raises(ArtifactError, match=r"incomplete \(2 of 6 graphs compiled\)"):
         load_for_serving(directory, PREFILL, DECODE)
@@ -79,7 +79,7 @@ def test_an_interrupted_compile_is_incomplete_and_resumes(tmp_path: Path) -> Non
         compiled_now.append(entry.size)
         return 2.0
 
-    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, "sim", record)
+    manifest, compiled = compile_artifact(str(tmp_path), IDENTITY, record)
     assert (compiled, compiled_now) == (4, [512, 1, 2, 4])
     assert load_for_serving(directory, PREFILL, DECODE) == manifest
 
@@ -91,17 +91,17 @@ def test_serving_needs_a_manifest(tmp_path: Path) -> None:
 
 
 def test_serving_needs_the_configured_buckets(tmp_path: Path) -> None:
-    compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
+    compile_artifact(str(tmp_path), IDENTITY, one_second)
     with pytest.raises(ArtifactError, match=re.escape("compiled for prefill buckets [128, 256, 512]")):
         load_for_serving(tmp_path / IDENTITY.hash(), [512], DECODE)
 
 
 def test_a_directory_holding_another_artifact_is_refused(tmp_path: Path) -> None:
-    compile_artifact(str(tmp_path), IDENTITY, "sim", one_second)
-    other = CompileIdentity.of(ModelSource(uri="hf://org/other"), ENGINE, "trn2", "neuronfleet/engine:test")
+    compile_artifact(str(tmp_path), IDENTITY, one_second)
+    other = CompileIdentity.of(ModelSource(uri="hf://org/other"), ENGINE, "trn2", "neuronfleet/engine:test", "sim")
     (tmp_path / other.hash()).symlink_to(tmp_path / IDENTITY.hash())
     with pytest.raises(ArtifactError, match=f"belongs to another artifact \\({IDENTITY.hash()}\\)"):
-        compile_artifact(str(tmp_path), other, "sim", one_second)
+        compile_artifact(str(tmp_path), other, one_second)
 
 
 def test_a_store_directory_is_local(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_a_complete_manifest_lists_every_file_but_itself_its_lock_and_temporarie
         (directory / "neff" / ".partial.tmp").write_bytes(b"half")
         return 1.0
 
-    manifest, _ = compile_artifact(str(tmp_path), IDENTITY, "sim", write_graph)
+    manifest, _ = compile_artifact(str(tmp_path), IDENTITY, write_graph)
     assert [(f.path, f.size) for f in manifest.files] == [
         ("neff/decode-1.neff", 1),
         ("neff/decode-2.neff", 2),

@@ -18,7 +18,7 @@ SETTINGS = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "max_model_len": 5
 
 def expected_hash(**identity: str) -> str:
     model = ModelSource(uri=identity.get("model", "hf://neuronfleet/tiny"), revision=identity.get("revision", "main"))
-    return CompileIdentity.of(model, EngineConfig(**SETTINGS), "trn2", "neuronfleet/engine:0.1.0").hash()
+    return CompileIdentity.of(model, EngineConfig(**SETTINGS), "trn2", "neuronfleet/engine:0.1.0", "sim").hash()
 
 
 def compile_sim(run_cli: RunCli, config: Path, store: Path, *extra: str) -> subprocess.CompletedProcess[str]:

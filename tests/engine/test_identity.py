@@ -107,3 +107,12 @@ def test_model_uris_accepted(uri: str) -> None:
 def test_model_uris_rejected(uri: str) -> None:
     with pytest.raises(ValueError, match="uri"):
         ModelSource(uri=uri)
+
+
+def test_a_simulated_artifact_never_shares_a_neuron_ones_hash() -> None:
+    neuron = identity()
+    simulated = CompileIdentity.of(MODEL, EngineConfig(), "trn2", "neuronfleet/engine:0.1.0", "sim")
+    # The Neuron document is unchanged (no device key), so artifacts compiled before keep their names.
+    assert "device" not in neuron.document()
+    assert simulated.document() == {**neuron.document(), "device": "sim"}
+    assert simulated.hash() != neuron.hash()

@@ -32,7 +32,7 @@ MODEL = "neuronfleet/tiny"
 
 def artifact_hash(settings: dict[str, int]) -> str:
     model = ModelSource(uri=f"hf://{MODEL}")
-    return CompileIdentity.of(model, EngineConfig(**settings), "trn2", "neuronfleet/engine:0.1.0").hash()
+    return CompileIdentity.of(model, EngineConfig(**settings), "trn2", "neuronfleet/engine:0.1.0", "sim").hash()
 
 
 def engine(
@@ -227,7 +227,7 @@ def test_a_manifest_that_is_not_the_artifact_asked_for_is_refused(
         manifest["identity"]["image"] = value
     (remote / "manifest.json").write_text(json.dumps(manifest))
     other = CompileIdentity.of(
-        ModelSource(uri=f"hf://{MODEL}"), EngineConfig(**SETTINGS), "trn2", "someone/else:1"
+        ModelSource(uri=f"hf://{MODEL}"), EngineConfig(**SETTINGS), "trn2", "someone/else:1", "sim"
     ).hash()
     expected = artifact_hash(SETTINGS)
     result = serve_refusal(s3_bucket, config, tmp_path / "serve-cache")

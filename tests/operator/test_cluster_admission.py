@@ -91,6 +91,12 @@ INVALID: list[tuple[str, Obj, str]] = [
         {"instanceType": "inf2.xlarge", "resources": {"neuronDevices": 2}},
         "resources.neuronDevices (2) exceeds the 1 Neuron devices of one inf2.xlarge",
     ),
+    (
+        "devices-on-sim",
+        {"device": "sim", "resources": {"neuronDevices": 1}},
+        "resources.neuronDevices is for device neuron: a sim replica requests resources.cpu and resources.memory",
+    ),
+    ("device", {"device": "gpu"}, 'spec.device: Unsupported value: "gpu"'),
     ("instance-type", {"instanceType": "p5.48xlarge"}, 'spec.instanceType: Unsupported value: "p5.48xlarge"'),
     ("model-uri", {"model": {"uri": "meta-llama/Llama-3.1-8B"}}, "spec.model.uri: Invalid value"),
     (
@@ -120,6 +126,7 @@ PARITY = [
     "tp-beyond-node",
     "devices-below-tp",
     "devices-beyond-node",
+    "devices-on-sim",
     "rollout",
     "drain",
 ]

@@ -239,3 +239,36 @@ def test_serving_objects_are_owned_by_the_service_config_first() -> None:
     service, pdb = objects[2], objects[3]
     assert service["spec"]["selector"] == {plan.LABEL_SERVICE: "llama"}
     assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_simulated_service_compiles_and_serves_on_the_sim_device_on_any_node() -> None:
+    sim = spec(device="sim", instanceType="trn2.48xlarge")
+    owner, artifact = artifact_spec(device="sim", instanceType="trn2.48xlarge")
+    assert artifact.device == "sim"
+    assert artifact.hash() == sim.identity().hash() != spec(instanceType="trn2.48xlarge").identity().hash()
+    compile_args = plan.compile_job(owner, NS, artifact)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert arg(compile_args, "--device") == "sim"
+    deployment = plan.deployment(OWNER, NS, sim, served(sim))
+    pod = deployment["spec"]["template"]["spec"]
+    engine = container(deployment)
+    assert (arg(engine["args"], "--device"), arg(engine["args"], "--instance-type")) == ("sim", "trn2.48xlarge")
+    # CPU and memory instead of Neuron devices, and no Neuron placement: any node runs it.
+    assert engine["resources"] == {
+        "requests": {"cpu": plan.SIM_CPU, "memory": plan.SIM_MEMORY},
+        "limits": {"memory": plan.SIM_MEMORY},
+    }
+    assert "nodeSelector" not in pod
+    assert "tolerations" not in pod
+
+
+def test_simulated_replicas_take_the_resources_given() -> None:
+    sim = spec(device="sim", resources={"cpu": "3", "memory": "5Gi"})
+    resources = container(plan.deployment(OWNER, NS, sim, served(sim)))["resources"]
+    assert resources == {"requests": {"cpu": "3", "memory": "5Gi"}, "limits": {"memory": "5Gi"}}
+
+
+def test_neuron_pods_name_no_device_so_pods_from_before_keep_their_spec() -> None:
+    neuron = spec()
+    _, artifact = artifact_spec()
+    assert "--device" not in container(plan.deployment(OWNER, NS, neuron, served(neuron)))["args"]
+    assert "--device" not in plan.compile_args(artifact)
