@@ -5,7 +5,7 @@ its ``schedule()`` call; the server drains before vLLM's own shutdown begins. Th
 names involved change between vLLM releases; they are all here, so an upgrade is
 reviewed in one file, and every branch on the version is here, each saying which
 upstream change made it necessary. ``vllm_range`` says which releases are supported;
-importing this module on any other fails with one line naming them.
+importing this module on any other raises an ``ImportError`` whose one-line message names them.
 
 What differs between 0.29 and 0.33, as far as neuronfleet reaches:
 
