@@ -175,6 +175,64 @@ def demo(
         raise typer.Exit(130) from None
 
 
+@app.command()
+def load(
+    url: Annotated[str, typer.Argument(help="The endpoint, e.g. http://localhost:8000/v1/completions.")],
+    rate: Annotated[float, typer.Option(min=0.01, help="Requests per second, sent on schedule (open loop).")] = 2.0,
+    duration: Annotated[float, typer.Option(min=0.1, help="Seconds to send for.")] = 30.0,
+    model: Annotated[str, typer.Option(help="The model each completion asks for.")] = "neuronfleet/tiny",
+    prompt: Annotated[str, typer.Option(help="The prompt of each completion.")] = "The fleet",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each completion asks for.")] = 16,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds before a request counts as failed.")] = 60.0,
+    max_in_flight: Annotated[
+        int, typer.Option("--max-in-flight", min=1, help="Requests waiting at once; beyond it they are dropped.")
+    ] = 256,
+    header: Annotated[
+        str | None, typer.Option("--header", help="Count the successful responses by this response header.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one line of JSON.")] = False,
+) -> None:
+    """Send completions at a fixed rate for a while; print sent, succeeded, failed by status, latency.
+
+    Exits 1 when any request failed or was dropped.
+    """
+    import asyncio
+    import math
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from neuronfleet.devcluster.load import LoadPlan, run_load
+
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+    try:
+        plan = LoadPlan(url, rate, duration, body, timeout, max_in_flight, header)
+    except ValueError as error:
+        fail(str(error))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        answered = progress.add_task(f"{rate:g}/s to {url}", total=plan.requests)
+        report = asyncio.run(run_load(plan, lambda _: progress.advance(answered)))
+    if as_json:
+        out.print(report.to_json(), markup=False)
+    else:
+        table = Table(show_header=False, box=None)
+        summary = report.summary()
+        table.add_row("sent", f"{summary['sent']} of {plan.requests} in {summary['elapsed_s']:.1f} s")
+        table.add_row("succeeded", str(summary["succeeded"]))
+        for result, count in summary["failed"].items():
+            table.add_row(f"failed: {result}", str(count))
+        latency = "  ".join(
+            f"{'max' if q == 'p100' else q} {'-' if math.isnan(value) else f'{value * 1000:.0f} ms'}"
+            for q, value in summary["latency_s"].items()
+        )
+        table.add_row("latency", latency)
+        for value, count in sorted(report.headers().items(), key=lambda item: str(item[0])):
+            table.add_row(f"{header}: {value}", str(count))
+        out.print(table)
+    if report.failures:
+        raise typer.Exit(EXIT_FAILED)
+
+
 @images_app.command("build")
 def images_build(
     target: Annotated[

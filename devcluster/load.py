@@ -1,0 +1,174 @@
+"""An open-loop load generator: requests at a fixed rate for a fixed time, every response recorded.
+
+Open loop: request ``i`` is sent at ``i / rate`` seconds whatever the earlier ones are doing, as real
+clients arrive, so a slow or failing server cannot slow the offered load down and hide its own
+failures. Bounded: it runs for ``duration`` seconds, and a request that would exceed ``max_in_flight``
+is not sent but counted as ``dropped``. ``neuronfleet-dev load`` and the tests run this same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+#: The outcome of a request that got no HTTP status: sent but answered by nobody in time.
+TIMEOUT = "timeout"
+#: Sent, but the connection failed (refused, reset, closed early).
+TRANSPORT_ERROR = "transport error"
+#: Not sent: max_in_flight requests were already waiting.
+DROPPED = "dropped"
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What to send, how often and for how long."""
+
+    url: str
+    rate: float
+    duration_s: float
+    body: dict[str, Any]
+    timeout_s: float = 60.0
+    max_in_flight: int = 256
+    #: A response header to record per request (for example which revision served it).
+    record_header: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0 or self.duration_s <= 0 or self.timeout_s <= 0 or self.max_in_flight < 1:
+            raise ValueError("rate, duration and timeout must be positive, max_in_flight at least 1")
+
+    @property
+    def requests(self) -> int:
+        """How many requests the plan sends: one every 1/rate seconds within the duration."""
+        return math.ceil(self.rate * self.duration_s)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request: when it was due (seconds from the start), how long it took, and how it ended."""
+
+    index: int
+    sent_at_s: float
+    latency_s: float
+    #: "200", "503", ..., or TIMEOUT, TRANSPORT_ERROR, DROPPED.
+    result: str
+    header: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx answer."""
+        return self.result.isdigit() and 200 <= int(self.result) < 300
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, nearest rank; NaN when there are none."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class LoadReport:
+    """Every outcome of a run, and what a reader wants from them."""
+
+    plan: LoadPlan
+    outcomes: list[Outcome] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def sent(self) -> int:
+        """Requests sent (dropped ones were not)."""
+        return sum(o.result != DROPPED for o in self.outcomes)
+
+    @property
+    def succeeded(self) -> int:
+        """Requests answered 2xx."""
+        return sum(o.ok for o in self.outcomes)
+
+    @property
+    def failures(self) -> Counter[str]:
+        """Requests that did not succeed, by status or kind of failure."""
+        return Counter(o.result for o in self.outcomes if not o.ok)
+
+    def latency(self, q: float) -> float:
+        """The ``q``-th percentile of successful requests' latency, seconds."""
+        return percentile([o.latency_s for o in self.outcomes if o.ok], q)
+
+    def headers(self) -> Counter[str | None]:
+        """How many successful responses carried each value of ``plan.record_header``."""
+        return Counter(o.header for o in self.outcomes if o.ok)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures as one JSON-ready mapping."""
+        return {
+            "url": self.plan.url,
+            "rate": self.plan.rate,
+            "duration_s": self.plan.duration_s,
+            "sent": self.sent,
+            "succeeded": self.succeeded,
+            "failed": dict(sorted(self.failures.items())),
+            "latency_s": {f"p{q}": round(self.latency(q), 4) for q in (50, 90, 99, 100)},
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+    def to_json(self) -> str:
+        """:meth:`summary` as one line of JSON (NaN latencies, from no successes, become null)."""
+        summary = self.summary()
+        summary["latency_s"] = {k: None if math.isnan(v) else v for k, v in summary["latency_s"].items()}
+        return json.dumps(summary, sort_keys=True)
+
+
+async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float) -> Outcome:
+    began = time.monotonic()
+    try:
+        response = await client.post(plan.url, json=plan.body)
+    except httpx.TimeoutException:
+        return Outcome(index, due, time.monotonic() - began, TIMEOUT)
+    except httpx.HTTPError:
+        return Outcome(index, due, time.monotonic() - began, TRANSPORT_ERROR)
+    header = response.headers.get(plan.record_header) if plan.record_header else None
+    return Outcome(index, due, time.monotonic() - began, str(response.status_code), header)
+
+
+async def run_load(plan: LoadPlan, on_outcome: Callable[[Outcome], None] | None = None) -> LoadReport:
+    """Send ``plan`` and wait for every answer (at most ``timeout_s`` after the last send)."""
+    report = LoadReport(plan)
+    limits = httpx.Limits(max_connections=plan.max_in_flight, max_keepalive_connections=plan.max_in_flight)
+    in_flight: set[asyncio.Task[Outcome]] = set()
+
+    def record(outcome: Outcome) -> None:
+        report.outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    def finished(task: asyncio.Task[Outcome]) -> None:
+        in_flight.discard(task)
+        record(task.result())
+
+    async with httpx.AsyncClient(timeout=plan.timeout_s, limits=limits) as client:
+        start = time.monotonic()
+        for index in range(plan.requests):
+            due = index / plan.rate
+            delay = start + due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(in_flight) >= plan.max_in_flight:
+                record(Outcome(index, due, 0.0, DROPPED))
+                continue
+            task = asyncio.create_task(_one(client, plan, index, due))
+            in_flight.add(task)
+            task.add_done_callback(finished)
+        while in_flight:
+            await asyncio.wait(set(in_flight))
+        report.elapsed_s = time.monotonic() - start
+    report.outcomes.sort(key=lambda o: o.index)
+    return report

@@ -1,0 +1,151 @@
+"""The open-loop load generator against a real HTTP server on loopback: counts, failures, schedule."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from neuronfleet.devcluster.load import DROPPED, TIMEOUT, TRANSPORT_ERROR, LoadPlan, LoadReport, percentile, run_load
+from neuronfleet.devcluster.processes import SCRIPTS, free_ports
+
+BODY = {"model": "m", "prompt": "p", "max_tokens": 1}
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Answers POSTs as the body asks: ``{"status": 503}`` or ``{"delay": 0.5}``; records each body."""
+
+    server: Server
+
+    def do_POST(self) -> None:
+        asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.bodies.append(asked)
+        time.sleep(asked.get("delay", 0))
+        status = asked.get("status", 200)
+        # A client that timed out has hung up: nothing to answer.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.send_response(status)
+            self.send_header("X-Served-By", "replica-a")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+class Server(ThreadingHTTPServer):
+    """A threaded HTTP server that keeps the bodies it was sent."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.bodies: list[dict[str, object]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1/completions"
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    running = Server()
+    thread = threading.Thread(target=running.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield running
+    finally:
+        running.shutdown()
+        running.server_close()
+
+
+def load(plan: LoadPlan) -> LoadReport:
+    return asyncio.run(run_load(plan))
+
+
+def rows(table: str) -> dict[str, str]:
+    """The printed summary's rows: label -> value (the columns are padded with spaces)."""
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in table.splitlines() if line.strip())
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [0.4, 0.1, 0.3, 0.2]
+    assert [percentile(values, q) for q in (0, 25, 50, 75, 100)] == [0.1, 0.1, 0.2, 0.3, 0.4]
+    assert math.isnan(percentile([], 50))
+
+
+def test_plan_refuses_what_cannot_run() -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        LoadPlan("http://x", rate=0, duration_s=1, body=BODY)
+    assert LoadPlan("http://x", rate=2.5, duration_s=3, body=BODY).requests == 8
+
+
+def test_every_request_is_sent_and_counted_by_status(server: Server) -> None:
+    ok = load(LoadPlan(server.url, rate=20, duration_s=0.5, body=BODY, record_header="X-Served-By"))
+    refused = load(LoadPlan(server.url, rate=20, duration_s=0.25, body={**BODY, "status": 503}))
+    assert (ok.sent, ok.succeeded, ok.failures) == (10, 10, {})
+    assert ok.headers() == {"replica-a": 10}
+    assert [o.index for o in ok.outcomes] == list(range(10))
+    assert (refused.sent, refused.succeeded, refused.failures) == (5, 0, {"503": 5})
+    assert len(server.bodies) == 15
+    assert server.bodies[0] == BODY
+
+
+def test_load_is_open_loop_a_slow_server_does_not_slow_the_sends(server: Server) -> None:
+    delay = 0.5
+    report = load(LoadPlan(server.url, rate=10, duration_s=1, body={**BODY, "delay": delay}))
+    assert report.succeeded == 10
+    # Closed loop, ten requests of half a second would take five; sent on schedule they overlap.
+    assert report.elapsed_s < 1 + delay + 1.5, report.elapsed_s
+    assert report.latency(50) >= delay
+
+
+def test_timeouts_refusals_and_drops_are_failures_of_their_own(server: Server) -> None:
+    (closed,) = free_ports(1)
+    refused = load(LoadPlan(f"http://127.0.0.1:{closed}/", rate=10, duration_s=0.2, body=BODY))
+    slow = load(LoadPlan(server.url, rate=10, duration_s=0.2, body={**BODY, "delay": 2}, timeout_s=0.3))
+    bounded = load(LoadPlan(server.url, rate=20, duration_s=0.25, body={**BODY, "delay": 1}, max_in_flight=1))
+    assert refused.failures == {TRANSPORT_ERROR: 2}
+    assert slow.failures == {TIMEOUT: 2}
+    # One request waits a second; the four due meanwhile are not sent.
+    assert (bounded.sent, bounded.succeeded, bounded.failures) == (1, 1, {DROPPED: 4})
+
+
+def test_the_command_prints_the_summary_and_fails_on_any_failure(server: Server) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(SCRIPTS / "neuronfleet-dev"), "load", server.url, "--rate", "10", "--duration", "0.5", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    fine = run("--json", "--max-tokens", "3")
+    assert fine.returncode == 0, fine.stderr
+    summary = json.loads(fine.stdout)
+    assert (summary["sent"], summary["succeeded"], summary["failed"]) == (5, 5, {})
+    assert set(summary["latency_s"]) == {"p50", "p90", "p99", "p100"}
+    assert server.bodies[-1] == {"model": "neuronfleet/tiny", "prompt": "The fleet", "max_tokens": 3}
+    table = run("--header", "X-Served-By")
+    assert table.returncode == 0, table.stderr
+    printed = rows(table.stdout)
+    assert printed["succeeded"] == "5"
+    assert printed["X-Served-By: replica-a"] == "5"
+    assert printed["latency"].startswith("p50 ")
+    (closed,) = free_ports(1)
+    failing = subprocess.run(
+        [str(SCRIPTS / "neuronfleet-dev"), "load", f"http://127.0.0.1:{closed}/", "--rate", "4", "--duration", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert failing.returncode == 1
+    assert rows(failing.stdout)["failed: transport error"] == "2"
+    assert rows(failing.stdout)["latency"] == "p50 -  p90 -  p99 -  max -"
