@@ -161,6 +161,25 @@ def last_pod_failure(pods: Sequence[Obj]) -> str | None:
     return max(failures)[1] if failures else None
 
 
+#: Why a container cannot start that no wait mends: the pod needs a fix (a Secret or ConfigMap it names,
+#: an image it can get). The Job would wait for its deadline (hours) without a word.
+STUCK_WAITING_REASONS = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"}
+)
+
+
+def stuck_pod(pods: Sequence[Obj]) -> tuple[str, str] | None:
+    """The reason and message of a compile container that cannot start (``STUCK_WAITING_REASONS``), if any."""
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_WAITING_REASONS:
+                detail = (waiting.get("message") or "").strip()
+                name = pod["metadata"]["name"]
+                return waiting["reason"], f"compile pod {name} cannot start: {detail or waiting['reason']}"
+    return None
+
+
 def bucket_progress(spec: api.NeuronCompiledArtifactSpec, state: api.BucketState) -> list[api.BucketProgress]:
     """Every compiled shape, all in one state (the Job reports completion as a whole)."""
     return [
@@ -227,6 +246,13 @@ def artifact_status(
             buckets=bucket_progress(spec, "Pending"),
             completed_at=_parse_time(failed.get("lastTransitionTime")),
             **common,
+        )
+    stuck = stuck_pod(pods)
+    if stuck is not None:
+        # Still Compiling (the Job goes on once the pod is fixed), but the reason says what to fix.
+        reason, message = stuck
+        return api.NeuronCompiledArtifactStatus(
+            phase="Compiling", reason=reason, message=message, buckets=bucket_progress(spec, "Pending"), **common
         )
     running = int(status.get("active") or 0) > 0
     return api.NeuronCompiledArtifactStatus(

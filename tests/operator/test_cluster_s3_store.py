@@ -116,8 +116,9 @@ def engine_failure_line(tmp_path: Path, service: Obj) -> str:
         "AWS_SECRET_ACCESS_KEY": "never-printed-0123456789",
         "PATH": os.environ.get("PATH", ""),
     }
-    # No Neuron SDK here: the simulated device, whose compile also reads the store before it compiles anything.
-    result = run_program([str(SCRIPTS / "neuronfleet-engine"), *args, "--device", "sim"], timeout=120, env=env)
+    # No Neuron SDK here: the service is on the simulated device, whose compile also reads the store first.
+    assert args[-2:] == ["--device", "sim"]
+    result = run_program([str(SCRIPTS / "neuronfleet-engine"), *args], timeout=120, env=env)
     assert result.returncode == 2, result.stderr
     assert "never-printed" not in result.stdout + result.stderr
     return result.stderr.strip().splitlines()[-1]
@@ -132,7 +133,7 @@ def test_an_unreachable_store_ends_compile_failed_with_the_engines_reason(
     tmp_path: Path,
 ) -> None:
     core.create_namespaced_service_account(namespace, V1ServiceAccount(metadata=V1ObjectMeta(name=ACCOUNT)))
-    service = spec(backoffLimit=0)
+    service = {**spec(backoffLimit=0), "device": "sim"}
     line = engine_failure_line(tmp_path, service)
     assert line.startswith(f"error: cannot reach the artifact store at {STORE}/")
 

@@ -85,6 +85,22 @@ def test_a_failed_job_carries_its_reason_and_the_compilers_last_words() -> None:
     assert status.message == "Job has reached the specified backoff limit; last compile pod: bucket 512: out of memory"
 
 
+def waiting_pod(reason: str, message: str) -> dict[str, Any]:
+    waiting = {"reason": reason, "message": message}
+    statuses = [{"state": {"waiting": waiting}}]
+    return {"metadata": {"name": "model-x-compile-abc"}, "status": {"containerStatuses": statuses}}
+
+
+def test_a_compile_pod_that_cannot_start_says_why() -> None:
+    missing = waiting_pod("CreateContainerConfigError", 'secret "neff-keys" not found')
+    status = artifact_status(SPEC, job(active=1), [missing], EMPTY, 1)
+    assert (status.phase, status.reason) == ("Compiling", "CreateContainerConfigError")
+    assert status.message == 'compile pod model-x-compile-abc cannot start: secret "neff-keys" not found'
+    # A container merely being created is no reason to worry.
+    creating = waiting_pod("ContainerCreating", "")
+    assert artifact_status(SPEC, job(active=1), [creating], EMPTY, 1).reason == "Running"
+
+
 def test_a_ready_artifact_stays_ready_when_its_job_is_deleted() -> None:
     ready = artifact_status(SPEC, job(succeeded=1, conditions=[{"type": "Complete", "status": "True"}]), [], EMPTY, 1)
     assert artifact_status(SPEC, None, [], ready, 1) == ready

@@ -1,0 +1,139 @@
+"""The operator with a compile pod the real kubelet cannot start: the reason reaches status, no silent wait.
+
+KWOK starts every container, so a compile pod that names a missing credentials Secret only shows what
+users see on a real kubelet: ``CreateContainerConfigError``. The compile Job would otherwise wait for its
+deadline (two hours by default) with nothing in status but "attempt 1 of 3".
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from neuronfleet.devcluster import node_images
+from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.status import condition
+from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.engine.hardware import NEURON_TAINT_KEY
+from neuronfleet.operator.api import API_VERSION, SERVICE_KIND
+
+Obj = dict[str, Any]
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+SECRET = "absent-neff-keys"
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"{result.args}: {result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture
+def operator_namespace(real_cluster: LocalCluster, tmp_path: Path) -> Iterator[str]:
+    """A namespace with the CRDs applied and the operator (a local process) watching it."""
+    ok(real_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS)))
+    for path in sorted(CRDS.glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        ok(real_cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s"))
+    namespace = f"real-{uuid.uuid4().hex[:8]}"
+    ok(real_cluster.kubectl("create", "namespace", namespace))
+    # Pods are refused until the controller manager has made the namespace's default ServiceAccount.
+    wait_for(
+        lambda: real_cluster.kubectl("get", "serviceaccount", "default", "--namespace", namespace).returncode,
+        lambda code: code == 0,
+        timeout=30,
+        what=f"ServiceAccount default in {namespace}",
+    )
+    operator = OperatorProcess(real_cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5)
+    operator.start(wait_for)
+    try:
+        yield namespace
+    finally:
+        operator.stop()
+        print(f"--- operator log ---\n{operator.tail(40)}")
+        real_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def service(name: str) -> Obj:
+    """A service whose compile pod runs on the real node and reads its S3 keys from a Secret that is not there."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": SERVICE_KIND.kind,
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"uri": "hf://neuronfleet/tiny", "revision": "main"},
+            "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 256, "max_model_len": 256},
+            # Present on the node: the kubelet gets as far as the container's environment.
+            "image": node_images.BASE_IMAGE,
+            "compile": {
+                "artifactStore": "s3://neff-store/team",
+                "s3": {"credentialsSecret": SECRET},
+                "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
+                "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                "resources": {"cpu": "100m", "memory": "128Mi"},
+            },
+        },
+    }
+
+
+def get(cluster: LocalCluster, namespace: str, kind: str, name: str) -> Obj:
+    """An object as kubectl shows it (empty when it does not exist yet)."""
+    found = cluster.kubectl("get", kind, name, "--namespace", namespace, "-o", "yaml")
+    return yaml.safe_load(found.stdout) or {} if found.returncode == 0 else {}
+
+
+def test_a_compile_pod_the_kubelet_cannot_start_shows_why_in_status(
+    real_cluster: LocalCluster, operator_namespace: str
+) -> None:
+    name = f"stuck-{uuid.uuid4().hex[:6]}"
+    manifest = yaml.safe_dump(service(name))
+    applied = subprocess.run(
+        [
+            str(real_cluster.state.tools / "kubectl"),
+            f"--kubeconfig={real_cluster.kubeconfig}",
+            "apply",
+            "--namespace",
+            operator_namespace,
+            "-f",
+            "-",
+        ],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    started = time.monotonic()
+    nis = wait_for(
+        lambda: get(real_cluster, operator_namespace, "nis", name),
+        lambda body: (
+            body.get("status", {}).get("artifact", {}).get("name") is not None
+            and "cannot start" in (condition(body, "ArtifactReady").get("message") or "")
+        ),
+        timeout=180,
+        what=f"{name}: the compile pod's trouble in the ArtifactReady condition",
+        show=lambda body: body.get("status"),
+    )
+    artifact = get(real_cluster, operator_namespace, "nca", nis["status"]["artifact"]["name"])
+    status = artifact["status"]
+    assert (status["phase"], status["reason"]) == ("Compiling", "CreateContainerConfigError")
+    assert f'secret "{SECRET}" not found' in status["message"]
+    # Told within a resync or two of the kubelet's refusal, not at the Job's two-hour deadline.
+    assert time.monotonic() - started < 180
+    described = ok(real_cluster.kubectl("describe", "nis", name, "--namespace", operator_namespace))
+    print(described)
+    assert f'secret "{SECRET}" not found' in described
+    # The pod really ran into the kubelet on the real node.
+    (pod,) = yaml.safe_load(ok(real_cluster.kubectl("get", "pods", "--namespace", operator_namespace, "-o", "yaml")))[
+        "items"
+    ]
+    assert pod["spec"]["nodeName"] == REAL_NODE
