@@ -1,15 +1,17 @@
 """podman with its own storage under the cache, and the one refusal of this sandbox worked around.
 
-Every call goes through :class:`Podman`, so images never land in the system's store: the store, the
-run root and the temporary files (buildah writes a layer's diff there while committing it) all live
-under one directory that a build empties again when it is done.
+Every call goes through :class:`Podman`, so images never land in the system's store: the store and
+the temporary files (buildah writes a layer's diff there while committing it) live under one
+directory, the run root in a short one of its own, and a build empties them again when it is done.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +68,16 @@ class Podman:
     runtime: Path
 
     @property
+    def run_root(self) -> Path:
+        """The run root: short, beside the system's temporary files, one per store.
+
+        podman refuses a long one ("the specified runroot is longer than 50 characters"), and a store
+        under pytest's temporary directory or a long $HOME is longer than that.
+        """
+        digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"nf-podman-{digest}"
+
+    @property
     def tmpdir(self) -> Path:
         """Where buildah and containers/image write temporary blobs (instead of /var/tmp)."""
         return self.root / "tmp"
@@ -77,7 +89,7 @@ class Podman:
             "--root",
             str(self.root / "storage"),
             "--runroot",
-            str(self.root / "run"),
+            str(self.run_root),
             # libpod's own state too (else /run/libpod, which `system reset` would empty for everyone).
             "--tmpdir",
             str(self.root / "libpod"),
@@ -137,3 +149,4 @@ class Podman:
         if (self.root / "storage").exists():
             self.run("system", "reset", "--force")
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        shutil.rmtree(self.run_root, ignore_errors=True)

@@ -18,7 +18,7 @@ from neuronfleet.devcluster.images import (
     input_files,
     prune,
 )
-from neuronfleet.devcluster.podman import DiskGuard
+from neuronfleet.devcluster.podman import DiskGuard, Podman
 
 FILES = [("Dockerfile", b"FROM x\n"), ("uv.lock", b"version = 1\n"), ("engine/a.py", b"A = 1\n")]
 
@@ -119,3 +119,12 @@ def test_cli_refuses_an_unknown_target(run_cli: Callable[..., subprocess.Complet
     refused = run_cli("neuronfleet-dev", "images", "build", "--target", "nope")
     assert refused.returncode == 2
     assert refused.stderr.strip() == "error: unknown target nope: choose from operator, engine"
+
+
+def test_podman_run_root_stays_short_for_a_deep_store(tmp_path: Path) -> None:
+    deep = tmp_path / ("store-" * 20)
+    podman = Podman(deep, tmp_path / "runc")
+    # podman refuses a run root longer than 50 characters; a store this deep would have one of 150.
+    assert len(str(podman.run_root)) <= 50
+    assert podman.argv()[podman.argv().index("--runroot") + 1] == str(podman.run_root)
+    assert Podman(tmp_path / "other", tmp_path / "runc").run_root != podman.run_root
