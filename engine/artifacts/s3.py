@@ -111,20 +111,29 @@ def describe(error: Exception) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def _missing(error: ClientError) -> bool:
-    return error.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}
+def _missing(error: ClientError | BotoCoreError) -> bool:
+    return isinstance(error, ClientError) and error.response.get("Error", {}).get("Code") in {
+        "404",
+        "NoSuchKey",
+        "NotFound",
+    }
+
+
+def _read_failure(error: ClientError | BotoCoreError, location: S3Location, relative: str) -> StoreError:
+    """The one line for an object that could not be read (a missing one is for the caller to judge)."""
+    if isinstance(error, ClientError):
+        return StoreError(f"cannot read {location.uri(relative)}: {describe(error)}")
+    return StoreError(f"cannot reach the artifact store at {location.uri()}: {describe(error)}")
 
 
 def remote_size_and_digest(s3: S3Client, location: S3Location, relative: str) -> tuple[int, str] | None:
     """The size and recorded SHA-256 of one object, or ``None`` when it is not there."""
     try:
         head = s3.head_object(Bucket=location.bucket, Key=location.key(relative))
-    except ClientError as error:
+    except (ClientError, BotoCoreError) as error:
         if _missing(error):
             return None
-        raise StoreError(f"cannot read {location.uri(relative)}: {describe(error)}") from None
-    except BotoCoreError as error:
-        raise StoreError(f"cannot reach the artifact store at {location.uri()}: {describe(error)}") from None
+        raise _read_failure(error, location, relative) from None
     return head["ContentLength"], head.get("Metadata", {}).get(SHA256_METADATA, "")
 
 
@@ -132,12 +141,10 @@ def read_remote_manifest(s3: S3Client, location: S3Location) -> Manifest | None:
     """The artifact's manifest in the store, or ``None`` when it has none (not uploaded, or not completely)."""
     try:
         body = s3.get_object(Bucket=location.bucket, Key=location.key(MANIFEST))["Body"].read()
-    except ClientError as error:
+    except (ClientError, BotoCoreError) as error:
         if _missing(error):
             return None
-        raise StoreError(f"cannot read {location.uri(MANIFEST)}: {describe(error)}") from None
-    except BotoCoreError as error:
-        raise StoreError(f"cannot reach the artifact store at {location.uri()}: {describe(error)}") from None
+        raise _read_failure(error, location, MANIFEST) from None
     try:
         return Manifest.model_validate(json.loads(body))
     except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as error:
@@ -221,14 +228,12 @@ def _get(s3: S3Client, location: S3Location, entry: ArtifactFile, path: Path) ->
     try:
         try:
             s3.download_file(location.bucket, location.key(entry.path), temporary)
-        except ClientError as error:
+        except (ClientError, BotoCoreError) as error:
             if _missing(error):
                 raise StoreError(
                     f"{location.uri(entry.path)} is missing from the store: the artifact is damaged, compile it again"
                 ) from None
-            raise StoreError(f"cannot read {location.uri(entry.path)}: {describe(error)}") from None
-        except BotoCoreError as error:
-            raise StoreError(f"cannot reach the artifact store at {location.uri()}: {describe(error)}") from None
+            raise _read_failure(error, location, entry.path) from None
         size = os.stat(temporary).st_size
         if size != entry.size or file_digest(Path(temporary)) != entry.sha256:
             raise StoreError(

@@ -91,27 +91,12 @@ def get(cluster: LocalCluster, namespace: str, kind: str, name: str) -> Obj:
 
 
 def test_a_compile_pod_the_kubelet_cannot_start_shows_why_in_status(
-    real_cluster: LocalCluster, operator_namespace: str
+    real_cluster: LocalCluster, operator_namespace: str, tmp_path: Path
 ) -> None:
     name = f"stuck-{uuid.uuid4().hex[:6]}"
-    manifest = yaml.safe_dump(service(name))
-    applied = subprocess.run(
-        [
-            str(real_cluster.state.tools / "kubectl"),
-            f"--kubeconfig={real_cluster.kubeconfig}",
-            "apply",
-            "--namespace",
-            operator_namespace,
-            "-f",
-            "-",
-        ],
-        input=manifest,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert applied.returncode == 0, applied.stderr
+    manifest = tmp_path / "service.yaml"
+    manifest.write_text(yaml.safe_dump(service(name)))
+    ok(real_cluster.kubectl("apply", "--namespace", operator_namespace, "-f", str(manifest)))
     started = time.monotonic()
     nis = wait_for(
         lambda: get(real_cluster, operator_namespace, "nis", name),
