@@ -400,6 +400,19 @@ class NeuronInferenceServiceSpec(K8sModel):
         ),
     )
     resources: ServingResources = Field(default_factory=ServingResources, description="Per-replica resources.")
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=16,
+        description=(
+            "Node labels serving pods require, besides the instance type's label that neuron replicas "
+            "always require (for example a staging pool's label for sim replicas)."
+        ),
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Serving pod tolerations, besides the Neuron taint's that neuron replicas always carry.",
+    )
     replicas: int = Field(1, ge=0, le=1000, description="Serving replicas.")
     image: str = Field(
         DEFAULT_IMAGE,

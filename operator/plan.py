@@ -197,7 +197,7 @@ def store_access(settings: api.CompileSettings, *, read_only: bool) -> StoreAcce
     return StoreAccess([cache], [{"name": "artifact-cache", "mountPath": CACHE_MOUNT}], env, env_from)
 
 
-def _identity(settings: api.CompileSettings) -> Obj:
+def _service_account(settings: api.CompileSettings) -> Obj:
     """The pod's ServiceAccount, when the user names one (IRSA or Pod Identity grant it the bucket)."""
     return {} if settings.service_account_name is None else {"serviceAccountName": settings.service_account_name}
 
@@ -317,7 +317,7 @@ def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSp
                 "metadata": _pod_metadata(labels, settings.pod_annotations),
                 "spec": {
                     "restartPolicy": "Never",
-                    **_identity(settings),
+                    **_service_account(settings),
                     # IRSA and Pod Identity project their own token; the API token is never needed.
                     "automountServiceAccountToken": False,
                     "nodeSelector": dict(settings.node_selector),
@@ -439,13 +439,18 @@ def _resources(spec: api.NeuronInferenceServiceSpec) -> Obj:
 
 
 def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
-    """Neuron replicas go to the instance type's nodes, tolerating their taint; simulated ones anywhere."""
-    if spec.device == "sim":
-        return {}
-    return {
-        "nodeSelector": {INSTANCE_TYPE_LABEL: spec.instance_type},
-        "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-    }
+    """Neuron replicas go to the instance type's nodes, tolerating their taint; simulated ones where the user says."""
+    selector = dict(spec.node_selector)
+    tolerations = [t.model_dump(mode="json", exclude_none=True) for t in spec.tolerations]
+    if spec.device == "neuron":
+        selector[INSTANCE_TYPE_LABEL] = spec.instance_type
+        tolerations.insert(0, {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+    placement: Obj = {}
+    if selector:
+        placement["nodeSelector"] = selector
+    if tolerations:
+        placement["tolerations"] = tolerations
+    return placement
 
 
 def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> Obj:
@@ -499,7 +504,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
                 "spec": {
                     **_placement(spec),
                     "terminationGracePeriodSeconds": spec.drain.grace_seconds,
-                    **_identity(who),
+                    **_service_account(who),
                     "automountServiceAccountToken": False,
                     "securityContext": _pod_security(),
                     "containers": [container],

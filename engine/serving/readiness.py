@@ -5,7 +5,9 @@ engine core starts only after the executor loaded the model and the compiled
 artifact; before that, connections are refused. So ``/ready`` (like vLLM's
 ``/health``) answers only once both are loaded; it then answers 200 while the
 engine is healthy and 503 once it is not, with what it serves:
-``{"status": "ready", "model": ..., "device": "sim", "artifact": HASH}``.
+``{"status": "ready", "model": ..., "device": "sim", "artifact": HASH}``. Every
+HTTP response carries the artifact's hash too, in ``X-Neuronfleet-Artifact``,
+so a client or gateway sees which revision answered each request.
 
 While the engine drains (SIGTERM), ``/ready`` answers 503 and new POSTs are refused with
 503 and ``Retry-After`` (see ``neuronfleet.engine.serving.drain``).
@@ -17,30 +19,59 @@ command sets (see ``neuronfleet.engine.serving.serve.plugin_allowlist``).
 
 from __future__ import annotations
 
+import os
 from argparse import Namespace
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import State
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
-from neuronfleet.engine.serving.serve import READY_PLUGIN
+from neuronfleet.engine.serving.serve import READY_PLUGIN, SERVED_ARTIFACT_ENV
 from neuronfleet.engine.sim_settings import SETTINGS_KEY
+
+#: The response header naming the compiled artifact that served the request.
+ARTIFACT_HEADER = "x-neuronfleet-artifact"
+
+
+def served_artifact() -> str | None:
+    """The hash of the artifact being served (set by the serve command), or None when none was given."""
+    return os.environ.get(SERVED_ARTIFACT_ENV) or None
 
 
 def describe(args: Namespace) -> dict[str, Any]:
     """What this server serves, from vLLM's parsed arguments."""
     served = args.served_model_name or [args.model]
     sim = (args.additional_config or {}).get(SETTINGS_KEY)
-    artifact = sim.get("artifact_dir") if sim else None
     return {
         "model": served[0] if isinstance(served, list) else served,
         "device": "sim" if sim else "neuron",
-        "artifact": Path(artifact).name if artifact else None,
+        "artifact": served_artifact(),
     }
+
+
+class ArtifactHeaderMiddleware:
+    """ASGI middleware: every HTTP response names the artifact that served it."""
+
+    def __init__(self, app: ASGIApp, artifact: str) -> None:
+        self.app = app
+        self.header = (ARTIFACT_HEADER.encode(), artifact.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on, adding the header to its response's start."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
 
 
 class ReadinessPlugin:
@@ -74,6 +105,10 @@ class ReadinessPlugin:
 
         app.include_router(router)
         app.add_middleware(DrainGateMiddleware, gate=gate)
+        artifact = served_artifact()
+        if artifact is not None:
+            # Added last, so outermost: the drain gate's 503s name the artifact too.
+            app.add_middleware(ArtifactHeaderMiddleware, artifact=artifact)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         """Record what is served, and drain through the gate before vLLM's shutdown."""

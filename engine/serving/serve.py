@@ -23,11 +23,14 @@ from neuronfleet.engine.artifacts.store import GRAPHS_DIR
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 
-#: The executor vLLM runs the simulated device on (``--distributed-executor-backend``).
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
 NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
 #: Set to 1, a graph missing from the compile cache stops the plugin instead of compiling at start-up.
 NO_WARMUP_COMPILE_ENV = "VLLM_NEURON_DISABLE_WARMUP_COMPILE"
+#: The CPU compile route's switches (``neuronfleet.engine.artifacts.neuron_compile``): never for serving.
+CPU_COMPILE_ENVS = ("VLLM_NEURON_CPU_COMPILE", "NEURON_PLATFORM_TARGET_OVERRIDE")
+#: The hash of the compiled artifact being served; ``/ready`` and every response header report it.
+SERVED_ARTIFACT_ENV = "NEURONFLEET_SERVED_ARTIFACT"
 
 
 #: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.serving.readiness``), for ``VLLM_PLUGINS``.
@@ -145,6 +148,10 @@ def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, 
     env["VLLM_PLUGINS"] = plugin_allowlist(env.get("VLLM_PLUGINS"))
     if "PROMETHEUS_MULTIPROC_DIR" not in env:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(request.port))
+    if request.artifact_dir is not None:
+        env[SERVED_ARTIFACT_ENV] = request.artifact_dir.name
+    else:
+        env.pop(SERVED_ARTIFACT_ENV, None)
     if request.device == "sim":
         env[DEVICE_ENV] = "sim"
         # The model directory is local; nothing is downloaded.
@@ -152,6 +159,9 @@ def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, 
         env["TRANSFORMERS_OFFLINE"] = "1"
     else:
         env.pop(DEVICE_ENV, None)
+        # Inherited from a compile's environment, these would make the plugin compile for a target, not run.
+        for name in CPU_COMPILE_ENVS:
+            env.pop(name, None)
         if request.artifact_dir is not None:
             env[NEURON_CACHE_ENV] = str(request.artifact_dir / GRAPHS_DIR)
             # Serving never compiles: a cache miss is an error, not hours of compiling on a Neuron node.

@@ -10,6 +10,8 @@ import pytest
 
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.serving.serve import (
+    CPU_COMPILE_ENVS,
+    SERVED_ARTIFACT_ENV,
     ServeRequest,
     plugin_allowlist,
     serve_environment,
@@ -111,6 +113,19 @@ def test_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     mine = serve_environment(request(port=8125), {"PROMETHEUS_MULTIPROC_DIR": "/mine", "VLLM_PLUGINS": "a"})
     assert mine["PROMETHEUS_MULTIPROC_DIR"] == "/mine"
     assert mine["VLLM_PLUGINS"] == "a,neuronfleet_ready"
+
+
+def test_the_served_artifact_is_named_and_no_compile_switch_is_inherited(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    inherited = {"VLLM_NEURON_CPU_COMPILE": "1", "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", SERVED_ARTIFACT_ENV: "old"}
+    neuron = serve_environment(request(device="neuron", port=8126), inherited)
+    assert neuron[SERVED_ARTIFACT_ENV] == "abc"
+    # A serving pod that ran the CPU compile route would compile for the target instead of running it.
+    assert not set(CPU_COMPILE_ENVS) & set(neuron)
+    unpinned = serve_environment(request(port=8127, artifact_dir=None), inherited)
+    assert SERVED_ARTIFACT_ENV not in unpinned
 
 
 def test_the_plugin_allowlist_keeps_every_installed_plugin() -> None:

@@ -15,6 +15,7 @@ import pytest
 from harness.engine_server import SCRIPTS, EngineServer, ServerPool, write_engine_config
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
+from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
 
 pytestmark = pytest.mark.vllm_matrix
@@ -91,6 +92,15 @@ def test_models_and_health(server: EngineServer) -> None:
     models = server.request("/v1/models").json()
     assert [model["id"] for model in models["data"]] == [MODEL]
     assert models["data"][0]["max_model_len"] == ENGINE["max_model_len"]
+
+
+def test_every_response_names_the_artifact_that_served_it(server: EngineServer) -> None:
+    answered = server.post("/v1/completions", {"model": MODEL, "prompt": prompt(4), "max_tokens": 2})
+    assert answered.status == 200, answered.body
+    refused = server.post("/v1/completions", {"model": MODEL, "prompt": prompt(4), "max_tokens": 0})
+    assert refused.status == 400, refused.body
+    for response in (answered, refused, server.request("/health")):
+        assert response.headers[ARTIFACT_HEADER] == server.extra["artifact"]
 
 
 def test_completion_returns_max_tokens_deterministically(server: EngineServer) -> None:

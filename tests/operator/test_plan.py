@@ -267,6 +267,22 @@ def test_simulated_replicas_take_the_resources_given() -> None:
     assert resources == {"requests": {"cpu": "3", "memory": "5Gi"}, "limits": {"memory": "5Gi"}}
 
 
+def test_serving_pods_take_the_placement_given_besides_the_neuron_one() -> None:
+    pool = {"pool": "staging"}
+    dedicated = {"key": "dedicated", "operator": "Equal", "value": "rehearsal", "effect": "NoSchedule"}
+    neuron = spec(instanceType="trn2.48xlarge", nodeSelector=pool, tolerations=[dedicated])
+    pod = plan.deployment(OWNER, NS, neuron, served(neuron))["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "staging", "node.kubernetes.io/instance-type": "trn2.48xlarge"}
+    assert pod["tolerations"] == [
+        {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"},
+        dedicated,
+    ]
+    # A sim replica goes only where the user says: no instance-type label, no Neuron toleration.
+    sim = spec(device="sim", instanceType="trn2.48xlarge", nodeSelector=pool, tolerations=[dedicated])
+    pod = plan.deployment(OWNER, NS, sim, served(sim))["spec"]["template"]["spec"]
+    assert (pod["nodeSelector"], pod["tolerations"]) == (pool, [dedicated])
+
+
 def test_neuron_pods_name_no_device_so_pods_from_before_keep_their_spec() -> None:
     neuron = spec()
     _, artifact = artifact_spec()
