@@ -22,6 +22,7 @@ import yaml
 from harness.cluster_fixtures import NodeImage
 from harness.services import Services
 
+from neuronfleet.devcluster import operator_release
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
@@ -29,14 +30,13 @@ from neuronfleet.devcluster.images import BuiltImage
 from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, Kube
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"
 EXAMPLE = ROOT / "examples" / "llama-3.1-8b-inf2.yaml"
-RELEASE = "neuronfleet"
+RELEASE = operator_release.RELEASE
 
 Obj = dict[str, Any]
 Health = Callable[[str, Obj], dict[str, str]]
@@ -87,36 +87,8 @@ def release(
     namespace = f"chart-{uuid.uuid4().hex[:8]}"
     ok(real_cluster.kubectl("create", "namespace", namespace))
     ok(real_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"))
-    repository, tag = image.name.rsplit(":", 1)
-    installed = real_cluster.helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--set",
-        f"watchNamespaces={{{namespace}}}",
-        "--set",
-        "resyncSeconds=5",
-        # The image was imported into the node's containerd: there is no registry to pull from.
-        "--set",
-        f"image.repository={repository}",
-        "--set",
-        f"image.tag={tag}",
-        "--set",
-        "image.pullPolicy=Never",
-        # The real node is the one that runs containers; it is a Neuron node, so the pod tolerates its taint.
-        "--set-string",
-        f"nodeSelector.kubernetes\\.io/hostname={REAL_NODE}",
-        "--set",
-        f"tolerations[0].key={NEURON_TAINT_KEY}",
-        "--set",
-        "tolerations[0].operator=Exists",
-        "--set",
-        "tolerations[0].effect=NoSchedule",
-        "--wait",
-        "--timeout=300s",
-        timeout=330,
+    installed = operator_release.install(
+        real_cluster, CHART, namespace, image.name, watch_namespaces=[namespace], resync_seconds=5
     )
     ok(installed)
     workdir = tmp_path_factory.mktemp("release")

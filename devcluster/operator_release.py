@@ -1,0 +1,74 @@
+"""The operator installed as users install it: the Helm chart, with the image built here, in a pod on the real node.
+
+No registry is reachable, so the image is imported into the real node's containerd beforehand and
+the chart is told never to pull it. The real node stands for a trn2 node, Neuron taint included, so
+the operator's pod is pinned to it and tolerates the taint.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.engine.hardware import NEURON_TAINT_KEY
+
+#: The Helm release name; the chart names its ServiceAccount and Deployment after it.
+RELEASE = "neuronfleet"
+
+
+def real_node_values(image: str) -> list[str]:
+    """``helm --set`` arguments that run the chart's operator from ``image`` (``repo:tag``) on the real node."""
+    repository, tag = image.rsplit(":", 1)
+    return [
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+        # Imported into the node's containerd: there is no registry to pull from.
+        "--set",
+        "image.pullPolicy=Never",
+        "--set-string",
+        f"nodeSelector.kubernetes\\.io/hostname={REAL_NODE}",
+        "--set",
+        f"tolerations[0].key={NEURON_TAINT_KEY}",
+        "--set",
+        "tolerations[0].operator=Exists",
+        "--set",
+        "tolerations[0].effect=NoSchedule",
+    ]
+
+
+def install(
+    cluster: LocalCluster,
+    chart: Path,
+    namespace: str,
+    image: str,
+    *,
+    watch_namespaces: Sequence[str] = (),
+    resync_seconds: int | None = None,
+    timeout_s: int = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``helm install --wait`` of the chart into ``namespace`` (which must exist), its pod on the real node.
+
+    ``watch_namespaces`` empty watches every namespace (the chart's default, a ClusterRole).
+    """
+    settings: list[str] = []
+    if watch_namespaces:
+        settings += ["--set", f"watchNamespaces={{{','.join(watch_namespaces)}}}"]
+    if resync_seconds is not None:
+        settings += ["--set", f"resyncSeconds={resync_seconds}"]
+    return cluster.helm(
+        "install",
+        RELEASE,
+        str(chart),
+        "--namespace",
+        namespace,
+        *settings,
+        *real_node_values(image),
+        "--wait",
+        f"--timeout={timeout_s}s",
+        timeout=timeout_s + 30,
+    )
