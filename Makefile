@@ -64,8 +64,8 @@ tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, vers
 images: setup  ## Build the operator and engine images with podman (OCI archives in ~/.cache/neuronfleet/images).
 	$(BIN)/neuronfleet-dev images build $(IMAGES_ARGS)
 
-# DEMO_ARGS=--exit-when-ready stops once the service is Ready (what the test runs).
-demo: setup tools  ## The local control plane, the Helm chart, a service live to Ready; Ctrl-C tears it down.
+# DEMO_ARGS=--exit-when-ready stops once the service is Ready and has answered (what the test runs).
+demo: setup tools images  ## The real node, the chart's operator in a pod on it, a simulated service Ready and answering; Ctrl-C tears down.
 	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
 
 lint: setup  ## ruff, and the import layers of docs/architecture.md (import-linter).

@@ -139,7 +139,7 @@ def demo(
     example: Annotated[
         Path | None,
         typer.Option(
-            help="The NeuronInferenceService to apply. Default: examples/llama-3.1-8b-inf2.yaml.",
+            help="The `device: sim` NeuronInferenceService to apply. Default: examples/tiny-sim.yaml.",
             exists=True,
             dir_okay=False,
             readable=True,
@@ -147,29 +147,22 @@ def demo(
     ] = None,
     name: Name = "demo",
     exit_when_ready: Annotated[
-        bool, typer.Option("--exit-when-ready", help="Tear down as soon as the service is Ready.")
+        bool, typer.Option("--exit-when-ready", help="Tear down as soon as the service is Ready and has answered.")
     ] = False,
-    engine: Annotated[
-        bool, typer.Option("--engine/--no-engine", help="Start one engine on the simulated device once Ready.")
-    ] = True,
-    pace: Annotated[
-        bool,
-        typer.Option("--pace/--no-pace", help="Slow the fake kubelet down so each stage stays on screen a while."),
-    ] = True,
 ) -> None:
-    """A local control plane, the Helm chart, the operator under its RBAC, a service live to Ready."""
+    """A local control plane with a real node, the Helm chart's operator in a pod there, a simulated service
+    rolled out to Ready and a completion through its Service."""
     # Imported here: `cluster` commands stay quick and need neither the operator nor rich's live view.
     from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, Demo, DemoError, Options, checkout
+    from neuronfleet.devcluster.images import ImageError
 
     try:
         chosen = example if example is not None else checkout() / DEFAULT_EXAMPLE
-        Demo(out, Options(example=chosen, name=name, exit_when_ready=exit_when_ready, engine=engine, pace=pace)).run()
-    except DemoError as error:
+        Demo(out, Options(example=chosen, name=name, exit_when_ready=exit_when_ready)).run()
+    except (DemoError, ImageError, ClusterError) as error:
         fail(str(error), EXIT_FAILED)
     except ToolsMissingError as error:
         fail(str(error))
-    except ClusterError as error:
-        fail(str(error), EXIT_FAILED)
     except KeyboardInterrupt:
         err.print("interrupted: torn down", markup=False)
         raise typer.Exit(130) from None

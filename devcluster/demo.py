@@ -1,10 +1,12 @@
-"""``neuronfleet-dev demo``: the path a user takes, end to end, on the local control plane.
+"""``neuronfleet-dev demo``: the path a user takes, end to end, on the local control plane and its real node.
 
-Starts a cluster with fake trn2/inf2/CPU nodes, installs the Helm chart (CRDs, ServiceAccount, RBAC,
-the operator's Deployment), runs the operator with the chart's ServiceAccount token (a local process:
-no image runs on KWOK's nodes, so the chart's pod is a stand-in), applies an example service and shows
-it live until Ready. Then it prints how to poke at it and waits for Ctrl-C (or exits at once with
-``--exit-when-ready``); either way it tears everything down.
+Builds (or reuses) the operator and engine images, starts a cluster whose real node ``real-0`` (a kubelet and
+containerd) stands for a trn2 node beside KWOK's fake inf2 and CPU nodes, imports both images into the
+node's containerd, and installs the Helm chart: the operator runs from its image in a pod on ``real-0``,
+under the chart's ServiceAccount. Then it applies a ``device: sim`` example and shows it live until Ready:
+the operator's compile pod and serving pod run on ``real-0`` too. It sends one completion through the
+service's Kubernetes Service from the node's network, prints how to poke at it and waits for Ctrl-C (or
+exits at once with ``--exit-when-ready``); either way it tears everything down.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ import copy
 import datetime
 import json
 import os
+import re
+import shlex
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -24,30 +30,37 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from neuronfleet.devcluster import demo_view, sim_engine
+from neuronfleet.devcluster import completion, demo_view, images, node, operator_release
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
-from neuronfleet.devcluster.credentials import service_account_kubeconfig
-from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, READY_AFTER_ANNOTATION
-from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.podman import free_bytes
 from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.devcluster.waiting import WaitTimeoutError, wait_for
 
 Obj = dict[str, Any]
 
-RELEASE = "neuronfleet"
+RELEASE = operator_release.RELEASE
 OPERATOR_NAMESPACE = "neuronfleet-system"
 NAMESPACE = "demo"
-DEFAULT_EXAMPLE = Path("examples/llama-3.1-8b-inf2.yaml")
-#: How long the service may take to be Ready (it takes about 20 s).
-READY_TIMEOUT = 180.0
-#: The fake kubelet's pace, so each stage stays on screen long enough to see (KWOK annotations).
-COMPILE_PACE = {COMPLETE_AFTER_ANNOTATION: "8s"}
-SERVING_PACE = {READY_AFTER_ANNOTATION: "3s"}
+DEFAULT_EXAMPLE = Path("examples/tiny-sim.yaml")
+#: How long the service may take to be Ready: the compile pod, then vLLM starting in the serving pod on
+#: two busy cores (about 90 s in all).
+READY_TIMEOUT = 600.0
+#: The engine image unpacks to about 10 GB in the node's containerd, beside its 4.6 GB archive's layers.
+ENGINE_IMPORT_BYTES = 16 * 10**9
+#: How long each image's import takes, to say so before it starts.
+IMPORT_TIMES: dict[images.Target, str] = {"operator": "seconds", "engine": "4 to 7 min: it unpacks to 10 GB"}
 SERVICE_KIND, ARTIFACT_KIND = "NeuronInferenceService", "NeuronCompiledArtifact"
 #: The events that tell the story (``kubectl describe``): the operator's, on its two kinds.
 STORY_KINDS = frozenset({SERVICE_KIND, ARTIFACT_KIND})
+#: The engine's HTTP port, where its Service listens too.
+HTTP_PORT = 8000
+#: A verb the chart forgot shows up as a 403 in the operator's log, even where the operator carries on.
+REFUSED = re.compile(r"forbidden|\b403\b", re.IGNORECASE)
 
 
 class DemoError(RuntimeError):
@@ -63,13 +76,15 @@ def checkout() -> Path:
 
 
 def load_example(path: Path) -> Obj:
-    """The example's NeuronInferenceService, checked to be one."""
+    """The example's NeuronInferenceService, checked to be one on the simulated device."""
     try:
         body = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
         raise DemoError(f"cannot read example {path}: {error}") from None
     if not isinstance(body, dict) or body.get("kind") != SERVICE_KIND:
         raise DemoError(f"{path} is not a NeuronInferenceService")
+    if (body.get("spec") or {}).get("device") != "sim":
+        raise DemoError(f"{path} is not `device: sim`: the demo's node has no Neuron device to serve it")
     return body
 
 
@@ -79,13 +94,10 @@ def store_claim(service: Obj) -> str | None:
     return store.removeprefix("pvc://").split("/", 1)[0] if store.startswith("pvc://") else None
 
 
-def paced(service: Obj) -> Obj:
-    """The example with the fake kubelet's pace added (pod annotations; nothing else changes)."""
+def with_image(service: Obj, image: str) -> Obj:
+    """The example served by ``image`` (the engine image built here, imported into the node); nothing else changes."""
     body = copy.deepcopy(service)
-    spec = body["spec"]
-    spec["podAnnotations"] = {**spec.get("podAnnotations", {}), **SERVING_PACE}
-    spec.setdefault("compile", {})
-    spec["compile"]["podAnnotations"] = {**spec["compile"].get("podAnnotations", {}), **COMPILE_PACE}
+    body["spec"]["image"] = image
     return body
 
 
@@ -96,12 +108,17 @@ class Options:
     example: Path
     name: str = "demo"
     exit_when_ready: bool = False
-    engine: bool = True
-    pace: bool = True
 
 
 def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+def ok(result: subprocess.CompletedProcess[str], what: str) -> str:
+    """The output of a command that succeeded; a :class:`DemoError` naming ``what`` otherwise."""
+    if result.returncode != 0:
+        raise DemoError(f"{what}: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
 
 
 class Demo:
@@ -117,6 +134,19 @@ class Demo:
         """A timeline line: seconds since the start, then the message."""
         self.console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/]  {message}", highlight=False)
 
+    @contextlib.contextmanager
+    def slow(self, what: str, expected: str) -> Iterator[None]:
+        """A step that takes a while: said first with how long it takes, a spinner and a clock while it runs."""
+        self.say(f"{what} ({expected}) ...")
+        started = time.monotonic()
+        columns = (SpinnerColumn(), TextColumn(what), TimeElapsedColumn())
+        # Not on a pipe (a test, a log): rich would leave an empty line where the spinner was.
+        shown = self.console.is_terminal
+        with Progress(*columns, console=self.console, transient=True, disable=not shown) as progress:
+            progress.add_task(what, total=None)
+            yield
+        self.say(f"  done in {time.monotonic() - started:.0f} s")
+
     def run(self) -> None:
         """Set up, watch the service to Ready, report, then tear down (on Ctrl-C, or at once)."""
         service = load_example(self.options.example)
@@ -131,91 +161,125 @@ class Demo:
         reaped = reap_orphans()
         if reaped:
             self.say(f"stopped clusters left by dead runs: {', '.join(reaped)}")
-        self.say(f"starting the local control plane {self.options.name!r} (etcd, API server, KWOK nodes) ...")
-        cluster = LocalCluster.start(self.options.name, owner_pid=os.getpid())
-        teardown.callback(self._stop_cluster, cluster)
-        nodes = cluster.kubectl("get", "nodes", "--no-headers")
-        self.say(f"cluster up at {cluster.server}: {len(nodes.stdout.splitlines())} fake nodes (trn2, inf2, CPU)")
+        built = {target: images.build(target, say=self.say) for target in images.TARGETS}
+        cluster = self._start_cluster(teardown)
+        self._import_images(cluster, built)
+        self._install_chart(cluster, built["operator"])
+        self._show_operator(cluster, built["operator"])
 
-        self._install_chart(cluster)
         workdir = cluster.state.workdir / "demo"
         workdir.mkdir(exist_ok=True)
-        kubeconfig = service_account_kubeconfig(cluster, OPERATOR_NAMESPACE, RELEASE, workdir / "operator.kubeconfig")
-        operator = OperatorProcess(kubeconfig, [], workdir, resync_seconds=30)
-        operator.start(wait_for)
-        teardown.callback(operator.stop)
-        self.say(
-            f"operator running as serviceaccount {OPERATOR_NAMESPACE}/{RELEASE} (the chart's RBAC, not admin); "
-            f"log {operator.log}"
-        )
-
-        name = self._apply(cluster, service, workdir)
+        name = self._apply(cluster, with_image(service, built["engine"].name), workdir)
         self._watch(cluster, service, name)
-        refused = [line for line in operator.log.read_text(errors="replace").splitlines() if "Forbidden" in line]
+        log = ok(
+            cluster.kubectl("logs", f"deployment/{RELEASE}", "-n", OPERATOR_NAMESPACE, "--tail=-1"), "operator log"
+        )
+        refused = [line for line in log.splitlines() if REFUSED.search(line)]
         if refused:
             raise DemoError(f"the chart's RBAC refused the operator {len(refused)} times; first: {refused[0]}")
-        engine = self._start_engine(cluster, service, teardown) if self.options.engine else None
-        self._instructions(cluster, name, operator.log, engine)
+        self.say(f"kubectl get nis -n {NAMESPACE} -o wide")
+        table = ok(cluster.kubectl("get", "nis", "-n", NAMESPACE, "-o", "wide"), "kubectl get nis")
+        self.console.print(table.rstrip(), highlight=False, markup=False, soft_wrap=True)
+        curl = self._complete(cluster, service, name)
+        self._instructions(cluster, name, curl)
         if self.options.exit_when_ready:
             return
         self.console.print("[bold]Ctrl-C[/] tears it all down.")
         self._follow(cluster, service, name)
+
+    def _start_cluster(self, teardown: contextlib.ExitStack) -> LocalCluster:
+        name = self.options.name
+        with self.slow(f"starting the local control plane {name!r} with the real node {REAL_NODE}", "about 40 s"):
+            cluster = LocalCluster.start(name, fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True)
+        teardown.callback(self._stop_cluster, cluster)
+        nodes = cluster.kubectl("get", "nodes", "--no-headers").stdout.splitlines()
+        self.say(
+            f"cluster up at {cluster.server}: {REAL_NODE} (kubelet, containerd; a trn2.48xlarge, Neuron taint) "
+            f"and {len(nodes) - 1} fake nodes (inf2, CPU)"
+        )
+        return cluster
 
     def _stop_cluster(self, cluster: LocalCluster) -> None:
         self.say(f"tearing down: stopping cluster {cluster.name!r} ...")
         cluster.stop()
         self.say("done: every process stopped, every file removed")
 
-    def _install_chart(self, cluster: LocalCluster) -> None:
-        chart = self.root / "charts" / "neuronfleet"
+    def _import_images(self, cluster: LocalCluster, built: dict[images.Target, images.BuiltImage]) -> None:
+        """Both images into the node's containerd: there is no registry to pull from."""
+        real_node = cluster.real_node
+        assert real_node is not None
+        free = free_bytes(cluster.state.workdir)
+        if free < ENGINE_IMPORT_BYTES:
+            raise DemoError(
+                f"importing the engine image needs about {ENGINE_IMPORT_BYTES / 1e9:.0f} GB free, "
+                f"there are {free / 1e9:.1f} GB"
+            )
+        for target in images.TARGETS:
+            image = built[target]
+            expected = IMPORT_TIMES[target]
+            with self.slow(f"importing the {target} image {image.name} into {REAL_NODE}'s containerd", expected):
+                try:
+                    real_node.import_image(image.archive)
+                except node.NodeError as error:
+                    raise DemoError(str(error)) from None
+
+    def _install_chart(self, cluster: LocalCluster, image: images.BuiltImage) -> None:
         # The operator's namespace enforces the restricted Pod Security Standard: the chart's pod must pass.
-        for args in (
-            ("create", "namespace", OPERATOR_NAMESPACE),
-            ("label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted"),
-        ):
-            done = cluster.kubectl(*args)
-            if done.returncode != 0:
-                raise DemoError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
-        self.say(f"helm install {RELEASE} charts/neuronfleet --namespace {OPERATOR_NAMESPACE} --wait ...")
-        installed = cluster.helm(
-            "install", RELEASE, str(chart), "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s"
+        ok(cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE), f"kubectl create namespace {OPERATOR_NAMESPACE}")
+        restricted = "pod-security.kubernetes.io/enforce=restricted"
+        ok(cluster.kubectl("label", "namespace", OPERATOR_NAMESPACE, restricted), "kubectl label namespace")
+        what = (
+            f"helm install {RELEASE} charts/neuronfleet --namespace {OPERATOR_NAMESPACE} --wait, its pod on {REAL_NODE}"
         )
-        if installed.returncode != 0:
-            raise DemoError(f"helm install failed: {installed.stderr.strip()}")
+        with self.slow(what, "about 30 s"):
+            installed = operator_release.install(
+                cluster, self.root / "charts" / "neuronfleet", OPERATOR_NAMESPACE, image.name
+            )
+        ok(installed, "helm install")
         crds = cluster.kubectl("get", "crd", "-o", "name").stdout.split()
         names = [n.rsplit("/", 1)[-1] for n in crds if n.endswith(".neuronfleet.io")]
         self.say(f"chart installed: CRDs {', '.join(names)}, ServiceAccount, RBAC, operator Deployment")
 
+    def _show_operator(self, cluster: LocalCluster, image: images.BuiltImage) -> None:
+        """Where the operator runs: the chart's pod, from the image built here, on the real node."""
+        selector = "app.kubernetes.io/name=neuronfleet"
+        listed = ok(cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", selector, "-o", "json"), "get pods")
+        pods = json.loads(listed)["items"]
+        if len(pods) != 1:
+            raise DemoError(f"expected one operator pod, found {len(pods)}")
+        pod = pods[0]
+        running = [s["image"] for s in pod["status"].get("containerStatuses", [])]
+        if running != [image.name] or pod["spec"].get("nodeName") != REAL_NODE:
+            raise DemoError(f"the operator pod runs {running} on {pod['spec'].get('nodeName')}, not {image.name}")
+        self.say(
+            f"operator pod {OPERATOR_NAMESPACE}/{pod['metadata']['name']} running on {REAL_NODE} from {image.name}, "
+            f"as serviceaccount {OPERATOR_NAMESPACE}/{pod['spec']['serviceAccountName']} (the chart's RBAC, not admin)"
+        )
+
     def _apply(self, cluster: LocalCluster, service: Obj, workdir: Path) -> str:
-        done = cluster.kubectl("create", "namespace", NAMESPACE)
-        if done.returncode != 0:
-            raise DemoError(f"kubectl create namespace {NAMESPACE}: {done.stderr.strip()}")
+        ok(cluster.kubectl("create", "namespace", NAMESPACE), f"kubectl create namespace {NAMESPACE}")
         manifest = workdir / self.options.example.name
-        manifest.write_text(yaml.safe_dump(paced(service) if self.options.pace else service, sort_keys=False))
+        manifest.write_text(yaml.safe_dump(service, sort_keys=False))
         apply = ("apply", "--server-side", "-n", NAMESPACE, "-f", str(manifest))
         # The server's dry run fills in the CRD's defaults (the artifact store among them) without creating it.
-        defaulted = cluster.kubectl(*apply, "--dry-run=server", "-o", "json")
-        if defaulted.returncode != 0:
-            raise DemoError(f"kubectl apply --dry-run=server: {defaulted.stderr.strip()}")
-        claim = store_claim(json.loads(defaulted.stdout))
+        defaulted = ok(cluster.kubectl(*apply, "--dry-run=server", "-o", "json"), "kubectl apply --dry-run=server")
+        claim = store_claim(json.loads(defaulted))
         if claim is not None:
             # A pvc:// store needs its ReadWriteMany claim first; on EKS an admin provisions it (EFS, FSx).
-            volume = workdir / "artifact-volume.yaml"
             store = workdir / "artifacts"
+            store.mkdir()
+            # The compile pod writes as the engine image's user (uid 1000); a hostPath is made root's.
+            store.chmod(0o777)
+            volume = workdir / "artifact-volume.yaml"
             volume.write_text(yaml.safe_dump_all(artifact_volume(NAMESPACE, claim, str(store))))
             self.say(f"kubectl apply -f {volume.name}  (a ReadWriteMany claim {claim!r} for the artifact store)")
-            bound = cluster.kubectl("apply", "-f", str(volume))
-            if bound.returncode != 0:
-                raise DemoError(f"kubectl apply {volume.name}: {bound.stderr.strip()}")
+            ok(cluster.kubectl("apply", "-f", str(volume)), f"kubectl apply {volume.name}")
         try:
             shown = self.options.example.resolve().relative_to(Path.cwd())
         except ValueError:
             shown = self.options.example
-        pace = "  (paced for the fake kubelet)" if self.options.pace else ""
-        self.say(f"kubectl apply --server-side -n {NAMESPACE} -f {shown}{pace}")
-        applied = cluster.kubectl(*apply)
-        if applied.returncode != 0:
-            raise DemoError(f"kubectl apply: {applied.stderr.strip()}")
+        self.say(f"kubectl apply --server-side -n {NAMESPACE} -f {shown}  (image: {service['spec']['image']})")
+        ok(cluster.kubectl(*apply), "kubectl apply")
         return str(service["metadata"]["name"])
 
     def _observe(self, api: Api, service: Obj, name: str) -> tuple[Obj | None, Obj | None, list[Obj]]:
@@ -269,40 +333,56 @@ class Demo:
             except WaitTimeoutError as error:
                 raise DemoError(str(error)) from None
 
-    def _start_engine(
-        self, cluster: LocalCluster, service: Obj, teardown: contextlib.ExitStack
-    ) -> sim_engine.SimEngine:
-        """One engine on the simulated device for the service's model, asked for a completion."""
-        engine = sim_engine.SimEngine(cluster.state.workdir / "demo", service)
-        self.say(f"starting one engine on the simulated Neuron device for {engine.served_name} (vLLM) ...")
-        teardown.callback(engine.stop)
+    def _complete(self, cluster: LocalCluster, service: Obj, name: str) -> list[str]:
+        """One completion through the service's Service from the node's network; the curl that sent it."""
+        real_node = cluster.real_node
+        assert real_node is not None
+        found = json.loads(ok(cluster.kubectl("get", "service", name, "-n", NAMESPACE, "-o", "json"), "get service"))
+        url = f"http://{found['spec']['clusterIP']}:{HTTP_PORT}/v1/completions"
+        model = completion.served_model(str(service["spec"]["model"]["uri"]))
+        curl = completion.curl_argv(real_node.netns, url, completion.completion_request(model))
+        self.say(f"{escape(shlex.join(curl))}  (through Service {NAMESPACE}/{name}, from {REAL_NODE}'s network)")
+        # kube-proxy writes the Service's rules a moment after the endpoint turns ready: until then nothing answers.
         try:
-            engine.start()
-            prompt = "The capital of France is"
-            answer = engine.complete(prompt)
-        except sim_engine.EngineError as error:
+            sent = wait_for(
+                lambda: subprocess.run(
+                    curl, capture_output=True, text=True, timeout=completion.CURL_TIMEOUT_S + 10, check=False
+                ),
+                lambda done: done.returncode != completion.CURL_COULD_NOT_CONNECT,
+                timeout=30,
+                interval=1,
+                what=f"Service {NAMESPACE}/{name} to accept a connection",
+                show=lambda done: done.stderr.strip(),
+            )
+            response = completion.parse_response(ok(sent, "curl"))
+            if response.status != 200:
+                raise DemoError(f"the Service answered {response.status}: {response.body[:300]}")
+            answer = completion.completion_text(response)
+        except (completion.ResponseError, WaitTimeoutError) as error:
             raise DemoError(str(error)) from None
-        self.say(f"engine up at {engine.url}; {prompt!r} -> {answer!r}")
-        return engine
+        selector = f"kubernetes.io/service-name={name}"
+        slices = ok(cluster.kubectl("get", "endpointslices", "-n", NAMESPACE, "-l", selector, "-o", "json"), "slices")
+        behind = completion.ready_endpoints(json.loads(slices)["items"])
+        pods = " or ".join(f"pod {pod} on {where}" for pod, where in behind)
+        artifact = response.headers.get("x-neuronfleet-artifact", "(no X-Neuronfleet-Artifact header)")
+        self.say(f"HTTP {response.status}, X-Neuronfleet-Artifact: {artifact}, served by {pods}")
+        self.say(escape(f"{completion.PROMPT!r} -> {answer!r}"))
+        return curl
 
-    def _instructions(
-        self, cluster: LocalCluster, name: str, operator_log: Path, engine: sim_engine.SimEngine | None
-    ) -> None:
+    def _instructions(self, cluster: LocalCluster, name: str, curl: list[str]) -> None:
         kubectl = f"kubectl --kubeconfig {cluster.kubeconfig}"
         lines = [
             "",
-            f"[bold green]{name} is Ready.[/] Poke at it from another terminal:",
+            f"[bold green]{name} is Ready[/], served by the pod the operator rolled out. Poke at it:",
             f"  export PATH={cluster.state.tools}:$PATH   # the pinned kubectl and helm",
             f"  {kubectl} get neuron -n {NAMESPACE}",
-            f"  {kubectl} get nis -n {NAMESPACE} -o wide",
             f"  {kubectl} describe nis {name} -n {NAMESPACE}",
-            f"  {kubectl} get pods -n {NAMESPACE} -o wide",
-            f"  {kubectl} scale nis {name} -n {NAMESPACE} --replicas 1",
+            f"  {kubectl} get pods -A -o wide",
+            f"  {kubectl} logs deployment/{RELEASE} -n {OPERATOR_NAMESPACE} -f   # the operator",
+            f"  {kubectl} logs deployment/{name} -n {NAMESPACE}   # the engine",
             f"  helm --kubeconfig {cluster.kubeconfig} status {RELEASE} -n {OPERATOR_NAMESPACE}",
-            f"  tail -f {operator_log}   # the operator",
+            f"  {escape(shlex.join(curl))}   # through the Service",
         ]
-        if engine is not None:
-            lines.append(f"  {engine.curl('The capital of France is')}")
         for line in lines:
             self.console.print(line, highlight=False, soft_wrap=True)
 

@@ -28,7 +28,7 @@ import yaml
 
 from neuronfleet.devcluster import node_images, runc_norlimits
 from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
-from neuronfleet.devcluster.fleet import POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL
+from neuronfleet.devcluster.fleet import DEFAULT_FLEET, POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL, NodePool
 from neuronfleet.devcluster.processes import ManagedProcess, ProcessRecord, stop
 from neuronfleet.devcluster.state import ClusterState
 from neuronfleet.devcluster.tools import KubeTools, NodeTools, ToolsMissingError
@@ -137,6 +137,11 @@ def kubelet_config(paths: NodePaths, ca: Path) -> dict[str, Any]:
         "serverTLSBootstrap": False,
         "registerWithTaints": [{"key": NEURON_TAINT_KEY, "effect": "NoSchedule"}],
     }
+
+
+def fleet_beside(fleet: Sequence[NodePool] = DEFAULT_FLEET) -> list[NodePool]:
+    """The KWOK pools that join the real node: none of its instance type, so its pods land on it alone."""
+    return [pool for pool in fleet if pool.shape.instance_type != INSTANCE_TYPE]
 
 
 def node_labels(zone: str = f"{REGION}a") -> dict[str, str]:

@@ -20,7 +20,6 @@ import yaml
 from neuronfleet.devcluster import node
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.components import REAL_NODE
-from neuronfleet.devcluster.fleet import DEFAULT_FLEET
 from neuronfleet.devcluster.images import BuiltImage, Target, build
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.waiting import WaitFor, wait_for
@@ -50,8 +49,9 @@ def real_cluster() -> Iterator[LocalCluster]:
     :func:`node_image` imports the operator and engine images.
     """
     reap_orphans()
-    fleet = [pool for pool in DEFAULT_FLEET if pool.shape.instance_type != node.INSTANCE_TYPE]
-    local = LocalCluster.start(f"pytest-real-{os.getpid()}", fleet=fleet, owner_pid=os.getpid(), real_node=True)
+    local = LocalCluster.start(
+        f"pytest-real-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
+    )
     try:
         yield local
     finally:
