@@ -156,6 +156,12 @@ def test_demo_serves_through_the_service_on_the_real_node_and_tears_down() -> No
     output = ran.stdout + ran.stderr
     print(f"demo ran {time.monotonic() - started:.0f} s:\n{output}")
     assert ran.returncode == 0, output
+    assert_the_demo_story(output, name)
+    assert LocalCluster.find(name) is None, "the demo left its cluster behind"
+
+
+def assert_the_demo_story(output: str, name: str) -> None:
+    """What the demo printed: the operator's pod, the stages in order, the completion through the Service."""
     lines = output.splitlines()
 
     def at(text: str) -> int:
@@ -173,8 +179,8 @@ def test_demo_serves_through_the_service_on_the_real_node_and_tears_down() -> No
     assert f"running on {REAL_NODE} from {build('operator').name}," in operator, operator
     assert "as serviceaccount neuronfleet-system/neuronfleet" in operator
     # kubectl get nis: Ready, the one replica ready, at the artifact the operator compiled.
-    header = lines[at("NAME ")]
-    (row,) = [line for line in lines[at("NAME ") + 1 :] if line.startswith("tiny ")]
+    header, row = lines[at("NAME ")], lines[at("NAME ") + 1]
+    assert row.startswith("tiny "), row
     assert (column(header, row, "PHASE"), column(header, row, "READY")) == ("Ready", "1"), row
     revision = column(header, row, "REVISION")
     assert column(header, row, "ARTIFACT") == f"tiny-{revision}"
@@ -185,4 +191,3 @@ def test_demo_serves_through_the_service_on_the_real_node_and_tears_down() -> No
     assert (served.group(1), served.group(3)) == (revision, REAL_NODE)
     assert re.search(r"'The capital of France is' -> '\S", output), output
     assert f"kubectl --kubeconfig /tmp/neuronfleet-{name}-" in output
-    assert LocalCluster.find(name) is None, "the demo left its cluster behind"
