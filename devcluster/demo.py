@@ -382,6 +382,7 @@ class Demo:
             f"  {kubectl} logs deployment/{name} -n {NAMESPACE}   # the engine",
             f"  helm --kubeconfig {cluster.kubeconfig} status {RELEASE} -n {OPERATOR_NAMESPACE}",
             f"  {escape(shlex.join(curl))}   # through the Service",
+            f"  {kubectl} port-forward svc/{name} -n {NAMESPACE} {HTTP_PORT}   # then curl localhost:{HTTP_PORT}",
         ]
         for line in lines:
             self.console.print(line, highlight=False, soft_wrap=True)

@@ -20,7 +20,7 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
 from neuronfleet.devcluster.demo_view import headline, stages
-from neuronfleet.devcluster.images import build
+from neuronfleet.devcluster.images import base_archive, checkout_key, file_digest
 from neuronfleet.devcluster.processes import SCRIPTS
 from neuronfleet.operator.api import parse_service_spec
 
@@ -134,7 +134,10 @@ def test_ready_endpoints_name_the_pods_behind_the_service() -> None:
     def endpoint(pod: str, ready: bool) -> dict[str, Any]:
         return {"conditions": {"ready": ready}, "nodeName": REAL_NODE, "targetRef": {"kind": "Pod", "name": pod}}
 
-    slices = [{"endpoints": [endpoint("tiny-b", True), endpoint("tiny-old", False)]}, {"endpoints": None}]
+    slices: list[dict[str, Any]] = [
+        {"endpoints": [endpoint("tiny-b", True), endpoint("tiny-old", False)]},
+        {"endpoints": None},
+    ]
     assert completion.ready_endpoints(slices) == [("tiny-b", REAL_NODE)]
 
 
@@ -176,7 +179,9 @@ def assert_the_demo_story(output: str, name: str) -> None:
     assert order == sorted(order), output
     # The operator ran in-cluster, on the real node, from the image built from this checkout.
     operator = lines[at("operator pod neuronfleet-system/")]
-    assert f"running on {REAL_NODE} from {build('operator').name}," in operator, operator
+    # Named by the key of this checkout's inputs (computed, not built: a build here could prune another's).
+    key = checkout_key("operator", ROOT, file_digest(base_archive()))
+    assert f"running on {REAL_NODE} from localhost/neuronfleet/operator:{key}," in operator, operator
     assert "as serviceaccount neuronfleet-system/neuronfleet" in operator
     # kubectl get nis: Ready, the one replica ready, at the artifact the operator compiled.
     header, row = lines[at("NAME ")], lines[at("NAME ") + 1]
