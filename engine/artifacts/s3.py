@@ -39,6 +39,7 @@ from neuronfleet.engine.artifacts.store import (
     ArtifactFile,
     Manifest,
     StoreError,
+    check_schema,
     file_digest,
     write_manifest,
 )
@@ -138,7 +139,10 @@ def remote_size_and_digest(s3: S3Client, location: S3Location, relative: str) ->
 
 
 def read_remote_manifest(s3: S3Client, location: S3Location) -> Manifest | None:
-    """The artifact's manifest in the store, or ``None`` when it has none (not uploaded, or not completely)."""
+    """The artifact's manifest in the store, or ``None`` when it has none (not uploaded, or not completely).
+
+    One of an outdated schema is refused (:class:`OutdatedManifestError`), like a local one.
+    """
     try:
         body = s3.get_object(Bucket=location.bucket, Key=location.key(MANIFEST))["Body"].read()
     except (ClientError, BotoCoreError) as error:
@@ -146,10 +150,11 @@ def read_remote_manifest(s3: S3Client, location: S3Location) -> Manifest | None:
             return None
         raise _read_failure(error, location, MANIFEST) from None
     try:
-        return Manifest.model_validate(json.loads(body))
+        manifest = Manifest.model_validate(json.loads(body))
     except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as error:
         first = str(error).splitlines()[0]
         raise StoreError(f"{location.uri(MANIFEST)} is not a valid artifact manifest: {first}") from None
+    return check_schema(manifest, location.uri())
 
 
 def check_identity(manifest: Manifest, artifact_hash: str, where: str) -> None:

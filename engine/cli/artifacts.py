@@ -54,6 +54,10 @@ def run_compile(
         except (ValueError, ArtifactError) as error:
             fail(str(error))
         compile_bucket = simulated_compiler(cost, sleep=settings.clock == "real", graphs=graphs, seed=artifact_hash)
+    try:
+        complete = is_complete(store, artifact_hash)
+    except ArtifactError as error:
+        fail(str(error))  # before the progress bar, so the line is all there is
     progress = Progress(
         TextColumn("compiling artifact {task.fields[artifact]}: {task.description}"),
         BarColumn(),
@@ -61,7 +65,7 @@ def run_compile(
         TimeElapsedColumn(),
         console=err,
         # Nothing to show for an artifact that is already complete.
-        disable=is_complete_quietly(store, artifact_hash),
+        disable=complete,
     )
     total = len(engine.effective_num_batched_tokens_buckets) + len(engine.effective_num_seqs_buckets)
     with progress:
@@ -137,11 +141,3 @@ def download_from_s3(store: str, cache: Path, artifact_hash: str) -> Path:
             f"the artifact at {location.uri()} is incomplete: finish it with `neuronfleet-engine compile`"
         )
     return local
-
-
-def is_complete_quietly(store: str, artifact_hash: str) -> bool:
-    """Whether the artifact is complete; an unreadable one is not (compiling says why)."""
-    try:
-        return is_complete(store, artifact_hash)
-    except ArtifactError:
-        return False

@@ -10,7 +10,13 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from neuronfleet.engine.artifacts.store import ArtifactError, StoreError, artifact_dir, load_for_serving
+from neuronfleet.engine.artifacts.store import (
+    ArtifactError,
+    OutdatedManifestError,
+    StoreError,
+    artifact_dir,
+    load_for_serving,
+)
 from neuronfleet.engine.cli.artifacts import CACHE_ENV, cache_root, compile_to_s3, download_from_s3, run_compile
 from neuronfleet.engine.cli.common import (
     EXIT_INVALID,
@@ -34,7 +40,7 @@ from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, serv
 from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
 
-#: Exit status when the compiled artifact to serve is missing or incomplete.
+#: Exit status when the compiled artifact to serve is missing, incomplete or of an outdated manifest schema.
 EXIT_NO_ARTIFACT = 3
 DEFAULT_MODEL = "hf://neuronfleet/tiny"
 
@@ -261,7 +267,7 @@ def serving_artifact(
 ) -> Path:
     """The local directory of the complete artifact to serve (an s3:// one downloaded first).
 
-    Exit 3 when it is missing or incomplete; exit 2 when the store cannot be
+    Exit 3 when it is missing, incomplete or of an outdated manifest schema; exit 2 when the store cannot be
     reached, or holds a damaged artifact or another one under its name.
     """
     wanted = artifact_hash or identity.hash()
@@ -272,7 +278,8 @@ def serving_artifact(
             directory = download_from_s3(store, cache, wanted) if remote else artifact_dir(store, wanted)
             load_for_serving(directory, *buckets)
         except ArtifactError as error:
-            if not compile_on_start or isinstance(error, StoreError):
+            # Compiling cannot mend these: a damaged store, or an artifact to delete first.
+            if not compile_on_start or isinstance(error, StoreError | OutdatedManifestError):
                 raise
             if wanted != identity.hash():
                 fail(f"cannot compile artifact {wanted}: the identity computed here is {identity.hash()}")
