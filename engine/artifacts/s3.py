@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from neuronfleet.engine.artifacts.store import (
     MANIFEST,
+    S3_SCHEME,
     ArtifactError,
     ArtifactFile,
     Manifest,
@@ -48,7 +49,6 @@ from neuronfleet.engine.identity import hash_document
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-SCHEME = "s3://"
 #: Object metadata that records a file's SHA-256 (S3's ETag is not one for multipart uploads).
 SHA256_METADATA = "sha256"
 #: Seconds to connect and to wait for a response, and attempts per request (retries included).
@@ -58,11 +58,6 @@ MAX_ATTEMPTS = 3
 
 #: ``(file, done, total, skipped)``: called after each file, skipped when it was already there.
 OnFile = Callable[[ArtifactFile, int, int, bool], None]
-
-
-def is_s3(store: str) -> bool:
-    """Whether ``store`` is an ``s3://`` prefix."""
-    return store.startswith(SCHEME)
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,7 @@ class S3Location:
     @classmethod
     def of(cls, store: str, artifact_hash: str) -> S3Location:
         """The location of artifact ``artifact_hash`` in store ``s3://BUCKET[/PREFIX]``."""
-        bucket, _, prefix = store.removeprefix(SCHEME).partition("/")
+        bucket, _, prefix = store.removeprefix(S3_SCHEME).partition("/")
         if not bucket:
             raise StoreError(f"artifact store {store!r} names no bucket (s3://BUCKET[/PREFIX])")
         return cls(bucket, "/".join(part for part in (*prefix.strip("/").split("/"), artifact_hash) if part))
@@ -86,7 +81,7 @@ class S3Location:
 
     def uri(self, relative: str = "") -> str:
         """``s3://BUCKET/PREFIX/HASH[/relative]``, for messages."""
-        return f"{SCHEME}{self.bucket}/{self.key(relative) if relative else self.prefix}"
+        return f"{S3_SCHEME}{self.bucket}/{self.key(relative) if relative else self.prefix}"
 
 
 def client() -> S3Client:

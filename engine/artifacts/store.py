@@ -37,6 +37,8 @@ MANIFEST_SCHEMA = 2
 OLDEST_MANIFEST_SCHEMA = 2
 #: The graphs' directory inside an artifact (the vLLM Neuron plugin's remote compile cache on Neuron).
 GRAPHS_DIR = "neff"
+#: The scheme of S3 stores (``neuronfleet.engine.artifacts.s3``); any other store is a local directory.
+S3_SCHEME = "s3://"
 
 BucketKind = Literal["prefill", "decode"]
 
@@ -109,6 +111,11 @@ class Manifest(BaseModel):
 def now() -> str:
     """UTC time, ISO 8601."""
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def is_s3(store: str) -> bool:
+    """Whether ``store`` is an ``s3://`` prefix (copied to a local one around compiling and serving)."""
+    return store.startswith(S3_SCHEME)
 
 
 def artifact_dir(store: str, artifact_hash: str) -> Path:
