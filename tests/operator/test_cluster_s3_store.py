@@ -168,6 +168,7 @@ def test_a_service_account_that_does_not_exist_says_so_and_fixing_it_lets_the_co
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_pod(namespace, orphan)
     assert refused.value.status == 403
+    assert refused.value.body is not None
     assert f'serviceaccount "{ACCOUNT}" not found' in json.loads(refused.value.body)["message"]
 
     services.create("llama", spec())
