@@ -192,7 +192,8 @@ def load(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one line of JSON.")] = False,
     outcomes: Annotated[
-        Path | None, typer.Option("--outcomes", help="Write every request's outcome here, one JSON line each.")
+        Path | None,
+        typer.Option("--outcomes", help="Write each request's outcome here as it ends, one JSON line each."),
     ] = None,
 ) -> None:
     """Send completions at a fixed rate for a while; print sent, succeeded, failed by status, latency.
@@ -201,12 +202,13 @@ def load(
     Exits 1 when any request failed or was dropped.
     """
     import asyncio
+    import contextlib
     import math
     import signal
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from neuronfleet.devcluster.load import LoadPlan, LoadReport, run_load
+    from neuronfleet.devcluster.load import LoadPlan, LoadReport, Outcome, run_load
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
@@ -217,15 +219,22 @@ def load(
     with Progress(*columns, console=err, transient=True) as progress:
         answered = progress.add_task(f"{rate:g}/s to {url}", total=plan.requests)
 
-        async def send() -> LoadReport:
-            stop = asyncio.Event()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-            return await run_load(plan, lambda _: progress.advance(answered), stop)
+        with contextlib.ExitStack() as files:
+            # Written as each request ends, so a reader can follow the run (and a killed run leaves its record).
+            record = None if outcomes is None else files.enter_context(outcomes.open("w", buffering=1))
 
-        report = asyncio.run(send())
-    if outcomes is not None:
-        outcomes.write_text("".join(f"{line}\n" for line in report.outcome_lines()))
+            def answered_one(outcome: Outcome) -> None:
+                progress.advance(answered)
+                if record is not None:
+                    record.write(f"{outcome.to_json()}\n")
+
+            async def send() -> LoadReport:
+                stop = asyncio.Event()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+                return await run_load(plan, answered_one, stop)
+
+            report = asyncio.run(send())
     if as_json:
         out.print(report.to_json(), markup=False)
     else:

@@ -17,7 +17,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,10 @@ class Outcome:
     def ok(self) -> bool:
         """A 2xx answer."""
         return self.result.isdigit() and 200 <= int(self.result) < 300
+
+    def to_json(self) -> str:
+        """The outcome as one line of JSON."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -135,11 +139,6 @@ class LoadReport:
         summary = self.summary()
         summary["latency_s"] = {k: None if math.isnan(v) else v for k, v in summary["latency_s"].items()}
         return json.dumps(summary, sort_keys=True)
-
-    def outcome_lines(self) -> Iterator[str]:
-        """Every outcome as a line of JSON, in send order (for a file a reader can replay)."""
-        for outcome in self.outcomes:
-            yield json.dumps(dataclasses.asdict(outcome), sort_keys=True)
 
 
 async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float) -> Outcome:
