@@ -48,8 +48,12 @@ ON_THE_REAL_NODE = {
 }
 #: Requests per second through the Service, and the tokens each asks for (about a second on two cores).
 RATE, MAX_TOKENS = 3.0, 24
+#: Tokens of each completion in the drain test: most of a second each, so some are running at the deletion.
+DRAIN_TOKENS = 200
 #: How long the load goes on once a rollout is over: every answer then must come from the new revision.
 AFTER_S = 10.0
+#: vLLM's gauge of the requests an engine runs.
+RUNNING_GAUGE = "vllm:num_requests_running{"
 #: A pod's start on two shared cores (vLLM on CPU), with room for two at once.
 POD_TIMEOUT_S = 600
 
@@ -179,6 +183,15 @@ class Fleet:
         workdir.mkdir()
         url = f"http://{cluster_ip}:{plan.HTTP_PORT}/v1/completions"
         return NodeLoad(self.node.netns, url, workdir, rate=rate, max_tokens=max_tokens, header=ARTIFACT_HEADER)
+
+    def running_requests(self, pod: Obj) -> float:
+        """Requests the pod's engine is running now (vLLM's gauge, read from the node)."""
+        url = f"http://{pod['status']['podIP']}:{plan.HTTP_PORT}/metrics"
+        script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
+        scraped = self.node.in_netns(["python3", "-I", "-c", script])
+        assert scraped.returncode == 0, scraped.stderr
+        samples = [line.split()[-1] for line in scraped.stdout.splitlines() if line.startswith(RUNNING_GAUGE)]
+        return sum(map(float, samples))
 
     def compile_jobs(self, artifact_hash: str) -> list[Obj]:
         """The compile Jobs of one artifact."""
@@ -388,8 +401,9 @@ def test_a_deleted_pod_finishes_its_requests_and_none_fails(fleet: Fleet) -> Non
     victim = fleet.pods()[0]
     name = victim["metadata"]["name"]
     grace = victim["spec"]["terminationGracePeriodSeconds"]
-    # Longer completions, so some are on the pod when it is deleted.
-    with fleet.load("drain", max_tokens=3 * MAX_TOKENS) as load:
+    # Longer completions, more often, so that some are on the pod when it is deleted.
+    with fleet.load("drain", rate=2 * RATE, max_tokens=DRAIN_TOKENS) as load:
+        fleet.wait(lambda: fleet.running_requests(victim) > 0, f"a request running on {name}", timeout=60)
         deleted_at = time.time()
         fleet.kubectl("delete", "pod", name, "--wait=false")
         fleet.wait(lambda: name not in {p["metadata"]["name"] for p in fleet.pods()}, f"pod {name} gone", grace + 30)
