@@ -184,17 +184,24 @@ def load(
         str | None, typer.Option("--header", help="Count the successful responses by this response header.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one line of JSON.")] = False,
+    outcomes: Annotated[
+        Path | None,
+        typer.Option("--outcomes", help="Write each request's outcome here as it ends, one JSON line each."),
+    ] = None,
 ) -> None:
     """Send completions at a fixed rate for a while; print sent, succeeded, failed by status, latency.
 
+    Ctrl-C or SIGTERM stops sending early; the requests already sent are still waited for and counted.
     Exits 1 when any request failed or was dropped.
     """
     import asyncio
+    import contextlib
     import math
+    import signal
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from neuronfleet.devcluster.load import LoadPlan, run_load
+    from neuronfleet.devcluster.load import LoadPlan, LoadReport, Outcome, run_load
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
@@ -204,13 +211,30 @@ def load(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         answered = progress.add_task(f"{rate:g}/s to {url}", total=plan.requests)
-        report = asyncio.run(run_load(plan, lambda _: progress.advance(answered)))
+
+        with contextlib.ExitStack() as files:
+            # Written as each request ends, so a reader can follow the run (and a killed run leaves its record).
+            record = None if outcomes is None else files.enter_context(outcomes.open("w", buffering=1))
+
+            def answered_one(outcome: Outcome) -> None:
+                progress.advance(answered)
+                if record is not None:
+                    record.write(f"{outcome.to_json()}\n")
+
+            async def send() -> LoadReport:
+                stop = asyncio.Event()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+                return await run_load(plan, answered_one, stop)
+
+            report = asyncio.run(send())
     if as_json:
         out.print(report.to_json(), markup=False)
     else:
         table = Table(show_header=False, box=None)
         summary = report.summary()
-        table.add_row("sent", f"{summary['sent']} of {plan.requests} in {summary['elapsed_s']:.1f} s")
+        stopped = " (stopped early)" if report.stopped_early else ""
+        table.add_row("sent", f"{summary['sent']} of {plan.requests} in {summary['elapsed_s']:.1f} s{stopped}")
         table.add_row("succeeded", str(summary["succeeded"]))
         for result, count in summary["failed"].items():
             table.add_row(f"failed: {result}", str(count))

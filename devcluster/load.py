@@ -3,12 +3,16 @@
 Open loop: request ``i`` is sent at ``i / rate`` seconds whatever the earlier ones are doing, as real
 clients arrive, so a slow or failing server cannot slow the offered load down and hide its own
 failures. Bounded: it runs for ``duration`` seconds, and a request that would exceed ``max_in_flight``
-is not sent but counted as ``dropped``. ``neuronfleet-dev load`` and the tests run this same code.
+is not sent but counted as ``dropped``. A run can also be stopped early (``stop``; the CLI's Ctrl-C or
+SIGTERM): nothing more is sent, and every request already sent is waited for and recorded.
+``neuronfleet-dev load`` and the tests run this same code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -66,6 +70,10 @@ class Outcome:
         """A 2xx answer."""
         return self.result.isdigit() and 200 <= int(self.result) < 300
 
+    def to_json(self) -> str:
+        """The outcome as one line of JSON."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) of ``values``, nearest rank; NaN when there are none."""
@@ -83,6 +91,10 @@ class LoadReport:
     plan: LoadPlan
     outcomes: list[Outcome] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: Wall-clock time (Unix seconds) of the first send: outcomes' ``sent_at_s`` count from it.
+    started_at: float = 0.0
+    #: Whether the run was stopped before the plan's last send.
+    stopped_early: bool = False
 
     @property
     def sent(self) -> int:
@@ -118,6 +130,8 @@ class LoadReport:
             "failed": dict(sorted(self.failures.items())),
             "latency_s": {f"p{q}": round(self.latency(q), 4) for q in (50, 90, 99, 100)},
             "elapsed_s": round(self.elapsed_s, 3),
+            "started_at": round(self.started_at, 3),
+            "stopped_early": self.stopped_early,
         }
 
     def to_json(self) -> str:
@@ -139,9 +153,15 @@ async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float
     return Outcome(index, due, time.monotonic() - began, str(response.status_code), header)
 
 
-async def run_load(plan: LoadPlan, on_outcome: Callable[[Outcome], None] | None = None) -> LoadReport:
-    """Send ``plan`` and wait for every answer (at most ``timeout_s`` after the last send)."""
+async def run_load(
+    plan: LoadPlan, on_outcome: Callable[[Outcome], None] | None = None, stop: asyncio.Event | None = None
+) -> LoadReport:
+    """Send ``plan`` and wait for every answer (at most ``timeout_s`` after the last send).
+
+    Once ``stop`` is set, nothing more is sent; the answers to what was sent are still waited for.
+    """
     report = LoadReport(plan)
+    stopping = stop or asyncio.Event()
     limits = httpx.Limits(max_connections=plan.max_in_flight, max_keepalive_connections=plan.max_in_flight)
     in_flight: set[asyncio.Task[Outcome]] = set()
 
@@ -156,11 +176,16 @@ async def run_load(plan: LoadPlan, on_outcome: Callable[[Outcome], None] | None 
 
     async with httpx.AsyncClient(timeout=plan.timeout_s, limits=limits) as client:
         start = time.monotonic()
+        report.started_at = time.time()
         for index in range(plan.requests):
             due = index / plan.rate
             delay = start + due - time.monotonic()
             if delay > 0:
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                report.stopped_early = True
+                break
             if len(in_flight) >= plan.max_in_flight:
                 record(Outcome(index, due, 0.0, DROPPED))
                 continue

@@ -1,4 +1,5 @@
-"""A local S3-compatible server: versitygw (``tools/s3``) on a loopback port, its posix backend in a directory.
+"""A local S3-compatible server: versitygw (``tools/s3``) on a loopback port (or in a real node's network
+namespace), its posix backend in a directory.
 
 The engine's ``s3://`` artifact stores are tested against it as against S3:
 real HTTP, SigV4-signed requests, real objects with metadata. Its posix backend
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from neuronfleet.devcluster.processes import ManagedProcess, free_ports
@@ -30,6 +34,13 @@ def versitygw() -> Path:
     if not path.is_file():
         raise ToolsMissingError(f"the S3 server is not built ({path} is missing): run `make tools`")
     return path
+
+
+def answers_in_netns(netns: str, url: str) -> bool:
+    """Whether ``url`` answers 200 to a client inside network namespace ``netns``."""
+    script = f"import urllib.request; urllib.request.urlopen({url!r}, timeout=2)"
+    probe = ["ip", "netns", "exec", netns, "python3", "-I", "-c", script]
+    return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
 
 
 @dataclass(frozen=True)
@@ -55,8 +66,14 @@ class S3Server:
     credentials: S3Credentials
 
     @classmethod
-    def start(cls, directory: Path, *, timeout: float = 30.0) -> S3Server:
-        """Start a server keeping its buckets in ``directory/buckets`` and its log in ``directory``."""
+    def start(
+        cls, directory: Path, *, host: str = "127.0.0.1", netns: str | None = None, timeout: float = 30.0
+    ) -> S3Server:
+        """Start a server keeping its buckets in ``directory/buckets`` and its log in ``directory``.
+
+        With ``netns``, it runs inside that network namespace (a real node's, say), listening on ``host``
+        there, so the node's pods reach it and nothing outside the namespace does.
+        """
         root = directory / "buckets"
         root.mkdir(parents=True, exist_ok=True)
         (port,) = free_ports(1)
@@ -66,10 +83,12 @@ class S3Server:
             "ROOT_ACCESS_KEY": credentials.access_key,
             "ROOT_SECRET_KEY": credentials.secret_key,
         }
+        inside = [] if netns is None else ["ip", "netns", "exec", netns]
         argv = [
+            *inside,
             str(versitygw()),
             "--port",
-            f"127.0.0.1:{port}",
+            f"{host}:{port}",
             "--region",
             REGION,
             "--health",
@@ -79,9 +98,11 @@ class S3Server:
             str(root),
         ]
         process = ManagedProcess.spawn("versitygw", argv, directory / "versitygw.log", cwd=directory, env=env)
-        server = cls(process, f"http://127.0.0.1:{port}", root, credentials)
+        server = cls(process, f"http://{host}:{port}", root, credentials)
+        health = f"{server.endpoint}{HEALTH_PATH}"
+        probe: str | Callable[[], bool] = health if netns is None else partial(answers_in_netns, netns, health)
         try:
-            process.wait_ready(f"{server.endpoint}{HEALTH_PATH}", timeout=timeout, what="the S3 server to answer")
+            process.wait_ready(probe, timeout=timeout, what="the S3 server to answer")
         except BaseException:
             process.stop(grace=2)
             raise

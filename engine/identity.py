@@ -2,8 +2,9 @@
 
 The operator names, shares and pins artifacts by this hash, and the engine's
 ``compile`` command computes it again to check that it builds what it was asked
-for, so both sides call :meth:`CompileIdentity.hash` here. It depends on pydantic
-alone.
+for, so both sides call :meth:`CompileIdentity.hash` here; the variable naming the
+engine's local copies of artifacts, which the operator sets, lives here too. It
+depends on pydantic alone.
 
 Only compile-relevant inputs take part: the model and its revision, the shapes
 (limits and bucket sets, as compiled: defaults written out), tensor parallelism,
@@ -27,6 +28,8 @@ from neuronfleet.engine.sim_settings import Device
 
 #: Bumped when the hashed document changes shape, so old and new hashes never collide.
 IDENTITY_SCHEMA = 1
+#: Where the engine keeps local copies of ``s3://`` artifacts, by hash (the operator points it at a pod's emptyDir).
+ARTIFACT_CACHE_ENV = "NEURONFLEET_ARTIFACT_CACHE"
 
 #: Hex digits of the SHA-256 kept: 64 bits, short enough for a label value and a name.
 IDENTITY_HASH_LENGTH = 16

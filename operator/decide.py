@@ -147,11 +147,18 @@ class ServiceStatusInput:
     decision: Decision
 
 
+#: An artifact's reasons while its compile goes as it should; any other names a trouble to fix.
+_ROUTINE_COMPILE_REASONS = frozenset({Reason.JOB_PENDING, Reason.JOB_STARTING, Reason.JOB_RUNNING})
+
+
 def _artifact_condition(target: ArtifactView) -> tuple[bool, Reason, str]:
     if target.phase == "Ready":
         return True, Reason.COMPILED, f"{target.name} is compiled"
     if target.phase == "Failed":
         return False, Reason.COMPILE_FAILED, f"{target.name}: {target.reason}: {target.message}"
+    if target.reason and target.reason not in _ROUTINE_COMPILE_REASONS:
+        # Still compiling (a fix lets the Job go on), but the trouble's own reason is shown: FailedCreate, ...
+        return False, Reason.COMPILING, f"{target.name}: {target.reason}: {target.message or target.reason}"
     return False, Reason.COMPILING, f"{target.name}: {target.message or target.reason or 'waiting for the compile Job'}"
 
 

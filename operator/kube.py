@@ -57,6 +57,7 @@ class Resource:
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
 SERVICES = Resource("", "v1", "services", "Service")
 PODS = Resource("", "v1", "pods", "Pod")
+EVENTS = Resource("", "v1", "events", "Event")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
@@ -138,9 +139,13 @@ class Kube:
                 return None
             raise
 
-    def list(self, resource: Resource, namespace: str | None, labels: str | None = None) -> list[Obj]:
-        """Objects in a namespace (all for ``None``), optionally by label selector."""
+    def list(
+        self, resource: Resource, namespace: str | None, labels: str | None = None, fields: str | None = None
+    ) -> list[Obj]:
+        """Objects in a namespace (all for ``None``), optionally by label and field selector."""
         query = [("labelSelector", labels)] if labels else []
+        if fields:
+            query.append(("fieldSelector", fields))
         items: list[Obj] = self.request("GET", resource.path(namespace), query=query).get("items", [])
         return items
 
@@ -221,7 +226,7 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=record)
+            self.kube.request("POST", EVENTS.path(meta["namespace"]), body=record)
         except ApiError as error:
             log.warning("could not post event %s on %s/%s: %s", event.reason, meta["namespace"], meta["name"], error)
 

@@ -17,7 +17,7 @@ import yaml
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
-from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
 
@@ -35,8 +35,6 @@ ENGINE_FILE = "engine.yaml"
 STORE_MOUNT = "/var/lib/neuronfleet/artifacts"
 #: Where pods of an s3:// store keep their local copy of the artifact (an emptyDir).
 CACHE_MOUNT = "/var/cache/neuronfleet/artifacts"
-#: The engine reads its local cache's place from here.
-CACHE_ENV = "NEURONFLEET_ARTIFACT_CACHE"
 HTTP_PORT = 8000
 ENGINE_COMMAND = "neuronfleet-engine"
 CONFIG_HASH_LENGTH = 10
@@ -185,7 +183,7 @@ def store_access(settings: api.CompileSettings, *, read_only: bool) -> StoreAcce
         mount = {"name": "artifacts", "mountPath": STORE_MOUNT, "readOnly": read_only}
         return StoreAccess([volume], [mount], [], [])
     s3 = settings.s3 or api.S3Access()
-    env = [{"name": CACHE_ENV, "value": CACHE_MOUNT}]
+    env = [{"name": ARTIFACT_CACHE_ENV, "value": CACHE_MOUNT}]
     if s3.region is not None:
         env.append({"name": "AWS_REGION", "value": s3.region})
     if s3.endpoint_url is not None:

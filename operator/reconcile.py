@@ -23,6 +23,7 @@ from neuronfleet.operator.kube import (
     CONFIGMAPS,
     CONFLICT,
     DEPLOYMENTS,
+    EVENTS,
     JOBS,
     NOT_FOUND,
     PODS,
@@ -32,7 +33,7 @@ from neuronfleet.operator.kube import (
     Resource,
 )
 from neuronfleet.operator.metrics import OperatorMetrics
-from neuronfleet.operator.status import Event, Reason, artifact_status, now
+from neuronfleet.operator.status import FAILED_CREATE, Event, Reason, artifact_status, awaiting_pod, now
 
 Obj = dict[str, Any]
 M = TypeVar("M", bound=api.K8sModel)
@@ -305,7 +306,12 @@ class Reconciler:
             else:
                 self.emit(body, Event("Normal", Reason.COMPILE_STARTED, f"started compile Job {job_name}"))
         pods = self.kube.list(PODS, namespace, f"{JOB_NAME_LABEL}={job_name}") if job is not None else []
-        status = artifact_status(spec, job, pods, previous, generation)
+        refusals: list[Obj] = []
+        if job is not None and awaiting_pod(job):
+            # A pod the API server refuses exists nowhere but in the Job controller's events.
+            selector = f"involvedObject.uid={job['metadata']['uid']},reason={FAILED_CREATE}"
+            refusals = self.kube.list(EVENTS, namespace, fields=selector)
+        status = artifact_status(spec, job, pods, previous, generation, refusals)
         return self._write_status(ARTIFACTS, body, status, self._artifact_events(previous, status))
 
     @staticmethod

@@ -180,6 +180,45 @@ def stuck_pod(pods: Sequence[Obj]) -> tuple[str, str] | None:
     return None
 
 
+#: The Job controller's event reason when the API server refuses the pod it makes (admission: a missing
+#: ServiceAccount, a quota, a policy). The Job records nothing of it in its status.
+FAILED_CREATE = "FailedCreate"
+
+
+def awaiting_pod(job: Obj) -> bool:
+    """Whether a compile Job is unfinished with no pod running: the only time its pod creation can be refused."""
+    status = job.get("status", {})
+    finished = _job_condition(job, "Complete") or _job_condition(job, "Failed")
+    return finished is None and not int(status.get("active") or 0)
+
+
+def _event_time(event: Obj) -> datetime.datetime | None:
+    # The core/v1 recorder sets lastTimestamp; the events.k8s.io one, eventTime and series.
+    series = event.get("series") or {}
+    return _parse_time(event.get("lastTimestamp") or series.get("lastObservedTime") or event.get("eventTime"))
+
+
+def refused_pod(job: Obj, events: Sequence[Obj], pods: Sequence[Obj]) -> tuple[str, str] | None:
+    """The reason and message of the Job controller's newest refused pod creation (``FAILED_CREATE``) for this
+    Job, unless a pod was made since (the refusal was mended)."""
+    uid = job["metadata"].get("uid")
+    refusals = [
+        (at, event)
+        for event in events
+        if event.get("reason") == FAILED_CREATE
+        and (event.get("involvedObject") or {}).get("uid") == uid
+        and (at := _event_time(event)) is not None
+    ]
+    if not refusals:
+        return None
+    at, newest = max(refusals, key=lambda refusal: refusal[0])
+    created = [t for pod in pods if (t := _parse_time(pod["metadata"].get("creationTimestamp"))) is not None]
+    if created and max(created) >= at:
+        return None
+    detail = (newest.get("message") or "").strip() or FAILED_CREATE
+    return FAILED_CREATE, f"compile Job {job['metadata']['name']} cannot create its pod: {detail}"
+
+
 def bucket_progress(spec: api.NeuronCompiledArtifactSpec, state: api.BucketState) -> list[api.BucketProgress]:
     """Every compiled shape, all in one state (the Job reports completion as a whole)."""
     return [
@@ -197,8 +236,9 @@ def artifact_status(
     pods: Sequence[Obj],
     previous: api.NeuronCompiledArtifactStatus,
     generation: int,
+    job_events: Sequence[Obj] = (),
 ) -> api.NeuronCompiledArtifactStatus:
-    """What the compile Job says about the artifact.
+    """What the compile Job (its pods, and its events while it has none running) says about the artifact.
 
     A Ready artifact stays Ready when its finished Job is deleted; a Failed one
     whose Job is deleted goes back to Pending, and a new Job retries it.
@@ -247,7 +287,7 @@ def artifact_status(
             completed_at=_parse_time(failed.get("lastTransitionTime")),
             **common,
         )
-    stuck = stuck_pod(pods)
+    stuck = stuck_pod(pods) or refused_pod(job, job_events, pods)
     if stuck is not None:
         # Still Compiling (the Job goes on once the pod is fixed), but the reason says what to fix.
         reason, message = stuck

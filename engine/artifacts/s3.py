@@ -35,10 +35,12 @@ from pydantic import ValidationError
 
 from neuronfleet.engine.artifacts.store import (
     MANIFEST,
+    S3_SCHEME,
     ArtifactError,
     ArtifactFile,
     Manifest,
     StoreError,
+    check_schema,
     file_digest,
     write_manifest,
 )
@@ -47,7 +49,6 @@ from neuronfleet.engine.identity import hash_document
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-SCHEME = "s3://"
 #: Object metadata that records a file's SHA-256 (S3's ETag is not one for multipart uploads).
 SHA256_METADATA = "sha256"
 #: Seconds to connect and to wait for a response, and attempts per request (retries included).
@@ -57,11 +58,6 @@ MAX_ATTEMPTS = 3
 
 #: ``(file, done, total, skipped)``: called after each file, skipped when it was already there.
 OnFile = Callable[[ArtifactFile, int, int, bool], None]
-
-
-def is_s3(store: str) -> bool:
-    """Whether ``store`` is an ``s3://`` prefix."""
-    return store.startswith(SCHEME)
 
 
 @dataclass(frozen=True)
@@ -74,7 +70,7 @@ class S3Location:
     @classmethod
     def of(cls, store: str, artifact_hash: str) -> S3Location:
         """The location of artifact ``artifact_hash`` in store ``s3://BUCKET[/PREFIX]``."""
-        bucket, _, prefix = store.removeprefix(SCHEME).partition("/")
+        bucket, _, prefix = store.removeprefix(S3_SCHEME).partition("/")
         if not bucket:
             raise StoreError(f"artifact store {store!r} names no bucket (s3://BUCKET[/PREFIX])")
         return cls(bucket, "/".join(part for part in (*prefix.strip("/").split("/"), artifact_hash) if part))
@@ -85,7 +81,7 @@ class S3Location:
 
     def uri(self, relative: str = "") -> str:
         """``s3://BUCKET/PREFIX/HASH[/relative]``, for messages."""
-        return f"{SCHEME}{self.bucket}/{self.key(relative) if relative else self.prefix}"
+        return f"{S3_SCHEME}{self.bucket}/{self.key(relative) if relative else self.prefix}"
 
 
 def client() -> S3Client:
@@ -138,7 +134,10 @@ def remote_size_and_digest(s3: S3Client, location: S3Location, relative: str) ->
 
 
 def read_remote_manifest(s3: S3Client, location: S3Location) -> Manifest | None:
-    """The artifact's manifest in the store, or ``None`` when it has none (not uploaded, or not completely)."""
+    """The artifact's manifest in the store, or ``None`` when it has none (not uploaded, or not completely).
+
+    One of an outdated schema is refused (:class:`OutdatedManifestError`), like a local one.
+    """
     try:
         body = s3.get_object(Bucket=location.bucket, Key=location.key(MANIFEST))["Body"].read()
     except (ClientError, BotoCoreError) as error:
@@ -146,10 +145,11 @@ def read_remote_manifest(s3: S3Client, location: S3Location) -> Manifest | None:
             return None
         raise _read_failure(error, location, MANIFEST) from None
     try:
-        return Manifest.model_validate(json.loads(body))
+        manifest = Manifest.model_validate(json.loads(body))
     except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as error:
         first = str(error).splitlines()[0]
         raise StoreError(f"{location.uri(MANIFEST)} is not a valid artifact manifest: {first}") from None
+    return check_schema(manifest, location.uri())
 
 
 def check_identity(manifest: Manifest, artifact_hash: str, where: str) -> None:

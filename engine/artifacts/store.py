@@ -33,8 +33,12 @@ MANIFEST = "manifest.json"
 LOCK = ".compile.lock"
 #: Bumped when the manifest's shape changes (2: the file list).
 MANIFEST_SCHEMA = 2
+#: The oldest manifest this engine reads: before it, no file list to check a copy against.
+OLDEST_MANIFEST_SCHEMA = 2
 #: The graphs' directory inside an artifact (the vLLM Neuron plugin's remote compile cache on Neuron).
 GRAPHS_DIR = "neff"
+#: The scheme of S3 stores (``neuronfleet.engine.artifacts.s3``); any other store is a local directory.
+S3_SCHEME = "s3://"
 
 BucketKind = Literal["prefill", "decode"]
 
@@ -45,6 +49,10 @@ class ArtifactError(Exception):
 
 class StoreError(ArtifactError):
     """The store cannot be reached, or what it holds is damaged or not the artifact asked for."""
+
+
+class OutdatedManifestError(ArtifactError):
+    """An artifact whose manifest is older than this engine reads: unusable until compiled again."""
 
 
 class BucketEntry(BaseModel):
@@ -105,6 +113,11 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def is_s3(store: str) -> bool:
+    """Whether ``store`` is an ``s3://`` prefix (copied to a local one around compiling and serving)."""
+    return store.startswith(S3_SCHEME)
+
+
 def artifact_dir(store: str, artifact_hash: str) -> Path:
     """``STORE/HASH`` of a local (mounted) store; ``s3://`` stores are copied to a local one first."""
     if "://" in store:
@@ -140,8 +153,18 @@ def planned_buckets(prefill_buckets: Sequence[int], decode_buckets: Sequence[int
     ]
 
 
+def check_schema(manifest: Manifest, where: str) -> Manifest:
+    """``manifest``, refused (:class:`OutdatedManifestError`) when its schema is older than this engine reads."""
+    if manifest.schema_version < OLDEST_MANIFEST_SCHEMA:
+        raise OutdatedManifestError(
+            f"artifact {manifest.hash} at {where} has manifest schema version {manifest.schema_version}; this "
+            f"engine reads version {OLDEST_MANIFEST_SCHEMA} and later: delete it and compile it again"
+        )
+    return manifest
+
+
 def read_manifest(directory: Path) -> Manifest | None:
-    """The artifact's manifest, or ``None`` when there is none."""
+    """The artifact's manifest, or ``None`` when there is none; one of an outdated schema is refused."""
     path = directory / MANIFEST
     try:
         text = path.read_text()
@@ -150,9 +173,10 @@ def read_manifest(directory: Path) -> Manifest | None:
     except OSError as error:
         raise ArtifactError(f"cannot read {path}: {error.strerror or error}") from None
     try:
-        return Manifest.model_validate(json.loads(text))
+        manifest = Manifest.model_validate(json.loads(text))
     except (json.JSONDecodeError, ValidationError) as error:
         raise ArtifactError(f"{path} is not a valid artifact manifest: {error}") from None
+    return check_schema(manifest, str(directory))
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:

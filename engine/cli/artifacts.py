@@ -29,18 +29,16 @@ from neuronfleet.engine.identity import CompileIdentity
 from neuronfleet.engine.sim.compiler import simulated_compiler
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
-from neuronfleet.engine.sim_settings import Device, SimSettings
-
-#: Where artifacts of an s3:// store are compiled before the upload, and downloaded before serving.
-CACHE_ENV = "NEURONFLEET_ARTIFACT_CACHE"
+from neuronfleet.engine.sim_settings import SimSettings
 
 
 def run_compile(
-    engine: EngineConfig, identity: CompileIdentity, store: str, device: Device, settings: SimSettings | None
+    engine: EngineConfig, identity: CompileIdentity, store: str, settings: SimSettings | None
 ) -> tuple[Manifest, int]:
-    """Compile the artifact into the local ``store``, with a progress bar on stderr; one line and exit 2 on failure."""
+    """Compile the artifact into the local ``store`` for its identity's device, with a progress bar on stderr; one
+    line and exit 2 on failure. ``settings`` are the simulated device's (``None`` on Neuron)."""
     artifact_hash = identity.hash()
-    if device == "neuron":
+    if identity.device == "neuron":
         from neuronfleet.engine.artifacts.neuron_compile import neuron_compile_bucket
 
         compile_bucket = neuron_compile_bucket(engine, identity, store)
@@ -54,6 +52,10 @@ def run_compile(
         except (ValueError, ArtifactError) as error:
             fail(str(error))
         compile_bucket = simulated_compiler(cost, sleep=settings.clock == "real", graphs=graphs, seed=artifact_hash)
+    try:
+        complete = is_complete(store, artifact_hash)
+    except ArtifactError as error:
+        fail(str(error))  # before the progress bar, so the line is all there is
     progress = Progress(
         TextColumn("compiling artifact {task.fields[artifact]}: {task.description}"),
         BarColumn(),
@@ -61,7 +63,7 @@ def run_compile(
         TimeElapsedColumn(),
         console=err,
         # Nothing to show for an artifact that is already complete.
-        disable=is_complete_quietly(store, artifact_hash),
+        disable=complete,
     )
     total = len(engine.effective_num_batched_tokens_buckets) + len(engine.effective_num_seqs_buckets)
     with progress:
@@ -96,7 +98,6 @@ def compile_to_s3(
     identity: CompileIdentity,
     store: str,
     cache: Path,
-    device: Device,
     settings: SimSettings | None,
 ) -> str:
     """Compile into the local cache, then upload, the manifest last; the line that says what was done."""
@@ -111,7 +112,7 @@ def compile_to_s3(
             s3.check_identity(remote, artifact_hash, location.uri(MANIFEST))
             if remote.complete:
                 return f"artifact {artifact_hash} already complete at {location.uri()}: nothing to compile"
-        manifest, compiled = run_compile(engine, identity, str(cache), device, settings)
+        manifest, compiled = run_compile(engine, identity, str(cache), settings)
         sent = s3.upload(artifact_dir(str(cache), artifact_hash), manifest, location, show_file("uploaded"))
     except ArtifactError as error:
         fail(str(error))
@@ -137,11 +138,3 @@ def download_from_s3(store: str, cache: Path, artifact_hash: str) -> Path:
             f"the artifact at {location.uri()} is incomplete: finish it with `neuronfleet-engine compile`"
         )
     return local
-
-
-def is_complete_quietly(store: str, artifact_hash: str) -> bool:
-    """Whether the artifact is complete; an unreadable one is not (compiling says why)."""
-    try:
-        return is_complete(store, artifact_hash)
-    except ArtifactError:
-        return False

@@ -10,8 +10,15 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from neuronfleet.engine.artifacts.store import ArtifactError, StoreError, artifact_dir, load_for_serving
-from neuronfleet.engine.cli.artifacts import CACHE_ENV, cache_root, compile_to_s3, download_from_s3, run_compile
+from neuronfleet.engine.artifacts.store import (
+    ArtifactError,
+    OutdatedManifestError,
+    StoreError,
+    artifact_dir,
+    is_s3,
+    load_for_serving,
+)
+from neuronfleet.engine.cli.artifacts import cache_root, compile_to_s3, download_from_s3, run_compile
 from neuronfleet.engine.cli.common import (
     EXIT_INVALID,
     AsyncSchedulingOption,
@@ -29,12 +36,12 @@ from neuronfleet.engine.hardware import (
     NeuronTarget,
     largest_instance_type,
 )
-from neuronfleet.engine.identity import CompileIdentity, ModelSource
+from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
 
-#: Exit status when the compiled artifact to serve is missing or incomplete.
+#: Exit status when the compiled artifact to serve is missing, incomplete or of an outdated manifest schema.
 EXIT_NO_ARTIFACT = 3
 DEFAULT_MODEL = "hf://neuronfleet/tiny"
 
@@ -71,7 +78,7 @@ CacheOption = Annotated[
     Path | None,
     typer.Option(
         "--cache-dir",
-        envvar=CACHE_ENV,
+        envvar=ARTIFACT_CACHE_ENV,
         help="Local copies of s3:// artifacts (compiled here, then uploaded; downloaded before serving). "
         "Default: ~/.cache/neuronfleet/artifacts.",
         show_default=False,
@@ -166,10 +173,10 @@ def compile_command(
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else None
-    if artifact_store.startswith("s3://"):
-        out.print(compile_to_s3(engine, identity, artifact_store, cache_root(cache_dir), device, settings))
+    if is_s3(artifact_store):
+        out.print(compile_to_s3(engine, identity, artifact_store, cache_root(cache_dir), settings))
         return
-    manifest, compiled = run_compile(engine, identity, artifact_store, device, settings)
+    manifest, compiled = run_compile(engine, identity, artifact_store, settings)
     where = f"{artifact_store.rstrip('/')}/{manifest.hash}"
     if compiled:
         out.print(
@@ -261,28 +268,29 @@ def serving_artifact(
 ) -> Path:
     """The local directory of the complete artifact to serve (an s3:// one downloaded first).
 
-    Exit 3 when it is missing or incomplete; exit 2 when the store cannot be
+    Exit 3 when it is missing, incomplete or of an outdated manifest schema; exit 2 when the store cannot be
     reached, or holds a damaged artifact or another one under its name.
     """
     wanted = artifact_hash or identity.hash()
     buckets = (engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets)
-    remote = store.startswith("s3://")
+    remote = is_s3(store)
     try:
         try:
             directory = download_from_s3(store, cache, wanted) if remote else artifact_dir(store, wanted)
             load_for_serving(directory, *buckets)
         except ArtifactError as error:
-            if not compile_on_start or isinstance(error, StoreError):
+            # Compiling cannot mend these: a damaged store, or an artifact to delete first.
+            if not compile_on_start or isinstance(error, StoreError | OutdatedManifestError):
                 raise
             if wanted != identity.hash():
                 fail(f"cannot compile artifact {wanted}: the identity computed here is {identity.hash()}")
             sim = settings if device == "sim" else None
             if remote:
-                err.print(compile_to_s3(engine, identity, store, cache, device, sim), markup=False)
+                err.print(compile_to_s3(engine, identity, store, cache, sim), markup=False)
                 directory = artifact_dir(str(cache), wanted)
             else:
                 directory = artifact_dir(store, wanted)
-                run_compile(engine, identity, store, device, sim)
+                run_compile(engine, identity, store, sim)
     except ArtifactError as error:
         err.print(f"error: {error}", markup=False)
         raise typer.Exit(EXIT_INVALID if isinstance(error, StoreError) else EXIT_NO_ARTIFACT) from None

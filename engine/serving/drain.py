@@ -1,4 +1,5 @@
-"""The drain gate: from SIGTERM on, new POSTs get 503 and the ones admitted before run to completion.
+"""The drain gate: from SIGTERM on, connections close after each answer, then new POSTs get 503 while
+the ones admitted before run to completion.
 
 vLLM's own shutdown first closes the API server's renderer (tokenizer) pool and
 only then tells the engine core to drain, so a request that reaches the server
@@ -8,6 +9,13 @@ that window: it is shut, under the same lock that admits requests, before
 vLLM's shutdown starts, and vLLM's shutdown runs only once every request the
 gate admitted has finished (or the drain timeout has passed). So each POST is
 either served in full or refused with 503 and ``Retry-After``.
+
+Before it shuts, the gate lingers: for :data:`CLOSE_CONNECTIONS_S` it still admits
+requests, but every answer carries ``Connection: close``. A Service's endpoints
+stop naming a deleted pod within a second or so, yet a client's kept-alive
+connection stays pinned to it (kube-proxy's NAT is per connection); answered
+with ``Connection: close``, the client's next request opens a new connection,
+which goes to another replica, instead of meeting the 503.
 
 The gate is plain threading: requests are admitted on the server's event loop,
 the drain waits on the thread vLLM runs its shutdown in.
@@ -19,23 +27,33 @@ import threading
 import time
 
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Seconds a client is asked to wait before retrying a request refused while draining.
 DRAINING_RETRY_AFTER_S = 1
+#: Seconds from SIGTERM during which requests are still served, each answer closing its connection.
+CLOSE_CONNECTIONS_S = 5.0
+CONNECTION_CLOSE = (b"connection", b"close")
 
 
 class DrainGate:
-    """Counts the requests admitted, and refuses new ones once the drain has begun."""
+    """Counts the requests admitted; on drain, closes connections for a while, then refuses new requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, close_connections_s: float = CLOSE_CONNECTIONS_S) -> None:
         self._changed = threading.Condition()
+        self.close_connections_s = close_connections_s
+        self._closing = False
         self._draining = False
         self._active = 0
 
     @property
+    def closing(self) -> bool:
+        """Whether the drain has begun: every answer closes its connection."""
+        return self._closing
+
+    @property
     def draining(self) -> bool:
-        """Whether the drain has begun."""
+        """Whether new requests are refused."""
         return self._draining
 
     @property
@@ -58,11 +76,18 @@ class DrainGate:
             self._changed.notify_all()
 
     def drain(self, timeout: float) -> float:
-        """Refuse new requests, wait up to ``timeout`` s for the admitted ones; the seconds left of it."""
+        """Close connections for a while, then refuse new requests and wait for the admitted ones.
+
+        All within ``timeout`` seconds; returns what is left of it.
+        """
         deadline = time.monotonic() + timeout
         with self._changed:
+            self._closing = True
+        # Clients still pinned to this replica get their answers, and reconnect elsewhere after them.
+        time.sleep(min(self.close_connections_s, timeout))
+        with self._changed:
             self._draining = True
-            self._changed.wait_for(lambda: self._active == 0, timeout)
+            self._changed.wait_for(lambda: self._active == 0, max(0.0, deadline - time.monotonic()))
         return max(0.0, deadline - time.monotonic())
 
 
@@ -82,7 +107,10 @@ def draining_response() -> JSONResponse:
 
 
 class DrainGateMiddleware:
-    """ASGI middleware: every POST passes the gate, and holds it until its response (streamed or not) is sent."""
+    """ASGI middleware: every POST passes the gate, and holds it until its response (streamed or not) is sent.
+
+    Once the drain has begun, every response closes its connection.
+    """
 
     def __init__(self, app: ASGIApp, gate: DrainGate) -> None:
         self.app = app
@@ -90,13 +118,23 @@ class DrainGateMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse, or serve and count, one HTTP request."""
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if not self.gate.admit():
-            await draining_response()(scope, receive, send)
+        gate = self.gate
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and gate.closing:
+                message = {**message, "headers": [*message.get("headers", []), CONNECTION_CLOSE]}
+            await send(message)
+
+        if scope["method"] != "POST":
+            await self.app(scope, receive, send_closing)
+            return
+        if not gate.admit():
+            await draining_response()(scope, receive, send_closing)
             return
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_closing)
         finally:
-            self.gate.release()
+            gate.release()

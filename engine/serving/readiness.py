@@ -9,8 +9,8 @@ engine is healthy and 503 once it is not, with what it serves:
 HTTP response carries the artifact's hash too, in ``X-Neuronfleet-Artifact``,
 so a client or gateway sees which revision answered each request.
 
-While the engine drains (SIGTERM), ``/ready`` answers 503 and new POSTs are refused with
-503 and ``Retry-After`` (see ``neuronfleet.engine.serving.drain``).
+From SIGTERM on, ``/ready`` answers 503 and every answer closes its connection; a few seconds
+later new POSTs are refused with 503 and ``Retry-After`` (see ``neuronfleet.engine.serving.drain``).
 
 Registered under vLLM's ``vllm.endpoint_plugins`` entry point group; vLLM
 loads endpoint plugins only when named in ``VLLM_PLUGINS``, which the serve
@@ -95,7 +95,7 @@ class ReadinessPlugin:
             client = getattr(state, "engine_client", None)
             if client is None or serving is None:
                 return JSONResponse({"status": "not ready"}, status_code=503)
-            if gate.draining:
+            if gate.closing:
                 return JSONResponse({"status": "not ready", "reason": "draining"}, status_code=503)
             try:
                 await client.check_health()

@@ -7,11 +7,13 @@ import contextlib
 import json
 import math
 import re
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +151,57 @@ def test_the_command_prints_the_summary_and_fails_on_any_failure(server: Server)
     assert failing.returncode == 1
     assert rows(failing.stdout)["failed: transport error"] == "2"
     assert rows(failing.stdout)["latency"] == "p50 -  p90 -  p99 -  max -"
+
+
+def test_a_stopped_run_sends_nothing_more_and_waits_for_what_it_sent(server: Server) -> None:
+    plan = LoadPlan(server.url, rate=10, duration_s=60, body={**BODY, "delay": 0.5})
+
+    async def stopped_mid_run() -> LoadReport:
+        stop = asyncio.Event()
+
+        async def stop_once_requests_arrived() -> None:
+            while len(server.bodies) < 5:
+                await asyncio.sleep(0.01)
+            stop.set()
+
+        stopper = asyncio.create_task(stop_once_requests_arrived())
+        report = await run_load(plan, stop=stop)
+        await stopper
+        return report
+
+    report = asyncio.run(stopped_mid_run())
+    # Nothing more is sent after the stop, and the half-second answers to what was sent are waited for.
+    assert report.stopped_early
+    assert report.sent == report.succeeded == len(server.bodies) >= 5
+    assert report.failures == {}
+    assert [o.index for o in report.outcomes] == list(range(report.sent))
+    assert report.elapsed_s < 30
+    assert report.started_at == pytest.approx(time.time(), abs=10)
+
+
+def test_sigterm_stops_the_command_which_reports_and_writes_every_outcome(server: Server, tmp_path: Path) -> None:
+    outcomes = tmp_path / "outcomes.jsonl"
+    command = [str(SCRIPTS / "neuronfleet-dev"), "load", server.url, "--rate", "20", "--duration", "600"]
+    running = subprocess.Popen(
+        [*command, "--json", "--header", "X-Served-By", "--outcomes", str(outcomes)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Wait until the server has seen requests, so the stop comes mid-run.
+        deadline = time.monotonic() + 30
+        while len(server.bodies) < 5 and time.monotonic() < deadline and running.poll() is None:
+            time.sleep(0.05)
+        running.send_signal(signal.SIGTERM)
+        stdout, stderr = running.communicate(timeout=30)
+    finally:
+        running.kill()
+    assert running.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["stopped_early"] is True
+    assert summary["sent"] == summary["succeeded"] == len(server.bodies) >= 5
+    lines = [json.loads(line) for line in outcomes.read_text().splitlines()]
+    # One line per request, written as each ended.
+    assert sorted(line["index"] for line in lines) == list(range(summary["sent"]))
+    assert {line["header"] for line in lines} == {"replica-a"}

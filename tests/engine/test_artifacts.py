@@ -13,6 +13,7 @@ from neuronfleet.engine.artifacts.store import (
     MANIFEST,
     ArtifactError,
     BucketEntry,
+    OutdatedManifestError,
     artifact_dir,
     compile_artifact,
     load_for_serving,
@@ -136,3 +137,25 @@ def test_a_complete_manifest_lists_every_file_but_itself_its_lock_and_temporarie
     ]
     assert manifest.files[0].sha256 == hashlib.sha256(b"x").hexdigest()
     assert read_manifest(directory) == manifest
+
+
+def test_a_manifest_of_schema_1_is_refused_in_one_line(tmp_path: Path) -> None:
+    compile_artifact(str(tmp_path), IDENTITY, one_second)
+    directory = tmp_path / IDENTITY.hash()
+    # As schema 1 wrote it: no file list to check a copy against.
+    old = json.loads((directory / MANIFEST).read_text())
+    old["schema_version"] = 1
+    del old["files"]
+    (directory / MANIFEST).write_text(json.dumps(old))
+    line = (
+        f"artifact {IDENTITY.hash()} at {directory} has manifest schema version 1; this engine reads version 2 "
+        "and later: delete it and compile it again"
+    )
+    for use in (
+        lambda: read_manifest(directory),
+        lambda: load_for_serving(directory, PREFILL, DECODE),
+        lambda: compile_artifact(str(tmp_path), IDENTITY, one_second),
+    ):
+        with pytest.raises(OutdatedManifestError) as refused:
+            use()
+        assert str(refused.value) == line

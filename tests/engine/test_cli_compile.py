@@ -78,6 +78,27 @@ def test_serve_refuses_an_incomplete_artifact(run_cli: RunCli, tmp_path: Path) -
     )
 
 
+def test_serve_and_compile_refuse_a_manifest_of_schema_1(run_cli: RunCli, tmp_path: Path) -> None:
+    config = write_engine_config(tmp_path, **SETTINGS)
+    assert compile_sim(run_cli, config, tmp_path).returncode == 0
+    manifest_path = tmp_path / expected_hash() / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["schema_version"] = 1
+    del manifest["files"]
+    manifest_path.write_text(json.dumps(manifest))
+    line = (
+        f"error: artifact {expected_hash()} at {tmp_path}/{expected_hash()} has manifest schema version 1; this "
+        "engine reads version 2 and later: delete it and compile it again\n"
+    )
+    serve = ["neuronfleet-engine", "serve", "-c", str(config), "--device", "sim", "--artifact-store", str(tmp_path)]
+    # Exit 3, as for a missing or incomplete artifact; compiling on start cannot mend it either.
+    for extra in ((), ("--compile-on-start",)):
+        result = run_cli(*serve, *extra)
+        assert (result.returncode, result.stderr) == (3, line)
+    compiled = compile_sim(run_cli, config, tmp_path)
+    assert (compiled.returncode, compiled.stderr) == (2, line)
+
+
 def test_bad_device_target_and_shape_are_one_line_each(run_cli: RunCli, tmp_path: Path) -> None:
     store = str(tmp_path)
     cases = {

@@ -6,6 +6,7 @@ The whole drain, through vLLM's server and SIGTERM, is ``test_serve_drain.py``.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from starlette.applications import Starlette
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.vllm_matrix
 
 
 def test_the_drain_refuses_new_requests_and_waits_for_the_admitted_ones() -> None:
-    gate = DrainGate()
+    gate = DrainGate(close_connections_s=0)
     assert gate.admit()
     left: list[float] = []
     drain = threading.Thread(target=lambda: left.append(gate.drain(30)))
@@ -44,8 +45,23 @@ def test_the_drain_gives_up_at_its_timeout() -> None:
     assert (gate.draining, gate.active) == (True, 1)
 
 
-def test_a_drain_with_nothing_admitted_leaves_all_its_time() -> None:
-    assert DrainGate().drain(30) > 29
+def test_a_drain_with_nothing_admitted_leaves_all_but_the_closing_time() -> None:
+    assert DrainGate(close_connections_s=0).drain(30) > 29
+    assert 24 < DrainGate(close_connections_s=5).drain(30) <= 25
+
+
+def test_the_drain_first_admits_for_a_while_closing_each_connection() -> None:
+    gate = DrainGate(close_connections_s=0.5)
+    drain = threading.Thread(target=gate.drain, args=(30,))
+    drain.start()
+    while not gate.closing:
+        time.sleep(0.001)
+    # Closing: still admitted (kept-alive clients get their answer), not yet refused.
+    assert gate.admit()
+    assert not gate.draining
+    gate.release()
+    drain.join(10)
+    assert (gate.closing, gate.draining, gate.admit()) == (True, True, False)
 
 
 def echo(request: Request) -> PlainTextResponse:
@@ -59,8 +75,11 @@ def test_the_middleware_refuses_posts_with_503_and_retry_after_once_draining() -
     with TestClient(app) as client:
         assert client.post("/").text == "POST"
         assert gate.active == 0, "an answered request must leave the gate"
+        assert "connection" not in client.post("/").headers
         gate.drain(0)
         refused = client.post("/")
+        # The refusal closes the connection too: the client's next request opens a new one.
+        assert refused.headers["connection"] == "close"
         assert refused.status_code == 503
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == 503

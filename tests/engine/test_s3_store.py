@@ -239,6 +239,24 @@ def test_a_manifest_that_is_not_the_artifact_asked_for_is_refused(
     assert not (tmp_path / "serve-cache").exists()
 
 
+def test_a_manifest_of_schema_1_in_the_store_is_refused_in_one_line(
+    s3_bucket: Bucket, uploaded: tuple[Path, Path], tmp_path: Path
+) -> None:
+    config, remote = uploaded
+    manifest = json.loads((remote / "manifest.json").read_text())
+    manifest["schema_version"] = 1
+    del manifest["files"]
+    (remote / "manifest.json").write_text(json.dumps(manifest))
+    expected = artifact_hash(SETTINGS)
+    result = serve_refusal(s3_bucket, config, tmp_path / "serve-cache")
+    assert result.returncode == 3
+    assert result.stderr == (
+        f"error: artifact {expected} at {s3_bucket.store()}/{expected} has manifest schema version 1; this engine "
+        "reads version 2 and later: delete it and compile it again\n"
+    )
+    assert not (tmp_path / "serve-cache").exists()
+
+
 def test_an_unreachable_store_fails_the_compile_in_one_line(s3_bucket: Bucket, tmp_path: Path) -> None:
     config = write_engine_config(tmp_path, **SETTINGS)
     closed = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}

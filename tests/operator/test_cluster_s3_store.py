@@ -1,5 +1,5 @@
 """``s3://`` stores on a real control plane with fake nodes: what compile and serving pods get, and a store
-the engine cannot reach.
+the engine cannot reach, and a ServiceAccount that does not exist.
 
 KWOK runs no container, so the compile never really reaches S3 here. What is real: the Job and pod specs
 the API server admits (ServiceAccount, environment, no volume for the store), the operator's statuses, and,
@@ -11,14 +11,16 @@ kubelet would report it (``terminationMessagePolicy: FallbackToLogsOnError``).
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from harness.engine_server import SCRIPTS, engine_env
 from harness.programs import run_program
 from harness.services import Services
-from kubernetes.client import CoreV1Api, V1ObjectMeta, V1ServiceAccount
+from kubernetes.client import ApiException, CoreV1Api, V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ServiceAccount
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import FAIL_ANNOTATION, FAIL_MESSAGE_ANNOTATION
@@ -153,3 +155,41 @@ def test_an_unreachable_store_ends_compile_failed_with_the_engines_reason(
     print(f"$ kubectl describe nis llama\n{described.stdout}")
     assert described.returncode == 0, described.stderr
     assert "cannot reach the artifact store" in described.stdout
+
+
+def test_a_service_account_that_does_not_exist_says_so_and_fixing_it_lets_the_compile_go_on(
+    services: Services, operator: OperatorProcess, core: CoreV1Api, namespace: str, wait_for: WaitFor
+) -> None:
+    # The API server's ServiceAccount admission refuses such a pod: the Job controller cannot make one.
+    orphan = V1Pod(
+        metadata=V1ObjectMeta(name="orphan"),
+        spec=V1PodSpec(service_account_name=ACCOUNT, containers=[V1Container(name="c", image="busybox")]),
+    )
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(namespace, orphan)
+    assert refused.value.status == 403
+    assert refused.value.body is not None
+    assert f'serviceaccount "{ACCOUNT}" not found' in json.loads(refused.value.body)["message"]
+
+    services.create("llama", spec())
+    stuck = services.wait(
+        "llama",
+        lambda body: "FailedCreate" in (condition(body, "ArtifactReady").get("message") or ""),
+        "the refused compile pod in ArtifactReady",
+    )
+    assert stuck["status"]["phase"] == "Compiling"
+    artifact_ready = condition(stuck, "ArtifactReady")
+    assert (artifact_ready["status"], artifact_ready["reason"]) == ("False", "Compiling")
+    lookup = f'error looking up service account {namespace}/{ACCOUNT}: serviceaccount "{ACCOUNT}" not found'
+    assert lookup in artifact_ready["message"]
+    (artifact,) = services.artifacts()
+    job = plan.compile_job_name(artifact["metadata"]["name"])
+    assert (artifact["status"]["phase"], artifact["status"]["reason"]) == ("Compiling", "FailedCreate")
+    assert artifact["status"]["message"].startswith(f"compile Job {job} cannot create its pod: ")
+    assert lookup in artifact["status"]["message"]
+
+    # The same Job makes its pod once the ServiceAccount exists (the controller retries within a minute).
+    core.create_namespaced_service_account(namespace, V1ServiceAccount(metadata=V1ObjectMeta(name=ACCOUNT)))
+    services.wait_ready("llama", timeout=120)
+    (artifact,) = services.artifacts()
+    assert (artifact["status"]["phase"], artifact["status"]["job"]) == ("Ready", job)

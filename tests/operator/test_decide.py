@@ -124,6 +124,20 @@ def test_first_compile() -> None:
     assert [e.reason for e in events] == ["Valid", "Compiling"]
 
 
+def test_a_compile_in_trouble_shows_its_reason_in_artifact_ready() -> None:
+    refused = artifact("Compiling", "FailedCreate", "compile Job model-new-compile cannot create its pod: forbidden")
+    status, _ = status_of(refused, None)
+    (artifact_ready,) = [c for c in status.conditions if c.type == "ArtifactReady"]
+    assert (artifact_ready.status, artifact_ready.reason, status.phase) == ("False", "Compiling", "Compiling")
+    assert (
+        artifact_ready.message
+        == "model-new: FailedCreate: compile Job model-new-compile cannot create its pod: forbidden"
+    )
+    # A compile going as it should shows its progress alone.
+    running, _ = status_of(artifact("Compiling", "Running", "attempt 1 of 3"), None)
+    assert [c.message for c in running.conditions if c.type == "ArtifactReady"] == ["model-new: attempt 1 of 3"]
+
+
 def test_rolling_out_then_ready() -> None:
     rolling, _ = status_of(NEW, deployment("new", ready=1, updated=1, total=2, available=1))
     assert rolling.phase == "RollingOut"

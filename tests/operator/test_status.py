@@ -6,7 +6,15 @@ import datetime
 from typing import Any
 
 from neuronfleet.operator import api
-from neuronfleet.operator.status import ConditionType, Reason, artifact_status, condition, merge_conditions, transitions
+from neuronfleet.operator.status import (
+    ConditionType,
+    Reason,
+    artifact_status,
+    awaiting_pod,
+    condition,
+    merge_conditions,
+    transitions,
+)
 
 SPEC = api.NeuronCompiledArtifactSpec.model_validate(
     {
@@ -99,6 +107,54 @@ def test_a_compile_pod_that_cannot_start_says_why() -> None:
     # A container merely being created is no reason to worry.
     creating = waiting_pod("ContainerCreating", "")
     assert artifact_status(SPEC, job(active=1), [creating], EMPTY, 1).reason == "Running"
+
+
+REFUSED = (
+    'Error creating: pods "model-x-compile-abc" is forbidden: error looking up service account '
+    'llm/neff-writer: serviceaccount "neff-writer" not found'
+)
+
+
+def refusal(job_uid: str, last: str) -> dict[str, Any]:
+    """The Job controller's event for a pod the API server refused."""
+    return {
+        "reason": "FailedCreate",
+        "type": "Warning",
+        "message": REFUSED,
+        "involvedObject": {"kind": "Job", "name": "model-x-compile", "uid": job_uid},
+        "lastTimestamp": last,
+    }
+
+
+def pod_created(at: str) -> dict[str, Any]:
+    return {"metadata": {"name": "model-x-compile-def", "creationTimestamp": at}, "status": {}}
+
+
+def test_a_compile_job_whose_pod_is_refused_says_why() -> None:
+    refused_job = job(startTime="2026-11-30T12:00:00Z")
+    refused_job["metadata"]["uid"] = "job-1"
+    events = [refusal("job-1", "2026-11-30T12:00:05Z")]
+    status = artifact_status(SPEC, refused_job, [], EMPTY, 1, events)
+    assert (status.phase, status.reason) == ("Compiling", "FailedCreate")
+    assert status.message == f"compile Job model-x-compile cannot create its pod: {REFUSED}"
+    # An earlier Job of the same name, deleted for a retry, left its events behind: they are not this Job's.
+    assert artifact_status(SPEC, refused_job, [], EMPTY, 1, [refusal("job-0", "2026-11-30T12:00:05Z")]).reason == (
+        "Starting"
+    )
+    # Mended (the ServiceAccount now exists): a pod made since the refusal, and the Job goes on.
+    mended = artifact_status(SPEC, refused_job, [pod_created("2026-11-30T12:00:05Z")], EMPTY, 1, events)
+    assert mended.reason == "Starting"
+    # A refusal after the last pod (a retry's pod refused, e.g. by a quota) counts again.
+    again = artifact_status(SPEC, refused_job, [pod_created("2026-11-30T12:00:00Z")], EMPTY, 1, events)
+    assert again.reason == "FailedCreate"
+
+
+def test_events_are_asked_for_only_while_a_job_has_no_pod_running() -> None:
+    assert awaiting_pod(job(startTime="2026-11-30T12:00:00Z"))
+    assert awaiting_pod(job(failed=1))  # between a failed attempt and the next pod
+    assert not awaiting_pod(job(active=1))
+    assert not awaiting_pod(job(failed=1, conditions=[{"type": "Failed", "status": "True"}]))
+    assert not awaiting_pod(job(succeeded=1, conditions=[{"type": "Complete", "status": "True"}]))
 
 
 def test_a_ready_artifact_stays_ready_when_its_job_is_deleted() -> None:

@@ -1,8 +1,8 @@
 """The engine image on the real node, in the operator's own pod template: probes, Service, completion, drain.
 
 The Deployment, its ConfigMap and its Service are what :mod:`neuronfleet.operator.plan` renders for a
-trn2.48xlarge service, changed in one way only: the engine serves on the simulated device (``--device sim``)
-with no artifact store, since there is no Neuron device here and nothing has been compiled.
+``device: sim`` trn2.48xlarge service placed on the real node, changed in one way only: the engine is
+given no artifact to load (it compiles its simulated graphs at start), since nothing was compiled here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.operator import api as nis_api
 from neuronfleet.operator import plan
 
@@ -31,6 +32,10 @@ MAX_TOKENS = 7
 SPEC = {
     "model": {"uri": "hf://neuronfleet/tiny", "revision": "main"},
     "instanceType": "trn2.48xlarge",
+    "device": "sim",
+    "resources": {"cpu": "250m", "memory": "4Gi"},
+    "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
+    "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
     "engine": {"max_num_seqs": 4, "max_model_len": 256, "max_num_batched_tokens": 256, "tensor_parallel_size": 4},
     "compile": {"artifactStore": "s3://unused/neff"},
     "drain": {"preStopSeconds": 2, "drainTimeoutSeconds": 5},
@@ -39,8 +44,8 @@ SPEC = {
 ARTIFACT_FLAGS = ("--artifact-store", "--artifact-hash")
 
 
-def sim_args(args: list[str]) -> list[str]:
-    """``serve`` arguments on the simulated device: the artifact pins dropped, ``--device sim`` added."""
+def unpinned(args: list[str]) -> list[str]:
+    """``serve`` arguments with the artifact pins (the flags and their values) dropped."""
     kept: list[str] = []
     skip = False
     for arg in args:
@@ -50,7 +55,7 @@ def sim_args(args: list[str]) -> list[str]:
             skip = True
         else:
             kept.append(arg)
-    return [*kept, "--device", "sim"]
+    return kept
 
 
 def rendered(image: str) -> tuple[Obj, Obj, Obj]:
@@ -63,7 +68,7 @@ def rendered(image: str) -> tuple[Obj, Obj, Obj]:
         # No NeuronInferenceService exists: the garbage collector would delete what it owns.
         obj["metadata"].pop("ownerReferences")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    container["args"] = sim_args(container["args"])
+    container["args"] = unpinned(container["args"])
     return configmap, deployment, service
 
 

@@ -1,0 +1,143 @@
+"""``neuronfleet-dev load`` run from inside the real node's network namespace, for as long as a test needs.
+
+A Service's ClusterIP exists only in the node's network namespace (kube-proxy's rules are there), so the
+load tool runs there, as a client on the node would. A test cannot know up front how long a rollout
+takes: the load is planned for far longer and stopped (SIGTERM) when the test is done; the tool then
+waits for every request it sent and reports each one.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from neuronfleet.devcluster.load import DROPPED
+from neuronfleet.devcluster.processes import SCRIPTS
+from neuronfleet.devcluster.waiting import wait_for
+
+#: Longer than any test loads for: the test stops the load, this only bounds a test that forgets to.
+PLANNED_S = 1800
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request of the run: when it was sent (Unix seconds), how long it took, how it ended, by whom."""
+
+    sent_at: float
+    latency_s: float
+    result: str
+    header: str | None
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx answer."""
+        return self.result.isdigit() and 200 <= int(self.result) < 300
+
+    @property
+    def done_at(self) -> float:
+        """When the answer (or the failure) came."""
+        return self.sent_at + self.latency_s
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What the load tool reported: its summary, and every request it sent in order."""
+
+    summary: dict[str, Any]
+    answers: list[Answer]
+
+    @property
+    def failed(self) -> dict[str, int]:
+        """Requests that did not succeed, by status or kind of failure (dropped ones included)."""
+        failed: dict[str, int] = self.summary["failed"]
+        return failed
+
+    def sent_between(self, start: float, end: float = float("inf")) -> list[Answer]:
+        """The requests sent within ``[start, end)`` (Unix seconds)."""
+        return [a for a in self.answers if start <= a.sent_at < end]
+
+    def in_flight_at(self, moment: float) -> list[Answer]:
+        """The requests sent before ``moment`` and answered after it."""
+        return [a for a in self.answers if a.sent_at <= moment < a.done_at]
+
+    def line(self) -> str:
+        """The figures a note quotes: sent, succeeded, failed, latency."""
+        s = self.summary
+        return (
+            f"sent {s['sent']}, succeeded {s['succeeded']}, failed {s['failed'] or 0} in {s['elapsed_s']:.0f} s "
+            f"at {s['rate']:g}/s; latency p50 {s['latency_s']['p50']} s, p99 {s['latency_s']['p99']} s"
+        )
+
+
+class NodeLoad:
+    """The load tool sending completions to ``url`` from network namespace ``netns`` until :meth:`stop`."""
+
+    def __init__(self, netns: str, url: str, workdir: Path, *, rate: float, max_tokens: int, header: str) -> None:
+        self.outcomes = workdir / "outcomes.jsonl"
+        self.argv = [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            str(SCRIPTS / "neuronfleet-dev"),
+            "load",
+            url,
+            f"--rate={rate}",
+            f"--duration={PLANNED_S}",
+            f"--max-tokens={max_tokens}",
+            "--timeout=60",
+            f"--header={header}",
+            f"--outcomes={self.outcomes}",
+            "--json",
+        ]
+        self.log = workdir / "load.log"
+        self.process: subprocess.Popen[str] | None = None
+        self.result: LoadResult | None = None
+
+    def start(self) -> None:
+        """Start sending; return once the first answer came, so what the test does next happens under load."""
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log, text=True)
+        process = self.process
+        wait_for(
+            lambda: process.poll() is None and self.outcomes.is_file() and self.outcomes.stat().st_size > 0,
+            timeout=120,
+            what="the load's first answer",
+            show=lambda _: (process.poll(), self.log.read_text()[-2000:]),
+        )
+
+    def stop(self) -> LoadResult:
+        """Stop sending, wait for every answer, and read the report."""
+        assert self.process is not None, "the load was never started"
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            stdout, _ = self.process.communicate(timeout=120)
+        finally:
+            self.process.kill()
+        summary = json.loads(stdout) if stdout.strip() else {}
+        assert summary, f"the load tool reported nothing (exit {self.process.returncode}): {self.log.read_text()}"
+        started = float(summary["started_at"])
+        outcomes = sorted(map(json.loads, self.outcomes.read_text().splitlines()), key=lambda o: int(o["index"]))
+        answers = [
+            Answer(started + o["sent_at_s"], o["latency_s"], o["result"], o["header"])
+            for o in outcomes
+            if o["result"] != DROPPED
+        ]
+        self.result = LoadResult(summary, answers)
+        return self.result
+
+    def __enter__(self) -> NodeLoad:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self.result is None:
+            self.stop()
