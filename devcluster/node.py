@@ -63,6 +63,14 @@ Spawn = Callable[[str, Sequence[str], dict[str, str] | None], ManagedProcess]
 Wait = Callable[[str, ManagedProcess, Callable[[], bool]], None]
 
 
+def pinned_here() -> dict[str, Any]:
+    """A pod spec's placement on the real node: its hostname selected, its Neuron taint tolerated."""
+    return {
+        "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
+        "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+
+
 def netns_name(cluster: str) -> str:
     """The network namespace of ``cluster``'s real node."""
     return f"nf-{cluster}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -106,6 +107,17 @@ def draining_response() -> JSONResponse:
     )
 
 
+def sending_header(send: Send, header: tuple[bytes, bytes], when: Callable[[], bool] = lambda: True) -> Send:
+    """``send`` that adds ``header`` to a response's start whenever ``when()`` holds then."""
+
+    async def send_with_header(message: Message) -> None:
+        if message["type"] == "http.response.start" and when():
+            message = {**message, "headers": [*message.get("headers", []), header]}
+        await send(message)
+
+    return send_with_header
+
+
 class DrainGateMiddleware:
     """ASGI middleware: every POST passes the gate, and holds it until its response (streamed or not) is sent.
 
@@ -122,12 +134,7 @@ class DrainGateMiddleware:
             await self.app(scope, receive, send)
             return
         gate = self.gate
-
-        async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start" and gate.closing:
-                message = {**message, "headers": [*message.get("headers", []), CONNECTION_CLOSE]}
-            await send(message)
-
+        send_closing = sending_header(send, CONNECTION_CLOSE, lambda: gate.closing)
         if scope["method"] != "POST":
             await self.app(scope, receive, send_closing)
             return

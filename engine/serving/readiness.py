@@ -26,10 +26,10 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import State
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from neuronfleet.engine.scheduler import vllm_compat
-from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
+from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware, sending_header
 from neuronfleet.engine.serving.serve import READY_PLUGIN, SERVED_ARTIFACT_ENV
 from neuronfleet.engine.sim_settings import SETTINGS_KEY
 
@@ -65,13 +65,7 @@ class ArtifactHeaderMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-
-        async def send_with_header(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), self.header]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_header)
+        await self.app(scope, receive, sending_header(send, self.header))
 
 
 class ReadinessPlugin:

@@ -20,10 +20,10 @@ import yaml
 from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.node import pinned_here
 from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.status import condition
 from neuronfleet.devcluster.waiting import wait_for
-from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND
 
 Obj = dict[str, Any]
@@ -76,8 +76,7 @@ def service(name: str) -> Obj:
             "compile": {
                 "artifactStore": "s3://neff-store/team",
                 "s3": {"credentialsSecret": SECRET},
-                "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
-                "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                **pinned_here(),
                 "resources": {"cpu": "100m", "memory": "128Mi"},
             },
         },

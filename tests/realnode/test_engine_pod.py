@@ -19,9 +19,8 @@ from harness.cluster_fixtures import NodeImage
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
-from neuronfleet.devcluster.node import RealNode
+from neuronfleet.devcluster.node import RealNode, pinned_here
 from neuronfleet.devcluster.waiting import wait_for
-from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.operator import api as nis_api
 from neuronfleet.operator import plan
 
@@ -34,8 +33,7 @@ SPEC = {
     "instanceType": "trn2.48xlarge",
     "device": "sim",
     "resources": {"cpu": "250m", "memory": "4Gi"},
-    "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
-    "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+    **pinned_here(),
     "engine": {"max_num_seqs": 4, "max_model_len": 256, "max_num_batched_tokens": 256, "tensor_parallel_size": 4},
     "compile": {"artifactStore": "s3://unused/neff"},
     "drain": {"preStopSeconds": 2, "drainTimeoutSeconds": 5},

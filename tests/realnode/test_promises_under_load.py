@@ -29,10 +29,9 @@ from harness.node_load import LoadResult, NodeLoad
 from neuronfleet.devcluster import operator_release
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
-from neuronfleet.devcluster.node import NODE_IP, RealNode
+from neuronfleet.devcluster.node import NODE_IP, RealNode, pinned_here
 from neuronfleet.devcluster.s3_server import REGION, S3Server
 from neuronfleet.devcluster.waiting import wait_for
-from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
@@ -42,10 +41,6 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "neuronfleet"
 NAME = "fleet"
 BUCKET = "neff-store"
 KEYS, WRONG_KEYS = "neff-keys", "neff-keys-revoked"
-ON_THE_REAL_NODE = {
-    "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
-    "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-}
 #: Requests per second through the Service, and the tokens each asks for (about a second on two cores).
 RATE, MAX_TOKENS = 3.0, 24
 #: Tokens of each completion in the drain test: most of a second each, so some are running at the deletion.
@@ -77,13 +72,13 @@ def service_manifest(image: str, endpoint: str, buckets: list[int], *, secret: s
                 "num_batched_tokens_buckets": buckets,
             },
             "resources": {"cpu": "250m", "memory": "4Gi"},
-            **ON_THE_REAL_NODE,
+            **pinned_here(),
             "compile": {
                 "artifactStore": f"s3://{BUCKET}/fleet",
                 "s3": {"endpointUrl": endpoint, "region": REGION, "credentialsSecret": secret},
                 "backoffLimit": 0,
                 "resources": {"cpu": "500m", "memory": "2Gi"},
-                **ON_THE_REAL_NODE,
+                **pinned_here(),
             },
             "rollout": {"startupTimeoutSeconds": POD_TIMEOUT_S},
             "drain": {"preStopSeconds": 5, "drainTimeoutSeconds": 30},
@@ -133,12 +128,12 @@ class Fleet:
         self.manifest = manifest
         return applied_at
 
-    def with_buckets(self, buckets: list[int], **changes: str) -> Obj:
-        """The current manifest with other prefill buckets (and, say, another credentials Secret)."""
+    def with_buckets(self, buckets: list[int], secret: str | None = None) -> Obj:
+        """The current manifest with other prefill buckets (and, given one, another credentials Secret)."""
         manifest = copy.deepcopy(self.manifest)
         manifest["spec"]["engine"]["num_batched_tokens_buckets"] = buckets
-        if "secret" in changes:
-            manifest["spec"]["compile"]["s3"]["credentialsSecret"] = changes["secret"]
+        if secret is not None:
+            manifest["spec"]["compile"]["s3"]["credentialsSecret"] = secret
         return manifest
 
     def status(self) -> Obj:
