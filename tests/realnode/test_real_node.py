@@ -188,23 +188,30 @@ def test_delete_runs_prestop_and_ends_within_grace(api: Api, real_cluster: Local
     marks.chmod(0o777)
     grace = 20
     hook = {"exec": {"command": ["sh", "-c", "id -u > /marks/prestop"]}}
+    # PID 1 ignores a SIGTERM it has no handler for: the pod is Ready only once the handler is installed,
+    # so a delete that lands while Python is still starting cannot leave the kubelet waiting out the grace.
+    armed = "/tmp/sigterm-handled"
+    program = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
+        f"pathlib.Path({armed!r}).touch(); time.sleep(3600)"
+    )
     spec = pod(
         name,
-        [
-            "python3",
-            "-c",
-            "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(3600)",
-        ],
-        container={"lifecycle": {"preStop": hook}, "volumeMounts": [{"name": "marks", "mountPath": "/marks"}]},
+        ["python3", "-c", program],
+        container={
+            "lifecycle": {"preStop": hook},
+            "readinessProbe": {"exec": {"command": ["test", "-f", armed]}, "periodSeconds": 1},
+            "volumeMounts": [{"name": "marks", "mountPath": "/marks"}],
+        },
         terminationGracePeriodSeconds=grace,
         volumes=[{"name": "marks", "hostPath": {"path": str(marks), "type": "Directory"}}],
     )
     api.request("POST", PODS, spec)
     wait_for(
         lambda: read(api, name),
-        lambda found: (found or {}).get("status", {}).get("phase") == "Running",
+        lambda found: (condition(found, "Ready") or {}).get("status") == "True",
         timeout=60,
-        what=f"pod {name} Running",
+        what=f"pod {name} Ready (its SIGTERM handler installed)",
         show=lambda found: (found or {}).get("status"),
     )
     deleted = time.monotonic()
