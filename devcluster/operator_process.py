@@ -21,11 +21,20 @@ RESYNCS_TOTAL = "neuronfleet_operator_resyncs_total"
 class OperatorProcess:
     """``neuronfleet-operator run`` for some namespaces, as a child process (so it can be killed)."""
 
-    def __init__(self, kubeconfig: Path, namespaces: list[str], log_dir: Path, resync_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespaces: list[str],
+        log_dir: Path,
+        resync_seconds: float = 5.0,
+        prometheus: str | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces
         self.log_dir = log_dir
         self.resync_seconds = resync_seconds
+        #: The Prometheus URL autoscaled services' ScaledObjects query (``--prometheus-address``).
+        self.prometheus = prometheus
         self.managed: ManagedProcess | None = None
         self.runs = 0
         self.metrics_port = 0
@@ -51,6 +60,8 @@ class OperatorProcess:
             argv += ["--namespace", namespace]
         argv += ["--liveness", f"http://127.0.0.1:{port}/healthz", "--resync-seconds", str(self.resync_seconds)]
         argv += ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"]
+        if self.prometheus is not None:
+            argv += ["--prometheus-address", self.prometheus]
         self.managed = ManagedProcess.spawn("operator", argv, self.log)
         self.managed.wait_ready(
             f"http://127.0.0.1:{port}/healthz", timeout=timeout, what="the operator's liveness endpoint", wait=wait_for

@@ -327,6 +327,111 @@ class DrainSettings(K8sModel):
         return self
 
 
+#: The most replicas autoscaling may ask for: beyond this a fleet is several services, not one.
+MAX_AUTOSCALED_REPLICAS = 100
+
+
+class Autoscaling(K8sModel):
+    """Replicas that follow the engine's own load signals: KEDA and the HPA it drives, on the scale subresource.
+
+    The defaults are sized for Neuron: a new replica loads its NEFFs and weights for minutes, so
+    replicas are added a few at a time and removed only after the load has stayed low for a while.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "messageExpression": (
+                        "'autoscaling.minReplicas (%d) must not exceed autoscaling.maxReplicas (%d)'"
+                        ".format([self.minReplicas, self.maxReplicas])"
+                    ),
+                }
+            ]
+        }
+    )
+
+    min_replicas: int = Field(
+        1,
+        ge=0,
+        le=MAX_AUTOSCALED_REPLICAS,
+        description=(
+            "Fewest replicas. 0 scales an idle service to zero; requests sent while no replica exists fail "
+            "unless a request buffer (a gateway's endpoint picker) holds them."
+        ),
+    )
+    max_replicas: int = Field(ge=1, le=MAX_AUTOSCALED_REPLICAS, description="Most replicas.")
+    waiting_requests_per_replica: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description="Target of vllm:num_requests_waiting per replica: requests queued beyond this add replicas.",
+    )
+    activation_waiting_requests: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="With minReplicas 0: waiting requests above this wake the service from zero.",
+    )
+    kv_cache_usage: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Target of vllm:kv_cache_usage_perc (0-1) averaged over replicas; unset: not a trigger.",
+    )
+    ttft_p95_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=600,
+        description="An SLO guard: time to first token p95 (vllm:time_to_first_token_seconds) above this scales up.",
+    )
+    polling_interval_seconds: int = Field(15, ge=1, le=3600, description="How often KEDA reads the metrics.")
+    scale_up_replicas: int = Field(
+        2, ge=1, le=MAX_AUTOSCALED_REPLICAS, description="Most replicas added per scaleUpPeriodSeconds."
+    )
+    scale_up_period_seconds: int = Field(
+        120,
+        ge=1,
+        le=1800,
+        description="The scale-up rate's period: about a cold start, so replicas still loading are not added twice.",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300, ge=0, le=3600, description="Load must stay low this long before replicas are removed."
+    )
+    cooldown_period_seconds: int = Field(
+        300, ge=0, le=86_400, description="With minReplicas 0: idle this long after the last activity before zero."
+    )
+    initial_cooldown_period_seconds: int = Field(
+        1800,
+        ge=0,
+        le=86_400,
+        description="With minReplicas 0: no scaling to zero this long after autoscaling starts (the first load).",
+    )
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            message = (
+                f"autoscaling.minReplicas ({self.min_replicas}) must not exceed "
+                f"autoscaling.maxReplicas ({self.max_replicas})"
+            )
+            raise field_errors(type(self).__name__, [((), message, self.min_replicas)])
+        return self
+
+
+#: Only the scaler writes spec.replicas of an autoscaled service (through the scale subresource): a
+#: manifest naming both is refused, while the scaler's writes to one already autoscaled pass.
+_REPLICAS_RULE: JsonValue = {
+    "rule": "!has(self.autoscaling) || !has(self.replicas) || (oldSelf.hasValue() && has(oldSelf.value().autoscaling))",
+    "optionalOldSelf": True,
+    "message": (
+        "replicas and autoscaling are exclusive: with autoscaling, KEDA sets spec.replicas through the "
+        "scale subresource; remove spec.replicas"
+    ),
+    "fieldPath": ".replicas",
+}
+
 _NEURON_DEVICES_RULES: list[JsonValue] = [
     {
         "rule": (
@@ -376,7 +481,7 @@ _NEURON_DEVICES_RULES: list[JsonValue] = [
 class NeuronInferenceServiceSpec(K8sModel):
     """The desired state of a served model: what to compile, where to run it, how to change it."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _NEURON_DEVICES_RULES})
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [*_NEURON_DEVICES_RULES, _REPLICAS_RULE]})
 
     model: ModelSource = Field(description="The model served.")
     engine: EngineConfig = Field(
@@ -413,7 +518,20 @@ class NeuronInferenceServiceSpec(K8sModel):
         max_length=16,
         description="Serving pod tolerations, besides the Neuron taint's that neuron replicas always carry.",
     )
-    replicas: int = Field(1, ge=0, le=1000, description="Serving replicas.")
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Serving replicas (default 1). With autoscaling, KEDA sets it; leave it out of manifests.",
+    )
+    autoscaling: Autoscaling | None = Field(
+        None,
+        description=(
+            "Replicas that follow vllm:num_requests_waiting (and optionally KV cache usage and TTFT p95), "
+            "through a KEDA ScaledObject on this service's scale subresource. Needs KEDA and Prometheus "
+            "(the chart's autoscaling values)."
+        ),
+    )
     image: str = Field(
         DEFAULT_IMAGE,
         pattern=IMAGE_PATTERN,
@@ -433,6 +551,15 @@ class NeuronInferenceServiceSpec(K8sModel):
     def instance(self) -> InstanceType:
         """The instance type's Neuron shape."""
         return INSTANCE_TYPES[self.instance_type]
+
+    @property
+    def desired_replicas(self) -> int:
+        """The replicas asked for: the scaler's (kept within its bounds), the user's, or 1."""
+        if self.autoscaling is None:
+            return 1 if self.replicas is None else self.replicas
+        bounds = self.autoscaling
+        wanted = bounds.min_replicas if self.replicas is None else self.replicas
+        return min(max(wanted, bounds.min_replicas), bounds.max_replicas)
 
     @property
     def neuron_devices(self) -> int:
@@ -527,7 +654,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(K8sModel):
     """A metav1.Condition."""
 
-    type: str = Field(max_length=316, description="Validated, ArtifactReady, Available or Ready.")
+    type: str = Field(max_length=316, description="Validated, ArtifactReady, Available, Ready or Autoscaling.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(max_length=1024, pattern=REASON_PATTERN, description="Why, in one CamelCase word.")
     message: str = Field("", max_length=32768, description="Why, for humans.")
@@ -561,11 +688,12 @@ class NeuronInferenceServiceStatus(K8sModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=8,
-        description="Validated, ArtifactReady, Available and Ready.",
+        description="Validated, ArtifactReady, Available and Ready, and Autoscaling with spec.autoscaling.",
         json_schema_extra=CONDITIONS_SCHEMA,
     )
     observed_generation: int | None = Field(None, ge=0, description="The spec generation last acted on.")
     artifact: ArtifactStatusRef | None = Field(None, description="The artifact the spec asks for.")
+    desired_replicas: int = Field(0, ge=0, description="Replicas asked for (by spec.replicas or the autoscaler).")
     replicas: int = Field(0, ge=0, description="Serving pods, any revision.")
     ready_replicas: int = Field(0, ge=0, description="Ready serving pods, any revision.")
     updated_replicas: int = Field(0, ge=0, description="Serving pods of the target revision.")

@@ -157,7 +157,10 @@ KINDS = [
             _column("TP", ".spec.engine.tensor_parallel_size", "integer", "Tensor parallelism.", priority=1),
             _column("Phase", ".status.phase"),
             _column("Ready", ".status.readyReplicas", "integer", "Ready replicas."),
-            _column("Desired", ".spec.replicas", "integer", "Desired replicas."),
+            _column(
+                "Desired", ".status.desiredReplicas", "integer", "Replicas asked for (spec.replicas or the autoscaler)."
+            ),
+            _column("Current", ".status.replicas", "integer", "Serving pods, any revision."),
             _column("Artifact", ".status.artifact.name", description="The artifact the spec asks for."),
             _column("Revision", ".status.currentRevision", description="The artifact fully rolled out.", priority=1),
             _AGE,
@@ -228,6 +231,10 @@ def structural(node: Schema, defs: Mapping[str, Schema]) -> Schema:
         node = _merge(structural(branches[0], defs), node)
     if "const" in node:
         node["enum"] = [node.pop("const")]
+    # JSON Schema's numeric exclusive bounds are OpenAPI v3's bound plus a flag.
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(node.get(flag), int | float) and not isinstance(node[flag], bool):
+            node[bound], node[flag] = node[flag], True
     for key in ("title", "$defs"):
         node.pop(key, None)
     if node.get("additionalProperties") is False:

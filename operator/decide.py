@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from neuronfleet.operator import api, plan
+from neuronfleet.operator import api, plan, scaling
 from neuronfleet.operator.status import (
     ConditionType,
     Event,
@@ -145,6 +145,8 @@ class ServiceStatusInput:
     deployment: DeploymentView | None
     unschedulable: tuple[str, ...]
     decision: Decision
+    #: What became of spec.autoscaling this pass; ``None`` without it.
+    scaling: scaling.ScalingState | None = None
 
 
 #: An artifact's reasons while its compile goes as it should; any other names a trouble to fix.
@@ -168,13 +170,13 @@ def _available_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
         if given.target.phase == "Failed":
             return False, Reason.COMPILE_FAILED, "nothing to serve: the compile failed"
         return False, Reason.WAITING_FOR_ARTIFACT, f"no replicas until {given.target.name} is compiled"
-    if spec.replicas == 0:
+    if spec.desired_replicas == 0:
         return True, Reason.SCALED_TO_ZERO, "0 replicas requested"
     if deployment.ready > 0:
-        return True, Reason.MINIMUM_REPLICAS_AVAILABLE, f"{deployment.ready}/{spec.replicas} replicas ready"
+        return True, Reason.MINIMUM_REPLICAS_AVAILABLE, f"{deployment.ready}/{spec.desired_replicas} replicas ready"
     if given.unschedulable:
         return False, Reason.INSUFFICIENT_NEURON_CAPACITY, given.unschedulable[0]
-    return False, Reason.NO_REPLICAS_READY, f"0/{spec.replicas} replicas ready"
+    return False, Reason.NO_REPLICAS_READY, f"0/{spec.desired_replicas} replicas ready"
 
 
 def _ready_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
@@ -195,13 +197,30 @@ def _ready_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
         deployment is not None
         and deployment.rolled_out
         and deployment.artifact_hash == target.hash
-        and deployment.replicas == spec.replicas
-        and deployment.ready >= spec.replicas
+        and deployment.replicas == spec.desired_replicas
+        and deployment.ready >= spec.desired_replicas
     ):
-        return True, Reason.READY, f"{spec.replicas}/{spec.replicas} replicas ready at revision {target.hash}"
+        return (
+            True,
+            Reason.READY,
+            f"{spec.desired_replicas}/{spec.desired_replicas} replicas ready at revision {target.hash}",
+        )
     updated = deployment.updated if deployment is not None and deployment.artifact_hash == target.hash else 0
     ready = deployment.ready if deployment is not None else 0
-    return False, Reason.ROLLING_OUT, f"{updated}/{spec.replicas} replicas at revision {target.hash}, {ready} ready"
+    return (
+        False,
+        Reason.ROLLING_OUT,
+        f"{updated}/{spec.desired_replicas} replicas at revision {target.hash}, {ready} ready",
+    )
+
+
+def _autoscaling_condition(autoscaling: api.Autoscaling, state: scaling.ScalingState) -> tuple[bool, Reason, str]:
+    if state.problem is not None:
+        return False, Reason.AUTOSCALING_UNAVAILABLE, state.problem
+    bounds = f"between {autoscaling.min_replicas} and {autoscaling.max_replicas} replicas"
+    if state.paused:
+        return False, Reason.SCALING_PAUSED, f"paused until a revision is compiled and serving ({bounds})"
+    return True, Reason.SCALING, f"KEDA scales {bounds} on {scaling.signals(autoscaling)}"
 
 
 #: A valid service's phase, by its Ready condition's reason.
@@ -227,13 +246,20 @@ def service_status(
         condition(ConditionType.AVAILABLE, *_available_condition(given), generation, at),
         condition(ConditionType.READY, *ready, generation, at),
     ]
+    autoscaling = given.spec.autoscaling
+    if autoscaling is not None and given.scaling is not None:
+        state = _autoscaling_condition(autoscaling, given.scaling)
+        updates.append(condition(ConditionType.AUTOSCALING, *state, generation, at))
     conditions = merge_conditions(previous.conditions, updates)
+    if autoscaling is None:
+        conditions = [c for c in conditions if c.type != ConditionType.AUTOSCALING]
     deployment = given.deployment
     status = api.NeuronInferenceServiceStatus(
         phase=_PHASES[ready[1]],
         conditions=conditions,
         observed_generation=generation,
         artifact=api.ArtifactStatusRef(name=given.target.name, hash=given.target.hash, phase=given.target.phase),
+        desired_replicas=given.spec.desired_replicas,
         replicas=deployment.total if deployment else 0,
         ready_replicas=deployment.ready if deployment else 0,
         updated_replicas=deployment.updated if deployment and deployment.artifact_hash == given.target.hash else 0,

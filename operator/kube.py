@@ -63,8 +63,12 @@ JOBS = Resource("batch", "v1", "jobs", "Job")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 SERVICES_NIS = Resource(api.GROUP, api.VERSION, api.SERVICE_KIND.plural, api.SERVICE_KIND.kind)
 ARTIFACTS = Resource(api.GROUP, api.VERSION, api.ARTIFACT_KIND.plural, api.ARTIFACT_KIND.kind)
+#: KEDA's, served only where KEDA is installed.
+SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
 
-BY_KIND = {r.kind: r for r in (CONFIGMAPS, SERVICES, PODS, DEPLOYMENTS, JOBS, PDBS, SERVICES_NIS, ARTIFACTS)}
+BY_KIND = {
+    r.kind: r for r in (CONFIGMAPS, SERVICES, PODS, DEPLOYMENTS, JOBS, PDBS, SERVICES_NIS, ARTIFACTS, SCALED_OBJECTS)
+}
 
 
 class ApiError(Exception):
@@ -77,7 +81,7 @@ class ApiError(Exception):
         self.message = message
 
 
-NOT_FOUND, CONFLICT = 404, 409
+FORBIDDEN, NOT_FOUND, CONFLICT = 403, 404, 409
 #: ``ApiError.status`` when no HTTP response came back.
 NO_RESPONSE = 0
 #: ``ApiError.reason`` for no answer within the request timeout, and for a connection that failed

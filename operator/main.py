@@ -74,12 +74,13 @@ async def operate(
     resync_seconds: float = 300.0,
     liveness: str | None = None,
     metrics: OperatorMetrics | None = None,
+    prometheus: str | None = None,
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal, in the main thread)."""
     kube = Kube(kubernetes.client.ApiClient(configuration))
-    reconciler = Reconciler(kube, EventRecorder(kube), metrics)
+    reconciler = Reconciler(kube, EventRecorder(kube), metrics, prometheus)
     registry = build_registry(reconciler, namespaces, resync_seconds)
 
     @kopf.on.login(registry=registry)
@@ -123,6 +124,13 @@ def run(
         typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics).", show_default=False),
     ] = None,
     metrics_address: Annotated[str, typer.Option(help="Address the metrics port listens on.")] = "0.0.0.0",
+    prometheus_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Prometheus URL the KEDA triggers of autoscaled services query, e.g. http://prometheus.monitoring:9090.",
+            show_default=False,
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
@@ -140,7 +148,14 @@ def run(
         except OSError as error:
             fail(f"cannot serve metrics on {metrics_address}:{metrics_port}: {error.strerror or error}")
     asyncio.run(
-        operate(configuration, namespace or None, resync_seconds=resync_seconds, liveness=liveness, metrics=metrics)
+        operate(
+            configuration,
+            namespace or None,
+            resync_seconds=resync_seconds,
+            liveness=liveness,
+            metrics=metrics,
+            prometheus=prometheus_address,
+        )
     )
 
 

@@ -486,7 +486,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
         "kind": "Deployment",
         "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": spec.desired_replicas,
             "selector": {"matchLabels": service_labels(owner.name)},
             "strategy": {
                 "type": "RollingUpdate",

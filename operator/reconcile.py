@@ -17,23 +17,33 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from neuronfleet.operator import api, decide, plan
+from neuronfleet.operator import api, decide, plan, scaling
 from neuronfleet.operator.kube import (
     ARTIFACTS,
     CONFIGMAPS,
     CONFLICT,
     DEPLOYMENTS,
     EVENTS,
+    FORBIDDEN,
     JOBS,
     NOT_FOUND,
     PODS,
+    SCALED_OBJECTS,
     SERVICES_NIS,
     ApiError,
     Kube,
     Resource,
 )
 from neuronfleet.operator.metrics import OperatorMetrics
-from neuronfleet.operator.status import FAILED_CREATE, Event, Reason, artifact_status, awaiting_pod, now
+from neuronfleet.operator.status import (
+    FAILED_CREATE,
+    ConditionType,
+    Event,
+    Reason,
+    artifact_status,
+    awaiting_pod,
+    now,
+)
 
 Obj = dict[str, Any]
 M = TypeVar("M", bound=api.K8sModel)
@@ -84,10 +94,14 @@ class KeyedLocks:
 class Reconciler:
     """Reconciles services and artifacts; safe to call from many threads."""
 
-    def __init__(self, kube: Kube, emit: Emit, metrics: OperatorMetrics | None = None) -> None:
+    def __init__(
+        self, kube: Kube, emit: Emit, metrics: OperatorMetrics | None = None, prometheus: str | None = None
+    ) -> None:
         self.kube = kube
         self.emit = emit
         self.metrics = metrics if metrics is not None else OperatorMetrics()
+        #: The Prometheus URL KEDA's triggers query (``None``: autoscaling is not set up).
+        self.prometheus = prometheus
         # One reconcile per object at a time: triggers from several watches may overlap.
         self.locks = KeyedLocks()
 
@@ -135,15 +149,22 @@ class Reconciler:
                     deployment_body = applied
                 elif obj["kind"] == "ConfigMap":
                     keep_configmaps.add(obj["metadata"]["name"])
-        elif decision.serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.replicas:
+        elif (
+            decision.serve is decide.Serve.KEEP
+            and deployment is not None
+            and deployment.replicas != spec.desired_replicas
+        ):
             # The serving revision's template stays as it is until the new artifact is Ready.
-            deployment_body = self.kube.merge_patch(DEPLOYMENTS, namespace, name, {"spec": {"replicas": spec.replicas}})
+            deployment_body = self.kube.merge_patch(
+                DEPLOYMENTS, namespace, name, {"spec": {"replicas": spec.desired_replicas}}
+            )
         if deployment_body is not None:
             deployment = decide.DeploymentView.of(deployment_body)
             # Decide again on what was just applied: it may have finished rolling out since the
             # first read, and the status must not say Ready without naming the current revision.
             decision = decide.decide(target, deployment, previous.current_revision)
         keep_configmaps |= decision.keep_configmaps
+        scaling_state = self._autoscale(owner, namespace, spec, previous, serving=deployment is not None)
 
         if decision.keep is not None:
             self._release(body, decision.keep, keep_configmaps)
@@ -156,9 +177,46 @@ class Reconciler:
             deployment=deployment,
             unschedulable=decide.unschedulable_messages(pods),
             decision=decision,
+            scaling=scaling_state,
         )
         status, events = decide.service_status(given, previous, now())
         self._write_status(SERVICES_NIS, body, status, events)
+
+    def _autoscale(
+        self,
+        owner: plan.Owner,
+        namespace: str,
+        spec: api.NeuronInferenceServiceSpec,
+        previous: api.NeuronInferenceServiceStatus,
+        *,
+        serving: bool,
+    ) -> scaling.ScalingState | None:
+        """Apply the service's ScaledObject (paused while no revision serves), or delete one it no longer wants."""
+        if spec.autoscaling is None:
+            # The condition says a ScaledObject may exist; without it there is nothing to ask the API server.
+            if any(c.type == ConditionType.AUTOSCALING for c in previous.conditions):
+                try:
+                    self.kube.delete(SCALED_OBJECTS, namespace, owner.name)
+                except ApiError as error:
+                    if error.status != FORBIDDEN:
+                        raise
+            return None
+        if self.prometheus is None:
+            return scaling.ScalingState(
+                problem="the operator has no Prometheus address: set the chart's autoscaling.prometheus.address"
+            )
+        desired = scaling.scaled_object(owner, namespace, spec.autoscaling, self.prometheus, paused=not serving)
+        try:
+            self.kube.apply(desired)
+        except ApiError as error:
+            if error.status == NOT_FOUND:
+                return scaling.ScalingState(problem="KEDA is not installed: the cluster serves no keda.sh ScaledObject")
+            if error.status == FORBIDDEN:
+                return scaling.ScalingState(
+                    problem="the operator may not manage ScaledObjects: install the chart with autoscaling.enabled=true"
+                )
+            raise
+        return scaling.ScalingState(paused=not serving)
 
     def forget_service(self, service: Obj) -> None:
         """A deleted service's claims on artifacts, dropped now (the garbage collector would, later)."""

@@ -20,6 +20,8 @@ class ConditionType(StrEnum):
     ARTIFACT_READY = "ArtifactReady"
     AVAILABLE = "Available"
     READY = "Ready"
+    #: Only on services with spec.autoscaling.
+    AUTOSCALING = "Autoscaling"
 
 
 class Reason(StrEnum):
@@ -43,6 +45,10 @@ class Reason(StrEnum):
     READY = "Ready"
     ROLLING_OUT = "RollingOut"
     BLOCKED_BY_FAILED_COMPILE = "BlockedByFailedCompile"
+    # Autoscaling
+    SCALING = "Scaling"
+    SCALING_PAUSED = "ScalingPaused"
+    AUTOSCALING_UNAVAILABLE = "AutoscalingUnavailable"
     # An artifact's status.reason (a failed Job's own reason is passed through)
     JOB_PENDING = "JobPending"
     JOB_STARTING = "Starting"
@@ -66,6 +72,7 @@ WARNING_REASONS = frozenset(
         Reason.BLOCKED_BY_FAILED_COMPILE,
         Reason.INSUFFICIENT_NEURON_CAPACITY,
         Reason.NO_REPLICAS_READY,
+        Reason.AUTOSCALING_UNAVAILABLE,
     }
 )
 

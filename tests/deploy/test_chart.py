@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from neuronfleet.devcluster.metrics import parse_samples
-from neuronfleet.operator import crdgen, plan
+from neuronfleet.operator import crdgen, plan, scaling
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.metrics import OperatorMetrics
 
@@ -131,11 +131,15 @@ def granted(docs: list[Obj]) -> set[tuple[str, frozenset[str]]]:
     return rules
 
 
+AUTOSCALING = ("autoscaling.enabled=true", "autoscaling.prometheus.address=http://prometheus.monitoring:9090")
+
+
 def test_rbac_grants_exactly_the_documented_verbs(render: Render) -> None:
-    docs = render("watchNamespaces={llm}")
+    docs = render("watchNamespaces={llm}", *AUTOSCALING)
     assert granted(docs) == documented_rbac()
-    # Cluster-wide, kopf does not scan namespaces: the chart does not grant it.
-    assert granted(render()) == documented_rbac() - {("namespaces", frozenset({"list", "watch"}))}
+    # Cluster-wide, kopf does not scan namespaces; without autoscaling it has no ScaledObjects.
+    unused = {("namespaces", frozenset({"list", "watch"})), ("scaledobjects", frozenset({"create", "patch", "delete"}))}
+    assert granted(render()) == documented_rbac() - unused
     for role in (d for d in docs if d["kind"] == "ClusterRole"):
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
@@ -193,6 +197,20 @@ def test_monitors_scrape_the_engines_the_operator_runs(render: Render) -> None:
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     for monitor in (pod_monitor, service_monitor):
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
+        # The Prometheus operator turns the label into this one: what the ScaledObjects' queries select by.
+        (copied,) = monitor["spec"]["podTargetLabels"]
+        assert copied == plan.LABEL_SERVICE
+        assert re.sub(r"[^a-zA-Z0-9_]", "_", copied) == scaling.SERVICE_METRIC_LABEL
+
+
+def test_autoscaling_passes_the_prometheus_address_and_needs_one(render: Render, helm: Helm) -> None:
+    (container,) = only(render(*AUTOSCALING), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--prometheus-address=http://prometheus.monitoring:9090" in container["args"]
+    (plain,) = only(render(), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not any(arg.startswith("--prometheus-address") for arg in plain["args"])
+    missing = helm("template", "neuronfleet", str(CHART), "--set", "autoscaling.enabled=true")
+    assert missing.returncode != 0
+    assert "autoscaling.prometheus.address is required when autoscaling.enabled" in missing.stderr
 
 
 def test_operator_metrics_are_served_on_a_named_port_and_scraped_by_their_own_monitor(render: Render) -> None:

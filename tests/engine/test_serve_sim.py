@@ -17,6 +17,7 @@ from harness.engine_server import SCRIPTS, EngineServer, ServerPool, write_engin
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
+from neuronfleet.operator import scaling
 
 pytestmark = pytest.mark.vllm_matrix
 
@@ -215,6 +216,14 @@ def test_engine_metrics_are_exported(server: EngineServer) -> None:
         dict(labels)["bucket"] for (name, labels), _ in samples.items() if name == "neuronfleet:decode_steps_total"
     }
     assert decode_buckets <= {"1", "2", "4"}
+
+
+def test_the_series_autoscaling_queries_are_the_ones_vllm_exports(server: EngineServer) -> None:
+    # KEDA's triggers (and the peers' routers) read vLLM's own names: a rename in vLLM breaks scaling silently.
+    completion(server, prompt(20), 5)
+    names = {name for name, _ in server.metrics()}
+    queried = {scaling.WAITING_REQUESTS, scaling.KV_CACHE_USAGE, f"{scaling.TIME_TO_FIRST_TOKEN}_bucket"}
+    assert queried <= names, queried - names
 
 
 def test_prompt_longer_than_max_model_len_is_a_400(server: EngineServer) -> None:

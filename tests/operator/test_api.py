@@ -30,7 +30,7 @@ def error_of(**fields: Any) -> ValidationError:
 
 def test_defaults_surge_first_and_drain_within_the_grace() -> None:
     s = spec()
-    assert (s.instance_type, s.replicas, s.neuron_devices) == ("trn2.48xlarge", 1, 1)
+    assert (s.instance_type, s.desired_replicas, s.neuron_devices) == ("trn2.48xlarge", 1, 1)
     assert (s.rollout.max_surge, s.rollout.max_unavailable) == (1, 0)
     assert s.drain.grace_seconds > s.drain.pre_stop_seconds + s.drain.drain_timeout_seconds
     assert s.compile.store_kind == "pvc"

@@ -109,6 +109,29 @@ INVALID: list[tuple[str, Obj, str]] = [
         {"drain": {"preStopSeconds": 10, "drainTimeoutSeconds": 60, "terminationGracePeriodSeconds": 30}},
         "drain.terminationGracePeriodSeconds (30) must exceed preStopSeconds + drainTimeoutSeconds (70)",
     ),
+    (
+        "autoscaling-bounds",
+        {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+        "spec.autoscaling: Invalid value: autoscaling.minReplicas (5) must not exceed autoscaling.maxReplicas (2)",
+    ),
+    (
+        "autoscaling-with-replicas",
+        {"replicas": 2, "autoscaling": {"maxReplicas": 4}},
+        "spec.replicas: Invalid value: replicas and autoscaling are exclusive",
+    ),
+    (
+        "autoscaling-max",
+        {"autoscaling": {"maxReplicas": 500}},
+        "spec.autoscaling.maxReplicas: Invalid value: 500: spec.autoscaling.maxReplicas in body should be less "
+        "than or equal to 100",
+    ),
+    ("autoscaling-no-max", {"autoscaling": {"minReplicas": 1}}, "spec.autoscaling.maxReplicas: Required value"),
+    (
+        "autoscaling-kv",
+        {"autoscaling": {"maxReplicas": 4, "kvCacheUsage": 0}},
+        "spec.autoscaling.kvCacheUsage: Invalid value: 0: spec.autoscaling.kvCacheUsage in body should be greater "
+        "than 0",
+    ),
 ]
 
 
@@ -129,6 +152,7 @@ PARITY = [
     "devices-on-sim",
     "rollout",
     "drain",
+    "autoscaling-bounds",
 ]
 
 
@@ -158,6 +182,31 @@ def test_a_valid_spec_is_accepted_with_defaults_filled_in(api: Kube) -> None:
         assert parse_service_spec(spec).engine.max_num_seqs == 6
     finally:
         api.delete(SERVICES_NIS, "default", "valid-defaults")
+
+
+def test_the_scaler_writes_replicas_of_an_autoscaled_service_but_a_manifest_cannot(api: Kube) -> None:
+    # KEDA's HPA scales through the scale subresource, which writes spec.replicas: that passes the
+    # exclusivity rule on a service already autoscaled, while a manifest naming both never does.
+    name = "autoscaled"
+    created = api.create(service(name, autoscaling={"minReplicas": 1, "maxReplicas": 4}))
+    try:
+        assert "replicas" not in created["spec"]
+        api.merge_patch(SERVICES_NIS, "default", name, {"spec": {"replicas": 3}}, subresource="scale")
+        scaled = api.get(SERVICES_NIS, "default", name)
+        assert scaled is not None
+        assert (scaled["spec"]["replicas"], parse_service_spec(scaled["spec"]).desired_replicas) == (3, 3)
+        # Turning autoscaling on for a service that names replicas needs them gone in the same change.
+        plain = api.create(service("plain", replicas=2))
+        with pytest.raises(ApiError) as caught:
+            api.merge_patch(SERVICES_NIS, "default", "plain", {"spec": {"autoscaling": {"maxReplicas": 4}}})
+        assert "replicas and autoscaling are exclusive" in caught.value.message
+        api.merge_patch(
+            SERVICES_NIS, "default", "plain", {"spec": {"replicas": None, "autoscaling": {"maxReplicas": 4}}}
+        )
+        assert plain["spec"]["replicas"] == 2
+    finally:
+        api.delete(SERVICES_NIS, "default", name)
+        api.delete(SERVICES_NIS, "default", "plain")
 
 
 def test_an_artifact_is_immutable(api: Kube) -> None:

@@ -1,0 +1,132 @@
+"""Pure planning of a service's autoscaling: the KEDA ScaledObject, and what the status says of it.
+
+KEDA drives an HPA that writes the NeuronInferenceService's own scale subresource
+(``spec.replicas``), never the Deployment: the operator stays in charge of which
+revision runs, so a scale-up while a new artifact compiles adds replicas of the
+serving revision, and no replica of an uncompiled revision ever starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuronfleet.operator import api, plan
+
+Obj = dict[str, Any]
+
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+#: KEDA leaves a ScaledObject with this annotation where it is.
+PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
+#: The Prometheus label the serving pods' ``neuronfleet.io/service`` label becomes: the chart's PodMonitor
+#: copies it onto every series (``podTargetLabels``), and any scrape config must do the same.
+SERVICE_METRIC_LABEL = "neuronfleet_io_service"
+
+#: vLLM's own metric names: the peers' routers and autoscalers read exactly these.
+WAITING_REQUESTS = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+#: The window TTFT p95 is computed over: several scrapes at any sensible interval.
+TTFT_WINDOW = "2m"
+
+
+def series(metric: str, namespace: str, name: str) -> str:
+    """A selector for ``metric`` of one service's serving pods."""
+    return f'{metric}{{namespace="{namespace}",{SERVICE_METRIC_LABEL}="{name}"}}'
+
+
+def _number(value: float) -> str:
+    # KEDA reads thresholds as strings; "4" rather than "4.0" reads like what the user wrote.
+    return f"{value:g}"
+
+
+def triggers(namespace: str, name: str, autoscaling: api.Autoscaling, prometheus: str) -> list[Obj]:
+    """KEDA prometheus triggers on the engine's signals; the HPA follows whichever asks for most replicas."""
+
+    def trigger(trigger_name: str, metric_type: str, query: str, threshold: float, **extra: str) -> Obj:
+        metadata = {"serverAddress": prometheus, "query": query, "threshold": _number(threshold), **extra}
+        return {"type": "prometheus", "name": trigger_name, "metricType": metric_type, "metadata": metadata}
+
+    # AverageValue: the HPA divides the fleet's total by the target, so queued requests ask for replicas.
+    waiting = f"sum({series(WAITING_REQUESTS, namespace, name)}) or vector(0)"
+    found = [
+        trigger(
+            "waiting-requests",
+            "AverageValue",
+            waiting,
+            autoscaling.waiting_requests_per_replica,
+            activationThreshold=_number(autoscaling.activation_waiting_requests),
+        )
+    ]
+    if autoscaling.kv_cache_usage is not None:
+        # Value: replicas grow with the ratio of the fleet's mean usage to the target.
+        usage = f"avg({series(KV_CACHE_USAGE, namespace, name)}) or vector(0)"
+        found.append(trigger("kv-cache-usage", "Value", usage, autoscaling.kv_cache_usage))
+    if autoscaling.ttft_p95_seconds is not None:
+        buckets = series(f"{TIME_TO_FIRST_TOKEN}_bucket", namespace, name)
+        p95 = f"histogram_quantile(0.95, sum by (le) (rate({buckets}[{TTFT_WINDOW}])))"
+        # Without traffic the quantile is NaN: read as 0, which never asks for replicas.
+        found.append(trigger("ttft-p95", "Value", f"({p95} > 0) or vector(0)", autoscaling.ttft_p95_seconds))
+    return found
+
+
+def _behavior(autoscaling: api.Autoscaling) -> Obj:
+    """Add replicas a few per cold start; remove them only after the load stayed low."""
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [
+                {
+                    "type": "Pods",
+                    "value": autoscaling.scale_up_replicas,
+                    "periodSeconds": autoscaling.scale_up_period_seconds,
+                }
+            ],
+        },
+        "scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds},
+    }
+
+
+def scaled_object(
+    owner: plan.Owner, namespace: str, autoscaling: api.Autoscaling, prometheus: str, *, paused: bool
+) -> Obj:
+    """The ScaledObject scaling the service itself between its bounds; paused while nothing can serve."""
+    metadata = owner.child_metadata(owner.name, namespace, {**plan.service_labels(owner.name), **plan.MANAGED_BY})
+    if paused:
+        metadata["annotations"] = {PAUSED_ANNOTATION: "true"}
+    return {
+        "apiVersion": KEDA_API_VERSION,
+        "kind": "ScaledObject",
+        "metadata": metadata,
+        "spec": {
+            "scaleTargetRef": {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name},
+            "minReplicaCount": autoscaling.min_replicas,
+            "maxReplicaCount": autoscaling.max_replicas,
+            "pollingInterval": autoscaling.polling_interval_seconds,
+            "cooldownPeriod": autoscaling.cooldown_period_seconds,
+            "initialCooldownPeriod": autoscaling.initial_cooldown_period_seconds,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(autoscaling)}},
+            "triggers": triggers(namespace, owner.name, autoscaling, prometheus),
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ScalingState:
+    """What became of a service's autoscaling this pass (the reconciler's I/O, summed up)."""
+
+    #: Why it does not scale, when it cannot: no Prometheus address, KEDA missing, not allowed.
+    problem: str | None = None
+    #: Whether the ScaledObject is paused (no revision serves yet).
+    paused: bool = False
+
+
+def signals(autoscaling: api.Autoscaling) -> str:
+    """The signals scaled on, for humans."""
+    names = [f"{WAITING_REQUESTS} (target {autoscaling.waiting_requests_per_replica}/replica)"]
+    if autoscaling.kv_cache_usage is not None:
+        names.append(f"{KV_CACHE_USAGE} (target {_number(autoscaling.kv_cache_usage)})")
+    if autoscaling.ttft_p95_seconds is not None:
+        names.append(f"TTFT p95 (target {_number(autoscaling.ttft_p95_seconds)} s)")
+    return ", ".join(names)

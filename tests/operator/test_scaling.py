@@ -1,0 +1,130 @@
+"""The KEDA ScaledObject a service's autoscaling plans, and the Autoscaling condition it reports."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from neuronfleet.operator import api, plan, scaling
+from neuronfleet.operator.decide import ArtifactView, ServiceStatusInput, decide, service_status
+from neuronfleet.operator.status import ConditionType, Reason
+
+OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
+NS = "serving"
+PROMETHEUS = "http://prometheus.monitoring:9090"
+T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def spec(**fields: Any) -> api.NeuronInferenceServiceSpec:
+    return api.parse_service_spec({"model": {"uri": "hf://org/model"}, **fields})
+
+
+def autoscaling(**fields: Any) -> api.Autoscaling:
+    found = spec(autoscaling={"maxReplicas": 4, **fields}).autoscaling
+    assert found is not None
+    return found
+
+
+def test_the_scaled_object_scales_the_service_itself_within_its_bounds() -> None:
+    body = scaling.scaled_object(OWNER, NS, autoscaling(minReplicas=2), PROMETHEUS, paused=False)
+    assert (body["apiVersion"], body["kind"], body["metadata"]["name"]) == ("keda.sh/v1alpha1", "ScaledObject", "llama")
+    assert body["spec"]["scaleTargetRef"] == {
+        "apiVersion": "neuronfleet.io/v1alpha1",
+        "kind": "NeuronInferenceService",
+        "name": "llama",
+    }
+    assert (body["spec"]["minReplicaCount"], body["spec"]["maxReplicaCount"]) == (2, 4)
+    (ref,) = body["metadata"]["ownerReferences"]
+    assert (ref["uid"], ref["controller"]) == ("uid-1", True)
+    assert "annotations" not in body["metadata"]
+
+
+def test_it_is_paused_while_nothing_can_serve() -> None:
+    body = scaling.scaled_object(OWNER, NS, autoscaling(), PROMETHEUS, paused=True)
+    assert body["metadata"]["annotations"] == {scaling.PAUSED_ANNOTATION: "true"}
+
+
+def test_waiting_requests_per_replica_is_the_default_trigger_on_vllms_own_name() -> None:
+    (waiting,) = scaling.triggers(NS, "llama", autoscaling(waitingRequestsPerReplica=6), PROMETHEUS)
+    assert (waiting["type"], waiting["metricType"]) == ("prometheus", "AverageValue")
+    assert waiting["metadata"] == {
+        "serverAddress": PROMETHEUS,
+        "query": 'sum(vllm:num_requests_waiting{namespace="serving",neuronfleet_io_service="llama"}) or vector(0)',
+        "threshold": "6",
+        "activationThreshold": "0",
+    }
+
+
+def test_kv_cache_usage_and_ttft_are_optional_triggers() -> None:
+    found = scaling.triggers(NS, "llama", autoscaling(kvCacheUsage=0.8, ttftP95Seconds=2.5), PROMETHEUS)
+    by_name = {t["name"]: t for t in found}
+    assert set(by_name) == {"waiting-requests", "kv-cache-usage", "ttft-p95"}
+    assert by_name["kv-cache-usage"]["metadata"]["query"].startswith("avg(vllm:kv_cache_usage_perc{")
+    assert by_name["kv-cache-usage"]["metadata"]["threshold"] == "0.8"
+    ttft = by_name["ttft-p95"]["metadata"]
+    assert "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{" in ttft["query"]
+    assert ttft["query"].endswith("> 0) or vector(0)")
+    assert ttft["threshold"] == "2.5"
+
+
+def test_behaviour_adds_a_few_replicas_per_cold_start_and_removes_them_slowly() -> None:
+    body = scaling.scaled_object(
+        OWNER, NS, autoscaling(scaleUpReplicas=3, scaleUpPeriodSeconds=240), PROMETHEUS, paused=False
+    )
+    behavior = body["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleUp"]["policies"] == [{"type": "Pods", "value": 3, "periodSeconds": 240}]
+    assert behavior["scaleDown"] == {"stabilizationWindowSeconds": 300}
+
+
+def test_desired_replicas_come_from_the_scaler_within_its_bounds() -> None:
+    assert spec().desired_replicas == 1
+    assert spec(replicas=0).desired_replicas == 0
+    assert spec(autoscaling={"minReplicas": 2, "maxReplicas": 4}).desired_replicas == 2
+    # What the HPA wrote through the scale subresource, clamped if someone scaled past the bounds by hand.
+    assert spec(replicas=3, autoscaling={"minReplicas": 2, "maxReplicas": 4}).desired_replicas == 3
+    assert spec(replicas=9, autoscaling={"minReplicas": 2, "maxReplicas": 4}).desired_replicas == 4
+    assert spec(replicas=0, autoscaling={"minReplicas": 1, "maxReplicas": 4}).desired_replicas == 1
+
+
+def test_bounds_are_checked_by_the_operator_too() -> None:
+    with pytest.raises(ValidationError, match=r"autoscaling.minReplicas \(5\) must not exceed"):
+        spec(autoscaling={"minReplicas": 5, "maxReplicas": 2})
+
+
+def _status(
+    s: api.NeuronInferenceServiceSpec, state: scaling.ScalingState | None, previous: api.NeuronInferenceServiceStatus
+) -> api.NeuronInferenceServiceStatus:
+    target = ArtifactView("model-a", "a", "Compiling")
+    given = ServiceStatusInput("svc", 2, s, target, None, (), decide(target, None, None), state)
+    return service_status(given, previous, T0)[0]
+
+
+def _autoscaling_condition(status: api.NeuronInferenceServiceStatus) -> tuple[str, str, str] | None:
+    found = [c for c in status.conditions if c.type == ConditionType.AUTOSCALING]
+    return (found[0].status, found[0].reason, found[0].message) if found else None
+
+
+def test_the_autoscaling_condition_says_what_scales_or_why_not() -> None:
+    s = spec(autoscaling={"maxReplicas": 4, "kvCacheUsage": 0.9})
+    empty = api.NeuronInferenceServiceStatus()
+    scaling_now = _status(s, scaling.ScalingState(), empty)
+    assert _autoscaling_condition(scaling_now) == (
+        "True",
+        Reason.SCALING,
+        "KEDA scales between 1 and 4 replicas on vllm:num_requests_waiting (target 4/replica), "
+        "vllm:kv_cache_usage_perc (target 0.9)",
+    )
+    assert scaling_now.desired_replicas == 1
+    paused = _autoscaling_condition(_status(s, scaling.ScalingState(paused=True), empty))
+    assert paused == (
+        "False",
+        Reason.SCALING_PAUSED,
+        "paused until a revision is compiled and serving (between 1 and 4 replicas)",
+    )
+    missing = _autoscaling_condition(_status(s, scaling.ScalingState(problem="KEDA is not installed"), empty))
+    assert missing == ("False", Reason.AUTOSCALING_UNAVAILABLE, "KEDA is not installed")
+    # Autoscaling removed: the condition goes with it.
+    assert _autoscaling_condition(_status(spec(), None, scaling_now)) is None
