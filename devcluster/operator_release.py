@@ -49,17 +49,21 @@ def install(
     *,
     watch_namespaces: Sequence[str] = (),
     resync_seconds: int | None = None,
+    prometheus: str | None = None,
     timeout_s: int = 300,
 ) -> subprocess.CompletedProcess[str]:
     """``helm install --wait`` of the chart into ``namespace`` (which must exist), its pod on the real node.
 
-    ``watch_namespaces`` empty watches every namespace (the chart's default, a ClusterRole).
+    ``watch_namespaces`` empty watches every namespace (the chart's default, a ClusterRole). A
+    ``prometheus`` URL turns on the chart's autoscaling (KEDA ScaledObjects querying it).
     """
     settings: list[str] = []
     if watch_namespaces:
         settings += ["--set", f"watchNamespaces={{{','.join(watch_namespaces)}}}"]
     if resync_seconds is not None:
         settings += ["--set", f"resyncSeconds={resync_seconds}"]
+    if prometheus is not None:
+        settings += ["--set", "autoscaling.enabled=true", "--set", f"autoscaling.prometheus.address={prometheus}"]
     return cluster.helm(
         "install",
         RELEASE,

@@ -7,7 +7,8 @@ from. Each test sends completions through the Service's ClusterIP for its whole 
 load tool, from the node's network namespace) and checks every response: its status, and the
 ``X-Neuronfleet-Artifact`` header that says which revision answered.
 
-The tests run in order and share the service: each leaves it Ready with two replicas.
+The service and its helpers are :mod:`harness.fleet`. The tests run in order and share the service:
+each leaves it Ready with two replicas.
 """
 
 from __future__ import annotations
@@ -15,229 +16,29 @@ from __future__ import annotations
 import copy
 import json
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
-import yaml
 from harness.cluster_fixtures import NodeImage
-from harness.node_load import LoadResult, NodeLoad
+from harness.fleet import (
+    AFTER_S,
+    BUCKET,
+    DRAIN_TOKENS,
+    NAME,
+    RATE,
+    WRONG_KEYS,
+    Fleet,
+    identity_hash,
+    pod_ready,
+    ready_condition,
+    report,
+    started,
+)
 
-from neuronfleet.devcluster import operator_release
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
-from neuronfleet.devcluster.node import NODE_IP, RealNode, pinned_here
-from neuronfleet.devcluster.s3_server import REGION, S3Server
-from neuronfleet.devcluster.waiting import wait_for
-from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
+from neuronfleet.devcluster.node import RealNode
 from neuronfleet.operator import plan
-from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
-
-Obj = dict[str, Any]
-CHART = Path(__file__).resolve().parents[2] / "charts" / "neuronfleet"
-NAME = "fleet"
-BUCKET = "neff-store"
-KEYS, WRONG_KEYS = "neff-keys", "neff-keys-revoked"
-#: Requests per second through the Service, and the tokens each asks for (about a second on two cores).
-RATE, MAX_TOKENS = 3.0, 24
-#: Tokens of each completion in the drain test: most of a second each, so some are running at the deletion.
-DRAIN_TOKENS = 200
-#: How long the load goes on once a rollout is over: every answer then must come from the new revision.
-AFTER_S = 10.0
-#: vLLM's gauge of the requests an engine runs.
-RUNNING_GAUGE = "vllm:num_requests_running{"
-#: A pod's start on two shared cores (vLLM on CPU), with room for two at once.
-POD_TIMEOUT_S = 600
-
-
-def service_manifest(image: str, endpoint: str, buckets: list[int], *, secret: str = KEYS) -> Obj:
-    """The service, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set)."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": SERVICE_KIND.kind,
-        "metadata": {"name": NAME},
-        "spec": {
-            "model": {"uri": "hf://neuronfleet/tiny", "revision": "main"},
-            "instanceType": "trn2.48xlarge",
-            "device": "sim",
-            "image": image,
-            "replicas": 2,
-            "engine": {
-                "max_num_seqs": 4,
-                "max_model_len": 256,
-                "max_num_batched_tokens": 256,
-                "num_batched_tokens_buckets": buckets,
-            },
-            "resources": {"cpu": "250m", "memory": "4Gi"},
-            **pinned_here(),
-            "compile": {
-                "artifactStore": f"s3://{BUCKET}/fleet",
-                "s3": {"endpointUrl": endpoint, "region": REGION, "credentialsSecret": secret},
-                "backoffLimit": 0,
-                "resources": {"cpu": "500m", "memory": "2Gi"},
-                **pinned_here(),
-            },
-            "rollout": {"startupTimeoutSeconds": POD_TIMEOUT_S},
-            "drain": {"preStopSeconds": 5, "drainTimeoutSeconds": 30},
-        },
-    }
-
-
-def identity_hash(manifest: Obj) -> str:
-    """The artifact hash the operator will compute for ``manifest``."""
-    return parse_service_spec(manifest["spec"]).identity().hash()
-
-
-def ready_condition(body: Obj) -> Obj:
-    """The service's Ready condition (empty while there is none)."""
-    return next((c for c in body.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
-
-
-@dataclass
-class Fleet:
-    """The service under test, the cluster it runs in and what reaches it."""
-
-    cluster: LocalCluster
-    node: RealNode
-    namespace: str
-    operator_namespace: str
-    image: str
-    s3: S3Server
-    workdir: Path
-    manifest: Obj
-
-    def kubectl(self, *args: str) -> str:
-        """kubectl in the service's namespace; its output (a failure fails the test)."""
-        done = self.cluster.kubectl("--namespace", self.namespace, *args)
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def get(self, kind: str, name: str = "", *selector: str) -> Obj:
-        """An object (or a list) as JSON."""
-        return dict(json.loads(self.kubectl("get", kind, *([name] if name else []), *selector, "-o", "json")))
-
-    def apply(self, manifest: Obj) -> float:
-        """Apply ``manifest`` as the service; when (Unix seconds)."""
-        path = self.workdir / f"service-{uuid.uuid4().hex[:6]}.yaml"
-        path.write_text(yaml.safe_dump(manifest))
-        applied_at = time.time()
-        self.kubectl("apply", "--server-side", "-f", str(path))
-        self.manifest = manifest
-        return applied_at
-
-    def with_buckets(self, buckets: list[int], secret: str | None = None) -> Obj:
-        """The current manifest with other prefill buckets (and, given one, another credentials Secret)."""
-        manifest = copy.deepcopy(self.manifest)
-        manifest["spec"]["engine"]["num_batched_tokens_buckets"] = buckets
-        if secret is not None:
-            manifest["spec"]["compile"]["s3"]["credentialsSecret"] = secret
-        return manifest
-
-    def status(self) -> Obj:
-        """The service's status."""
-        return dict(self.get("nis", NAME).get("status") or {})
-
-    def pods(self) -> list[Obj]:
-        """The serving pods, the terminating ones included."""
-        selector = ",".join(f"{k}={v}" for k, v in plan.service_labels(NAME).items())
-        items: list[Obj] = self.get("pods", "", f"--selector={selector}")["items"]
-        return items
-
-    def wait(self, check: Callable[[], Any], what: str, timeout: float = POD_TIMEOUT_S) -> Any:
-        """Poll ``check`` until it returns something true; show the service's status and pods if it never does."""
-        return wait_for(
-            check,
-            timeout=timeout,
-            interval=2,
-            what=what,
-            show=lambda _: (
-                self.status(),
-                [(p["metadata"]["name"], p.get("status", {}).get("phase")) for p in self.pods()],
-            ),
-        )
-
-    def rolled_out_to(self, artifact_hash: str, replicas: int = 2) -> bool:
-        """Ready, every serving pod (terminating ones too) of ``artifact_hash`` and Ready, ``replicas`` of them."""
-        status = self.status()
-        pods = self.pods()
-        return (
-            status.get("phase") == "Ready"
-            and status.get("currentRevision") == artifact_hash
-            and len(pods) == replicas
-            and all(p["metadata"]["labels"][plan.LABEL_ARTIFACT] == artifact_hash for p in pods)
-            and all(pod_ready(p) and not p["metadata"].get("deletionTimestamp") for p in pods)
-        )
-
-    def load(self, name: str, *, rate: float = RATE, max_tokens: int = MAX_TOKENS) -> NodeLoad:
-        """Completions through the Service from the node's network namespace, until stopped."""
-        cluster_ip = self.get("service", NAME)["spec"]["clusterIP"]
-        workdir = self.workdir / f"load-{name}"
-        workdir.mkdir()
-        url = f"http://{cluster_ip}:{plan.HTTP_PORT}/v1/completions"
-        return NodeLoad(self.node.netns, url, workdir, rate=rate, max_tokens=max_tokens, header=ARTIFACT_HEADER)
-
-    def running_requests(self, pod: Obj) -> float:
-        """Requests the pod's engine is running now (vLLM's gauge, read from the node)."""
-        url = f"http://{pod['status']['podIP']}:{plan.HTTP_PORT}/metrics"
-        script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
-        scraped = self.node.in_netns(["python3", "-I", "-c", script])
-        assert scraped.returncode == 0, scraped.stderr
-        samples = [line.split()[-1] for line in scraped.stdout.splitlines() if line.startswith(RUNNING_GAUGE)]
-        return sum(map(float, samples))
-
-    def compile_jobs(self, artifact_hash: str) -> list[Obj]:
-        """The compile Jobs of one artifact."""
-        items: list[Obj] = self.get("jobs", "", f"--selector={plan.LABEL_ARTIFACT}={artifact_hash}")["items"]
-        return items
-
-    def operator_pod(self) -> Obj:
-        """The operator's one running pod (not being deleted)."""
-        found = self.cluster.kubectl(
-            "get",
-            "pods",
-            "--namespace",
-            self.operator_namespace,
-            "-o",
-            "json",
-            "--selector",
-            f"app.kubernetes.io/instance={operator_release.RELEASE}",
-        )
-        assert found.returncode == 0, found.stderr
-        pods = [p for p in json.loads(found.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
-        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-        return dict(pods[0])
-
-
-def pod_ready(pod: Obj) -> bool:
-    """Whether the pod's Ready condition is True."""
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
-
-
-def report(test: str, result: LoadResult, **moments: float) -> None:
-    """The figures, for the log and the issue's note; any failures, and the test's moments, from the load's start."""
-    start = result.answers[0].sent_at if result.answers else 0.0
-    print(f"==> {test}: {result.line()}", flush=True)
-    print("    moments: " + ", ".join(f"{name} {at - start:.1f} s" for name, at in moments.items()), flush=True)
-    for answer in [a for a in result.answers if not a.ok][:20]:
-        print(
-            f"    failed: sent {answer.sent_at - start:.1f} s, {answer.result} after {answer.latency_s:.2f} s",
-            flush=True,
-        )
-
-
-def create_secret(cluster: LocalCluster, namespace: str, name: str, access_key: str, secret_key: str) -> None:
-    """An S3 credentials Secret, sent in the request body (never on a command line)."""
-    body = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name},
-        "stringData": {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key},
-    }
-    with cluster.admin_api() as api:
-        api.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body)
 
 
 @pytest.fixture(scope="module")
@@ -245,50 +46,8 @@ def fleet(
     real_cluster: LocalCluster, real_node: RealNode, node_image: NodeImage, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fleet]:
     """The service Ready with two replicas, rolled out by the in-cluster operator, artifacts in S3 on the node."""
-    engine, operator = node_image("engine"), node_image("operator")
-    workdir = tmp_path_factory.mktemp("fleet")
-    s3 = S3Server.start(workdir / "s3", host=NODE_IP, netns=real_node.netns)
-    s3.create_bucket(BUCKET)
-    suffix = uuid.uuid4().hex[:6]
-    namespace, operator_namespace = f"fleet-{suffix}", f"fleet-op-{suffix}"
-    for name in (namespace, operator_namespace):
-        assert real_cluster.kubectl("create", "namespace", name).returncode == 0
-    assert (
-        real_cluster.kubectl(
-            "label", "namespace", operator_namespace, "pod-security.kubernetes.io/enforce=restricted"
-        ).returncode
-        == 0
-    )
-    try:
-        installed = operator_release.install(
-            real_cluster, CHART, operator_namespace, operator.name, watch_namespaces=[namespace], resync_seconds=5
-        )
-        assert installed.returncode == 0, installed.stderr
-        wait_for(
-            lambda: real_cluster.kubectl("get", "serviceaccount", "default", "--namespace", namespace).returncode == 0,
-            timeout=30,
-            what=f"ServiceAccount default in {namespace}",
-        )
-        keys = s3.credentials
-        create_secret(real_cluster, namespace, KEYS, keys.access_key, keys.secret_key)
-        create_secret(real_cluster, namespace, WRONG_KEYS, keys.access_key, f"revoked-{keys.secret_key[::-1]}")
-        manifest = service_manifest(engine.name, s3.endpoint, [128, 256])
-        service = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
-        service.apply(manifest)
-        first = identity_hash(manifest)
-        service.wait(
-            lambda: service.rolled_out_to(first), f"{NAME} Ready on artifact {first}", timeout=2 * POD_TIMEOUT_S
-        )
+    with started(real_cluster, real_node, node_image, tmp_path_factory.mktemp("fleet")) as service:
         yield service
-    finally:
-        log = real_cluster.kubectl(
-            "logs", f"deployment/{operator_release.RELEASE}", "--namespace", operator_namespace, "--tail=40"
-        )
-        print(f"--- operator log ---\n{log.stdout}{log.stderr}")
-        real_cluster.helm("uninstall", operator_release.RELEASE, "--namespace", operator_namespace)
-        for name in (namespace, operator_namespace):
-            real_cluster.kubectl("delete", "namespace", name, "--wait=false")
-        s3.stop()
 
 
 def test_a_bucket_change_rolls_out_without_a_failed_request(fleet: Fleet) -> None:
