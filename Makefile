@@ -56,7 +56,7 @@ packages:  ## Install the Debian packages the real node needs (runc, CNI plugins
 
 # Pins live in tools/kube, tools/node, tools/s3, tools/prometheus and tools/keda (go.mod each); each script skips
 # the build when its version set is cached.
-tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, versitygw, Prometheus, KEDA (first time ~TOTAL min; cached in ~/.cache/neuronfleet).
+tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, versitygw, Prometheus, KEDA (first time ~50 min; cached in ~/.cache/neuronfleet).
 	tools/kube/build.sh
 	tools/node/build.sh
 	tools/s3/build.sh
