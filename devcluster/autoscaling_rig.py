@@ -49,6 +49,8 @@ EXTERNAL_METRICS = "v1beta1.external.metrics.k8s.io"
 #: The operator's serving pods carry this label (``MANAGED_BY`` in ``operator/plan.py``) and a port named ``http``.
 SERVING_POD_SELECTOR = "app.kubernetes.io/managed-by=neuronfleet-operator"
 SCRAPED_PORT = "http"
+#: The serving pods' ``neuronfleet.io/service`` label, as Prometheus spells it (as a target label, too).
+SERVICE_LABEL = "neuronfleet_io_service"
 #: Short, so a test sees a changed metric within seconds.
 SCRAPE_INTERVAL = "2s"
 
@@ -100,6 +102,8 @@ def prometheus_config(kubeconfig: Path, pod_selector: str, port_name: str, inter
                     {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running", "action": "keep"},
                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    # What the operator's ScaledObject queries select on, as the chart's PodMonitor names it.
+                    {"source_labels": [f"__meta_kubernetes_pod_label_{SERVICE_LABEL}"], "target_label": SERVICE_LABEL},
                 ],
             }
         ],

@@ -66,6 +66,8 @@ def test_the_scrape_job_keeps_the_selected_running_pods_at_the_named_port() -> N
         "selectors": [{"role": "pod", "label": "app=gauge"}],
     }
     keeps = {tuple(r["source_labels"]): r["regex"] for r in job["relabel_configs"] if r.get("action") == "keep"}
+    copied = {r["source_labels"][0]: r["target_label"] for r in job["relabel_configs"] if "target_label" in r}
+    assert copied["__meta_kubernetes_pod_label_neuronfleet_io_service"] == "neuronfleet_io_service"
     assert keeps == {
         ("__meta_kubernetes_pod_container_port_name",): "http",
         ("__meta_kubernetes_pod_phase",): "Running",

@@ -48,8 +48,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("", {GAUGE_PORT}), Handler).serve_forever()
 """
 IDLE = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(86400)"
-#: The labels the operator puts on serving pods (``operator/plan.py``), which the rig's Prometheus keeps.
-SERVING_LABELS = {"app.kubernetes.io/managed-by": "neuronfleet-operator"}
+#: Labels the operator puts on serving pods (``operator/plan.py``): the rig's Prometheus keeps these pods and
+#: names their service in label ``neuronfleet_io_service``, which the trigger's query selects on.
+SERVICE = "gauge"
+SERVING_LABELS = {"app.kubernetes.io/managed-by": "neuronfleet-operator", "neuronfleet.io/service": SERVICE}
 
 
 def container(name: str, script: str, **extra: Any) -> Obj:
@@ -98,7 +100,7 @@ def scaled_object(name: str, namespace: str, prometheus_url: str) -> Obj:
                     "type": "prometheus",
                     "metadata": {
                         "serverAddress": prometheus_url,
-                        "query": f'max({METRIC}{{namespace="{namespace}"}})',
+                        "query": f'max({METRIC}{{namespace="{namespace}",neuronfleet_io_service="{SERVICE}"}})',
                         "threshold": "1",
                     },
                 }
@@ -211,7 +213,7 @@ def watch(
 
 def test_keda_scales_a_deployment_up_and_down_on_a_scraped_gauge(autoscaling_rig: AutoscalingRig, scene: Scene) -> None:
     begun = time.monotonic()
-    query = f'{METRIC}{{namespace="{scene.namespace}"}}'
+    query = f'{METRIC}{{namespace="{scene.namespace}",neuronfleet_io_service="{SERVICE}"}}'
     wait_for(lambda: autoscaling_rig.value(query), lambda v: v == 0, timeout=60, interval=1, what="the gauge scraped")
     wait_for(scene.workers_now, lambda now: now == (1, 1), timeout=60, what="one ready worker")
 
