@@ -54,11 +54,14 @@ setup: $(VENV)/.synced  ## Create or update the virtual environment.
 packages:  ## Install the Debian packages the real node needs (runc, CNI plugins, iptables, socat, mmdebstrap, ...).
 	tools/node/install-packages.sh
 
-# Pins live in tools/kube, tools/node and tools/s3 (go.mod each); each script skips the build when its version set is cached.
-tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, versitygw (first time ~30 min; cached in ~/.cache/neuronfleet).
+# Pins live in tools/kube, tools/node, tools/s3, tools/prometheus and tools/keda (go.mod each); each script skips
+# the build when its version set is cached.
+tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, versitygw, Prometheus, KEDA (first time ~50 min; cached in ~/.cache/neuronfleet).
 	tools/kube/build.sh
 	tools/node/build.sh
 	tools/s3/build.sh
+	tools/prometheus/build.sh
+	tools/keda/build.sh
 
 # Content-keyed: a rerun with no input changed takes seconds. IMAGES_ARGS=--target=operator builds one.
 images: setup  ## Build the operator and engine images with podman (OCI archives in ~/.cache/neuronfleet/images).

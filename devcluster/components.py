@@ -19,6 +19,9 @@ REAL_NODE_POD_CIDR = "10.245.0.0/24"
 #: The one node a real kubelet runs (``cluster up --real-node``).
 REAL_NODE = "real-0"
 
+#: The common name of the API server's client cert towards extension API servers (the aggregation layer).
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
 #: Components in start order; stopped all at once.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -54,6 +57,10 @@ class Layout:
     #: The API server's client identity towards kubelets (logs, exec, port-forward).
     kubelet_client: pki.KeyPair
     kubeconfigs: dict[str, Path]
+    #: The aggregation layer's CA, whose client (the API server) extension API servers trust to name the user.
+    front_proxy_ca: Path
+    #: The API server's client identity towards extension API servers (an APIService's backend).
+    front_proxy_client: pki.KeyPair
 
     @property
     def apiserver_socket(self) -> Path:
@@ -100,7 +107,21 @@ class Layout:
         kubelet_client = ca.issue(
             "apiserver-kubelet-client", "kube-apiserver-kubelet-client", organization="system:masters"
         )
-        return cls(workdir, ca.cert, serving, pki.service_account_keys(pki_dir), kubelet_client, kubeconfigs)
+        # A CA of its own, as Kubernetes asks: a client cert of the cluster CA must not pass for the front proxy.
+        front_proxy_dir = pki_dir / "front-proxy"
+        front_proxy_dir.mkdir()
+        front_proxy = pki.CertificateAuthority(front_proxy_dir)
+        front_proxy_client = front_proxy.issue("client", FRONT_PROXY_CLIENT)
+        return cls(
+            workdir,
+            ca.cert,
+            serving,
+            pki.service_account_keys(pki_dir),
+            kubelet_client,
+            kubeconfigs,
+            front_proxy.cert,
+            front_proxy_client,
+        )
 
     def write_egress_selector(self) -> Path:
         """The API server's egress selector: traffic to nodes, pods and services goes to the egress proxy.
@@ -171,6 +192,14 @@ def argv(name: str, tools: KubeTools, layout: Layout, ports: dict[str, int]) -> 
             # A node's Hostname would be looked up through the host's resolver.
             "--kubelet-preferred-address-types=InternalIP",
             f"--egress-selector-config-file={layout.write_egress_selector()}",
+            # The aggregation layer, for APIServices such as KEDA's external.metrics.k8s.io adapter.
+            f"--requestheader-client-ca-file={layout.front_proxy_ca}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={layout.front_proxy_client.cert}",
+            f"--proxy-client-key-file={layout.front_proxy_client.key}",
         ]
     if name in ("kube-controller-manager", "kube-scheduler"):
         kubeconfig = layout.kubeconfigs[name]
@@ -190,6 +219,8 @@ def argv(name: str, tools: KubeTools, layout: Layout, ports: dict[str, int]) -> 
                 f"--root-ca-file={layout.ca}",
                 f"--service-account-private-key-file={layout.service_account.key}",
                 "--use-service-account-credentials=true",
+                # The autoscaling tests wait on the HPA controller: its default 15 s would be most of their time.
+                "--horizontal-pod-autoscaler-sync-period=5s",
             ]
         return argv
     if name == "kwok":

@@ -1,5 +1,6 @@
 """Where the pinned binaries live: the control plane's (``tools/kube/build.sh``), the real node's
-(``tools/node/build.sh``) and the tests' S3 server (``tools/s3/build.sh``), all run by ``make tools``."""
+(``tools/node/build.sh``), the tests' S3 server (``tools/s3/build.sh``), and the autoscaling tests'
+Prometheus and KEDA (``tools/prometheus``, ``tools/keda``), all run by ``make tools``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ NODE_TOOLS_ENV = "NEURONFLEET_NODE_TOOLS"
 
 #: Overrides the S3 server's bin dir (``tools/s3/build.sh --print-bin-dir`` otherwise).
 S3_TOOLS_ENV = "NEURONFLEET_S3_TOOLS"
-_OVERRIDES = {"kube": TOOLS_ENV, "node": NODE_TOOLS_ENV, "s3": S3_TOOLS_ENV}
+#: Override the Prometheus and KEDA bin dirs (KEDA's CRDs are in ``crds/`` beside its bin dir).
+PROMETHEUS_TOOLS_ENV = "NEURONFLEET_PROMETHEUS_TOOLS"
+KEDA_TOOLS_ENV = "NEURONFLEET_KEDA_TOOLS"
+_OVERRIDES = {
+    "kube": TOOLS_ENV,
+    "node": NODE_TOOLS_ENV,
+    "s3": S3_TOOLS_ENV,
+    "prometheus": PROMETHEUS_TOOLS_ENV,
+    "keda": KEDA_TOOLS_ENV,
+}
 
 #: Every binary the kube build script produces.
 BINARIES = (

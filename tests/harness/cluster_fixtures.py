@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from neuronfleet.devcluster import node
+from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.images import BuiltImage, Target, build
@@ -64,6 +65,22 @@ def real_node(real_cluster: LocalCluster) -> RealNode:
     node = real_cluster.real_node
     assert node is not None
     return node
+
+
+@pytest.fixture(scope="session")
+def autoscaling_rig(real_cluster: LocalCluster) -> Iterator[AutoscalingRig]:
+    """Prometheus scraping the real node's serving pods, and KEDA's operator and metrics adapter, for the session.
+
+    Prometheus keeps the pods labelled as the operator labels serving pods, at their port named ``http``;
+    a ScaledObject's prometheus trigger reaches it at ``rig.prometheus_url``. See
+    :mod:`neuronfleet.devcluster.autoscaling_rig`.
+    """
+    rig = AutoscalingRig.start(real_cluster)
+    print(f"==> the autoscaling rig started in {rig.started_in:.1f} s", flush=True)
+    try:
+        yield rig
+    finally:
+        rig.stop()
 
 
 #: Imports an image built here into the real node's containerd (once per session) and returns it.
