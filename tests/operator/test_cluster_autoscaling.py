@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 from harness.services import Services
 
+from neuronfleet.devcluster.autoscaling_rig import keda_crds
 from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.status import condition, phase_of
 from neuronfleet.devcluster.waiting import WaitFor
-from neuronfleet.operator.kube import DEPLOYMENTS, SERVICES_NIS, Kube
+from neuronfleet.operator import scaling
+from neuronfleet.operator.kube import DEPLOYMENTS, SCALED_OBJECTS, SERVICES_NIS, Kube
 
 pytest_plugins = ["harness.operator_fixtures"]
 
@@ -48,7 +51,7 @@ def scaling_operator(
 
 def autoscaling_condition(body: Obj) -> tuple[str, str, str] | None:
     found = condition(body, "Autoscaling")
-    return None if found is None else (found["status"], found["reason"], found.get("message", ""))
+    return (found["status"], found["reason"], found.get("message", "")) if found else None
 
 
 def test_without_keda_the_service_serves_its_minimum_and_says_why_it_cannot_scale(
@@ -80,3 +83,61 @@ def test_without_keda_the_service_serves_its_minimum_and_says_why_it_cannot_scal
     scale = api.request("GET", SERVICES_NIS.path(namespace, "llama", "scale"))
     assert scale["spec"]["replicas"] == 3
     services.wait("llama", lambda b: b["status"].get("desiredReplicas") == 3, "desiredReplicas 3")
+
+
+@pytest.fixture
+def keda_crd(cluster: LocalCluster) -> Iterator[Path]:
+    """KEDA's own ScaledObject CRD (from the pinned release that ``make tools`` builds), served for one test."""
+    path = keda_crds() / "keda.sh_scaledobjects.yaml"
+    applied = cluster.kubectl("apply", "--server-side", "-f", str(path))
+    assert applied.returncode == 0, applied.stderr
+    waited = cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(path))
+    assert waited.returncode == 0, waited.stderr
+    try:
+        yield path
+    finally:
+        cluster.kubectl("delete", "-f", str(path), "--wait=false")
+
+
+def test_the_scaled_object_waits_for_a_served_revision_and_goes_with_autoscaling(
+    services: Services, scaling_operator: OperatorProcess, api: Kube, namespace: str, keda_crd: Path
+) -> None:
+    # The compile takes a while, so for the first part no revision serves.
+    slow = {**SPEC, "compile": {**SPEC["compile"], "podAnnotations": {COMPLETE_AFTER_ANNOTATION: "15s"}}}
+    services.create("llama", slow)
+    paused = services.wait("llama", lambda b: autoscaling_condition(b) is not None, "an Autoscaling condition")
+    assert phase_of(paused) == "Compiling"
+    assert autoscaling_condition(paused) == (
+        "False",
+        "ScalingPaused",
+        "paused until a revision is compiled and serving (between 2 and 4 replicas)",
+    )
+    scaled_object = api.get(SCALED_OBJECTS, namespace, "llama")
+    assert scaled_object is not None
+    assert scaled_object["metadata"]["annotations"] == {scaling.PAUSED_ANNOTATION: "true"}
+    assert scaled_object["spec"]["scaleTargetRef"] == {
+        "apiVersion": "neuronfleet.io/v1alpha1",
+        "kind": "NeuronInferenceService",
+        "name": "llama",
+    }
+    assert scaled_object["spec"]["triggers"][0]["metadata"]["serverAddress"] == PROMETHEUS
+    assert api.get(DEPLOYMENTS, namespace, "llama") is None
+
+    # Compiled and serving: the operator's apply drops the pause.
+    scaling_now = services.wait(
+        "llama", lambda b: (autoscaling_condition(b) or ("",))[0] == "True", "Autoscaling=True", timeout=90
+    )
+    assert autoscaling_condition(scaling_now) == (
+        "True",
+        "Scaling",
+        "KEDA scales between 2 and 4 replicas on vllm:num_requests_waiting (target 4/replica)",
+    )
+    unpaused = api.get(SCALED_OBJECTS, namespace, "llama")
+    assert unpaused is not None
+    assert scaling.PAUSED_ANNOTATION not in (unpaused["metadata"].get("annotations") or {})
+
+    # Autoscaling removed: the ScaledObject and the condition go, replicas are the user's again.
+    services.patch_spec("llama", {"autoscaling": None, "replicas": 1})
+    plain = services.wait("llama", lambda b: autoscaling_condition(b) is None, "no Autoscaling condition")
+    assert plain["status"]["desiredReplicas"] == 1
+    assert api.get(SCALED_OBJECTS, namespace, "llama") is None
