@@ -522,7 +522,7 @@ class NeuronInferenceServiceSpec(K8sModel):
         None,
         ge=0,
         le=1000,
-        description="Serving replicas (default 1). With autoscaling, KEDA sets it; leave it out of manifests.",
+        description="Serving replicas (default 1). With autoscaling: minReplicas, then KEDA's; not in manifests.",
     )
     autoscaling: Autoscaling | None = Field(
         None,

@@ -207,13 +207,21 @@ class Reconciler:
             )
         desired = scaling.scaled_object(owner, namespace, spec.autoscaling, self.prometheus, paused=not serving)
         try:
+            if spec.replicas is None:
+                # The scale subresource cannot be read without spec.replicas, and KEDA reads it first: the
+                # service starts at minReplicas, written where a scaler writes.
+                scale = {"spec": {"replicas": spec.desired_replicas}}
+                self.kube.merge_patch(SERVICES_NIS, namespace, owner.name, scale, subresource="scale")
             self.kube.apply(desired)
         except ApiError as error:
             if error.status == NOT_FOUND:
                 return scaling.ScalingState(problem="KEDA is not installed: the cluster serves no keda.sh ScaledObject")
             if error.status == FORBIDDEN:
                 return scaling.ScalingState(
-                    problem="the operator may not manage ScaledObjects: install the chart with autoscaling.enabled=true"
+                    problem=(
+                        "the operator may not scale services or manage ScaledObjects: "
+                        "install the chart with autoscaling.enabled=true"
+                    )
                 )
             raise
         return scaling.ScalingState(paused=not serving)

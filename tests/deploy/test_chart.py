@@ -138,7 +138,11 @@ def test_rbac_grants_exactly_the_documented_verbs(render: Render) -> None:
     docs = render("watchNamespaces={llm}", *AUTOSCALING)
     assert granted(docs) == documented_rbac()
     # Cluster-wide, kopf does not scan namespaces; without autoscaling it has no ScaledObjects.
-    unused = {("namespaces", frozenset({"list", "watch"})), ("scaledobjects", frozenset({"create", "patch", "delete"}))}
+    unused = {
+        ("namespaces", frozenset({"list", "watch"})),
+        ("scaledobjects", frozenset({"create", "patch", "delete"})),
+        ("neuroninferenceservices/scale", frozenset({"patch"})),
+    }
     assert granted(render()) == documented_rbac() - unused
     for role in (d for d in docs if d["kind"] == "ClusterRole"):
         for rule in role["rules"]:

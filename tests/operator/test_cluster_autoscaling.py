@@ -67,6 +67,9 @@ def test_without_keda_the_service_serves_its_minimum_and_says_why_it_cannot_scal
         "KEDA is not installed: the cluster serves no keda.sh ScaledObject",
     )
     assert ready["status"]["desiredReplicas"] == 2
+    # Started at minReplicas through the scale subresource, which cannot be read without spec.replicas.
+    assert ready["spec"]["replicas"] == 2
+    assert api.request("GET", SERVICES_NIS.path(namespace, "llama", "scale"))["spec"]["replicas"] == 2
     deployment = api.get(DEPLOYMENTS, namespace, "llama")
     assert deployment is not None
     assert deployment["spec"]["replicas"] == 2
