@@ -50,7 +50,13 @@ POD_TIMEOUT_S = 600
 
 
 def service_manifest(
-    image: str, endpoint: str, buckets: list[int], *, secret: str = KEYS, autoscaling: Obj | None = None
+    image: str,
+    endpoint: str,
+    buckets: list[int],
+    *,
+    secret: str = KEYS,
+    autoscaling: Obj | None = None,
+    max_num_seqs: int = 4,
 ) -> Obj:
     """The service, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
 
@@ -68,7 +74,7 @@ def service_manifest(
             "image": image,
             **replicas,
             "engine": {
-                "max_num_seqs": 4,
+                "max_num_seqs": max_num_seqs,
                 "max_model_len": 256,
                 "max_num_batched_tokens": 256,
                 "num_batched_tokens_buckets": buckets,
@@ -251,6 +257,7 @@ def started(
     *,
     prometheus: str | None = None,
     autoscaling: Obj | None = None,
+    max_num_seqs: int = 4,
 ) -> Iterator[Fleet]:
     """The service Ready (two replicas, or ``autoscaling``'s minimum), rolled out by the in-cluster operator.
 
@@ -288,7 +295,9 @@ def started(
         keys = s3.credentials
         create_secret(real_cluster, namespace, KEYS, keys.access_key, keys.secret_key)
         create_secret(real_cluster, namespace, WRONG_KEYS, keys.access_key, f"revoked-{keys.secret_key[::-1]}")
-        manifest = service_manifest(engine.name, s3.endpoint, [128, 256], autoscaling=autoscaling)
+        manifest = service_manifest(
+            engine.name, s3.endpoint, [128, 256], autoscaling=autoscaling, max_num_seqs=max_num_seqs
+        )
         service = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
         service.apply(manifest)
         first = identity_hash(manifest)

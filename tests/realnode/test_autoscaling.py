@@ -37,9 +37,12 @@ AUTOSCALING: Obj = {
     "scaleUpPeriodSeconds": 10,
     "scaleDownStabilizationSeconds": 20,
 }
-#: A load one replica cannot keep up with (4 sequences at a time, about a second each): requests queue in
-#: its engine (vllm:num_requests_waiting) while the replicas KEDA adds are still loading.
-SCALE_RATE, SCALE_TOKENS = 6.0, 200
+#: One sequence at a time per replica: the simulated device answers 200 tokens in about 0.3 s, so four
+#: at a time would keep up with any rate the load tool sends on two cores.
+MAX_NUM_SEQS = 1
+#: A load one replica cannot keep up with (about 3 to 5 requests a second): requests queue in its engine
+#: (vllm:num_requests_waiting) while the replicas KEDA adds are still loading.
+SCALE_RATE, SCALE_TOKENS = 12.0, 200
 #: What an overloaded fleet may answer, and nothing else: requests that queued past the client's patience
 #: (60 s), and requests the load tool did not send because 256 were already waiting.
 OVERLOADED = {TIMEOUT, DROPPED}
@@ -128,7 +131,13 @@ def fleet(
     """The service autoscaled between 1 and 3 replicas, its ScaledObject querying the rig's Prometheus."""
     workdir = tmp_path_factory.mktemp("autoscaled")
     with started(
-        real_cluster, real_node, node_image, workdir, prometheus=autoscaling_rig.prometheus_url, autoscaling=AUTOSCALING
+        real_cluster,
+        real_node,
+        node_image,
+        workdir,
+        prometheus=autoscaling_rig.prometheus_url,
+        autoscaling=AUTOSCALING,
+        max_num_seqs=MAX_NUM_SEQS,
     ) as service:
         yield service
 
