@@ -197,8 +197,11 @@ def test_a_bucket_change_during_a_scale_up_starts_no_replica_before_its_compile(
     ):
         fleet.wait(lambda: (fleet.get("nis", NAME)["spec"].get("replicas") or 1) > 1, "KEDA asking for a replica")
         applied_at = fleet.apply(changed)
+        # Right after the apply the status still names the serving artifact, Ready: wait for the new one.
         compiled_at = fleet.wait(
-            lambda: (fleet.status().get("artifact") or {}).get("phase") == "Ready" and time.time(),
+            lambda: (artifact := fleet.status().get("artifact") or {}).get("hash") == new
+            and artifact.get("phase") == "Ready"
+            and time.time(),
             f"artifact {new} compiled",
         )
         # However many replicas KEDA asks for by then: Ready is all of them on the new revision.
