@@ -243,7 +243,13 @@ def test_get_neuron_lists_both_kinds(release: Release, ready_service: Obj) -> No
 
 
 def test_describe_tells_the_story_in_events(release: Release, ready_service: Obj) -> None:
-    described = ok(release.kubectl("describe", "nis", ready_service["metadata"]["name"]))
+    # The operator posts the Ready event just after the Ready status the fixture waited for.
+    described = wait_for(
+        lambda: ok(release.kubectl("describe", "nis", ready_service["metadata"]["name"])),
+        lambda out: "Ready" in out.split("Events:", 1)[1],
+        timeout=30,
+        what="the Ready event",
+    )
     events = described.split("Events:", 1)[1]
     reasons = [r for r in ("ArtifactCreated", "Compiling", "Compiled", "RollingOut", "Ready") if r in events]
     assert reasons == ["ArtifactCreated", "Compiling", "Compiled", "RollingOut", "Ready"], events

@@ -9,6 +9,7 @@ ready, and the pods' revisions every two seconds, and assert on that timeline, n
 from __future__ import annotations
 
 import copy
+import datetime
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 from harness.cluster_fixtures import NodeImage
-from harness.fleet import NAME, Fleet, identity_hash, pod_ready, report, started
+from harness.fleet import NAME, POD_TIMEOUT_S, Fleet, identity_hash, pod_ready, report, started
 
 from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig, RigError
 from neuronfleet.devcluster.cluster import LocalCluster
@@ -114,6 +115,25 @@ def autoscaling_condition(fleet: Fleet) -> Obj:
     return next((c for c in fleet.status().get("conditions", []) if c["type"] == "Autoscaling"), {})
 
 
+def compile_finished(fleet: Fleet, artifact_hash: str) -> float:
+    """When the artifact's compile Job finished (Unix seconds, rounded down), once the service says it is Ready.
+
+    The Job's end, not when a poll saw the status: the operator applies the new pod template before it
+    writes that status, so only this moment has nothing of the new revision before it.
+    """
+    # Right after an apply the status still names the serving artifact, Ready: wait for this one.
+    artifact = fleet.wait(
+        lambda: (
+            (ref := fleet.status().get("artifact") or {}).get("hash") == artifact_hash
+            and ref.get("phase") == "Ready"
+            and ref
+        ),
+        f"artifact {artifact_hash} compiled",
+    )
+    finished = fleet.get("nca", artifact["name"])["status"]["completedAt"]
+    return datetime.datetime.fromisoformat(finished).timestamp()
+
+
 def answering_pods(fleet: Fleet, rig: AutoscalingRig) -> int:
     """Serving pods that have answered requests, by vLLM's counter in Prometheus."""
     answered = f"sum by (pod) ({scaling.series('vllm:request_success_total', fleet.namespace, NAME)})"
@@ -189,6 +209,8 @@ def test_a_bucket_change_during_a_scale_up_starts_no_replica_before_its_compile(
     bounded = copy.deepcopy(fleet.manifest)
     bounded["spec"]["autoscaling"] = {**AUTOSCALING, "maxReplicas": 2}
     fleet.apply(bounded)
+    # KEDA's HPA must hold the new bound before the load: a third replica would leave no room to compile.
+    fleet.wait(lambda: fleet.get("hpa", f"keda-hpa-{NAME}")["spec"]["maxReplicas"] == 2, "KEDA's HPA at 2", timeout=60)
     changed = fleet.with_buckets([32, 256])
     new = identity_hash(changed)
     with (
@@ -197,17 +219,12 @@ def test_a_bucket_change_during_a_scale_up_starts_no_replica_before_its_compile(
     ):
         fleet.wait(lambda: (fleet.get("nis", NAME)["spec"].get("replicas") or 1) > 1, "KEDA asking for a replica")
         applied_at = fleet.apply(changed)
-        # Right after the apply the status still names the serving artifact, Ready: wait for the new one.
-        compiled_at = fleet.wait(
-            lambda: (artifact := fleet.status().get("artifact") or {}).get("hash") == new
-            and artifact.get("phase") == "Ready"
-            and time.time(),
-            f"artifact {new} compiled",
-        )
+        compiled_at = compile_finished(fleet, new)
         # However many replicas KEDA asks for by then: Ready is all of them on the new revision.
         fleet.wait(
             lambda: (status := fleet.status()).get("phase") == "Ready" and status.get("currentRevision") == new,
             f"every replica on {new}",
+            timeout=2 * POD_TIMEOUT_S,
         )
         result = load.stop()
     timeline.print("scale during compile")

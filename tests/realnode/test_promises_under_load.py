@@ -25,6 +25,7 @@ from harness.fleet import (
     BUCKET,
     DRAIN_TOKENS,
     NAME,
+    POD_TIMEOUT_S,
     RATE,
     WRONG_KEYS,
     Fleet,
@@ -61,7 +62,9 @@ def test_a_bucket_change_rolls_out_without_a_failed_request(fleet: Fleet) -> Non
             lambda: (fleet.status().get("artifact") or {}).get("phase") == "Ready" and time.time(),
             f"artifact {new} compiled",
         )
-        done_at = fleet.wait(lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}")
+        done_at = fleet.wait(
+            lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
+        )
         # The measurement window after the rollout: every answer in it must come from the new revision.
         time.sleep(AFTER_S)
         result = load.stop()
@@ -138,7 +141,9 @@ def test_the_operator_killed_mid_rollout_converges_without_duplicate_jobs(fleet:
             lambda: (p := fleet.operator_pod())["metadata"]["uid"] != killed["metadata"]["uid"] and pod_ready(p) and p,
             "the operator restarted by its Deployment",
         )
-        done_at = fleet.wait(lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}")
+        done_at = fleet.wait(
+            lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
+        )
         time.sleep(AFTER_S)
         result = load.stop()
     report("operator killed mid-rollout", result, killed=killed_at, rolled_out=done_at)

@@ -230,7 +230,8 @@ def test_capacity_is_advertised_again_once_lost(api: Api) -> None:
     # What a kubelet that registers the node anew starts with: no extended resources.
     lost = {"status": {"capacity": dict.fromkeys(capacity)}}
     path = f"/api/v1/nodes/{REAL_NODE}"
-    api.request("PATCH", f"{path}/status", lost, content_type="application/merge-patch+json")
+    patched = api.request("PATCH", f"{path}/status", lost, content_type="application/merge-patch+json")
+    assert not set(capacity) & set(patched["status"].get("capacity", {})), "the patch removed nothing"
     wait_for(
         lambda: api.get(path) or {},
         lambda found: all(
