@@ -49,7 +49,8 @@ EXTERNAL_METRICS = "v1beta1.external.metrics.k8s.io"
 #: The operator's serving pods carry this label (``MANAGED_BY`` in ``operator/plan.py``) and a port named ``http``.
 SERVING_POD_SELECTOR = "app.kubernetes.io/managed-by=neuronfleet-operator"
 SCRAPED_PORT = "http"
-#: The serving pods' ``neuronfleet.io/service`` label, as Prometheus spells it (as a target label, too).
+#: The serving pods' ``neuronfleet.io/service`` label, as Prometheus spells it (as a target label, too):
+#: ``SERVICE_METRIC_LABEL`` in ``operator/scaling.py`` (devcluster never imports the operator).
 SERVICE_LABEL = "neuronfleet_io_service"
 #: Short, so a test sees a changed metric within seconds.
 SCRAPE_INTERVAL = "2s"

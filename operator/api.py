@@ -554,7 +554,7 @@ class NeuronInferenceServiceSpec(K8sModel):
 
     @property
     def desired_replicas(self) -> int:
-        """The replicas asked for: the scaler's (kept within its bounds), the user's, or 1."""
+        """The replicas asked for: the scaler's (within bounds; minReplicas until it writes), the user's, or 1."""
         if self.autoscaling is None:
             return 1 if self.replicas is None else self.replicas
         bounds = self.autoscaling

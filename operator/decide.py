@@ -146,7 +146,7 @@ class ServiceStatusInput:
     unschedulable: tuple[str, ...]
     decision: Decision
     #: What became of spec.autoscaling this pass; ``None`` without it.
-    scaling: scaling.ScalingState | None = None
+    autoscaling_state: scaling.ScalingState | None = None
 
 
 #: An artifact's reasons while its compile goes as it should; any other names a trouble to fix.
@@ -247,8 +247,8 @@ def service_status(
         condition(ConditionType.READY, *ready, generation, at),
     ]
     autoscaling = given.spec.autoscaling
-    if autoscaling is not None and given.scaling is not None:
-        state = _autoscaling_condition(autoscaling, given.scaling)
+    if autoscaling is not None and given.autoscaling_state is not None:
+        state = _autoscaling_condition(autoscaling, given.autoscaling_state)
         updates.append(condition(ConditionType.AUTOSCALING, *state, generation, at))
     conditions = merge_conditions(previous.conditions, updates)
     if autoscaling is None:

@@ -177,7 +177,7 @@ class Reconciler:
             deployment=deployment,
             unschedulable=decide.unschedulable_messages(pods),
             decision=decision,
-            scaling=scaling_state,
+            autoscaling_state=scaling_state,
         )
         status, events = decide.service_status(given, previous, now())
         self._write_status(SERVICES_NIS, body, status, events)
@@ -191,7 +191,8 @@ class Reconciler:
         *,
         serving: bool,
     ) -> scaling.ScalingState | None:
-        """Apply the service's ScaledObject (paused while no revision serves), or delete one it no longer wants."""
+        """Start the service at minReplicas (if spec.replicas is unset) and apply its ScaledObject (paused while
+        no revision serves); or delete a ScaledObject it no longer wants."""
         if spec.autoscaling is None:
             # The condition says a ScaledObject may exist; without it there is nothing to ask the API server.
             if any(c.type == ConditionType.AUTOSCALING for c in previous.conditions):
@@ -200,29 +201,45 @@ class Reconciler:
                 except ApiError as error:
                     if error.status != FORBIDDEN:
                         raise
+                    # The condition goes with this pass, so nothing asks again: say what is left behind.
+                    log.warning(
+                        "%s/%s: may not delete its ScaledObject (chart without autoscaling.enabled); delete it by hand",
+                        namespace,
+                        owner.name,
+                    )
             return None
         if self.prometheus is None:
             return scaling.ScalingState(
-                problem="the operator has no Prometheus address: set the chart's autoscaling.prometheus.address"
+                problem=(
+                    "the operator has no Prometheus address: install the chart with autoscaling.enabled=true "
+                    "and autoscaling.prometheus.address"
+                )
             )
         desired = scaling.scaled_object(owner, namespace, spec.autoscaling, self.prometheus, paused=not serving)
-        try:
-            if spec.replicas is None:
-                # The scale subresource cannot be read without spec.replicas, and KEDA reads it first: the
-                # service starts at minReplicas, written where a scaler writes.
-                scale = {"spec": {"replicas": spec.desired_replicas}}
+        may_not = scaling.ScalingState(
+            problem=(
+                "the operator may not scale services or manage ScaledObjects: "
+                "install the chart with autoscaling.enabled=true"
+            )
+        )
+        if spec.replicas is None:
+            # The scale subresource cannot be read without spec.replicas, and KEDA reads it first: the
+            # service starts at minReplicas, written where a scaler writes.
+            scale = {"spec": {"replicas": spec.desired_replicas}}
+            try:
                 self.kube.merge_patch(SERVICES_NIS, namespace, owner.name, scale, subresource="scale")
+            except ApiError as error:
+                if error.status == FORBIDDEN:
+                    return may_not
+                raise
+        try:
             self.kube.apply(desired)
         except ApiError as error:
+            # Here, unlike from the scale patch (a deleted service), a 404 means the kind is unknown.
             if error.status == NOT_FOUND:
                 return scaling.ScalingState(problem="KEDA is not installed: the cluster serves no keda.sh ScaledObject")
             if error.status == FORBIDDEN:
-                return scaling.ScalingState(
-                    problem=(
-                        "the operator may not scale services or manage ScaledObjects: "
-                        "install the chart with autoscaling.enabled=true"
-                    )
-                )
+                return may_not
             raise
         return scaling.ScalingState(paused=not serving)
 

@@ -19,7 +19,7 @@ KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: KEDA leaves a ScaledObject with this annotation where it is.
 PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
 #: The Prometheus label the serving pods' ``neuronfleet.io/service`` label becomes: the chart's PodMonitor
-#: copies it onto every series (``podTargetLabels``), and any scrape config must do the same.
+#: and ServiceMonitor copy it onto every series (``podTargetLabels``); any scrape config must do the same.
 SERVICE_METRIC_LABEL = "neuronfleet_io_service"
 
 #: vLLM's own metric names: the peers' routers and autoscalers read exactly these.

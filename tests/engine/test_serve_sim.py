@@ -17,6 +17,8 @@ from harness.engine_server import SCRIPTS, EngineServer, ServerPool, write_engin
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
+
+# pydantic and yaml only, so it imports in the vLLM 0.29 venv of `make compat` too.
 from neuronfleet.operator import scaling
 
 pytestmark = pytest.mark.vllm_matrix

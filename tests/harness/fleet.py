@@ -43,8 +43,8 @@ RATE, MAX_TOKENS = 3.0, 24
 DRAIN_TOKENS = 200
 #: How long the load goes on once a rollout is over: every answer then must come from the new revision.
 AFTER_S = 10.0
-#: vLLM's gauge of the requests an engine runs.
-RUNNING_GAUGE = "vllm:num_requests_running{"
+#: vLLM's gauge of the requests an engine runs, as a labelled sample line starts.
+RUNNING_GAUGE_PREFIX = "vllm:num_requests_running{"
 #: A pod's start on two shared cores (vLLM on CPU), with room for two at once.
 POD_TIMEOUT_S = 600
 
@@ -193,7 +193,7 @@ class Fleet:
         script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
         scraped = self.node.in_netns(["python3", "-I", "-c", script])
         assert scraped.returncode == 0, scraped.stderr
-        samples = [line.split()[-1] for line in scraped.stdout.splitlines() if line.startswith(RUNNING_GAUGE)]
+        samples = [line.split()[-1] for line in scraped.stdout.splitlines() if line.startswith(RUNNING_GAUGE_PREFIX)]
         return sum(map(float, samples))
 
     def compile_jobs(self, artifact_hash: str) -> list[Obj]:

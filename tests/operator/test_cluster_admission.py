@@ -197,13 +197,15 @@ def test_the_scaler_writes_replicas_of_an_autoscaled_service_but_a_manifest_cann
         assert (scaled["spec"]["replicas"], parse_service_spec(scaled["spec"]).desired_replicas) == (3, 3)
         # Turning autoscaling on for a service that names replicas needs them gone in the same change.
         plain = api.create(service("plain", replicas=2))
+        assert plain["spec"]["replicas"] == 2
         with pytest.raises(ApiError) as caught:
             api.merge_patch(SERVICES_NIS, "default", "plain", {"spec": {"autoscaling": {"maxReplicas": 4}}})
         assert "replicas and autoscaling are exclusive" in caught.value.message
-        api.merge_patch(
+        patched = api.merge_patch(
             SERVICES_NIS, "default", "plain", {"spec": {"replicas": None, "autoscaling": {"maxReplicas": 4}}}
         )
-        assert plain["spec"]["replicas"] == 2
+        assert "replicas" not in patched["spec"]
+        assert patched["spec"]["autoscaling"]["maxReplicas"] == 4
     finally:
         api.delete(SERVICES_NIS, "default", name)
         api.delete(SERVICES_NIS, "default", "plain")

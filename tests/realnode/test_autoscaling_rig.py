@@ -19,7 +19,7 @@ import pytest
 
 from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.api import Api
-from neuronfleet.devcluster.autoscaling_rig import SCRAPED_PORT, AutoscalingRig
+from neuronfleet.devcluster.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.node import pinned_here
 from neuronfleet.devcluster.waiting import wait_for
@@ -100,7 +100,7 @@ def scaled_object(name: str, namespace: str, prometheus_url: str) -> Obj:
                     "type": "prometheus",
                     "metadata": {
                         "serverAddress": prometheus_url,
-                        "query": f'max({METRIC}{{namespace="{namespace}",neuronfleet_io_service="{SERVICE}"}})',
+                        "query": f'max({METRIC}{{namespace="{namespace}",{SERVICE_LABEL}="{SERVICE}"}})',
                         "threshold": "1",
                     },
                 }
@@ -213,7 +213,7 @@ def watch(
 
 def test_keda_scales_a_deployment_up_and_down_on_a_scraped_gauge(autoscaling_rig: AutoscalingRig, scene: Scene) -> None:
     begun = time.monotonic()
-    query = f'{METRIC}{{namespace="{scene.namespace}",neuronfleet_io_service="{SERVICE}"}}'
+    query = f'{METRIC}{{namespace="{scene.namespace}",{SERVICE_LABEL}="{SERVICE}"}}'
     wait_for(lambda: autoscaling_rig.value(query), lambda v: v == 0, timeout=60, interval=1, what="the gauge scraped")
     wait_for(scene.workers_now, lambda now: now == (1, 1), timeout=60, what="one ready worker")
 
