@@ -21,6 +21,8 @@ binaries=(
 prepare() {
   version="$(module_version github.com/prometheus/prometheus)"
   # The module's v0.MMPP.P tags stand for a release the module's VERSION file names (v0.316.0 is 3.16.0).
+  # Downloaded first: a module not yet in the module cache (a fresh machine) has no directory to read.
+  (cd "${here}" && go mod download github.com/prometheus/prometheus)
   release="$(cat "$(cd "${here}" && go list -m -f '{{.Dir}}' github.com/prometheus/prometheus)/VERSION")"
   building="prometheus ${release} (${version})"
 }
