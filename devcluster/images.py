@@ -36,8 +36,9 @@ INPUT_DIRS = ("engine", "operator")
 #: beside the compressed layer and the archive it goes into (about 4 GB each).
 NEEDED_BYTES: dict[Target, int] = {"operator": 20 * 10**9, "engine": 40 * 10**9}
 
-#: The uv download cache the builds reuse (mounted where the Dockerfile's UV_CACHE_DIR points).
-UV_CACHE = Path.home() / ".cache" / "uv"
+#: The uv download cache the builds reuse (mounted where the Dockerfile's UV_CACHE_DIR points): the one
+#: `make setup` filled, so uv's own UV_CACHE_DIR wins over its default.
+UV_CACHE = Path(os.environ.get("UV_CACHE_DIR") or Path.home() / ".cache" / "uv")
 UV_CACHE_IN_BUILD = "/uv-cache"
 #: The host's CA bundle, mounted read-only during the build only (never part of an image).
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
