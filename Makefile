@@ -22,8 +22,12 @@ export PYTHONSAFEPATH := 1
 export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)
+# Every stage of `make test` is timed into this file; the run ends with the table (tools/stages.sh).
+export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
+# STAGE NAME CACHED_REGEX COMMAND...: run and record one stage ("-": a stage without a cache).
+STAGE := tools/stages.sh run
 
-.PHONY: help setup packages tools images demo test lint typecheck unit compat lock crds clean \
+.PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-prometheus tool-keda images demo test lint typecheck unit compat lock crds clean \
 	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator
 
 help:  ## List the targets.
@@ -37,58 +41,67 @@ $(UV):
 # Reinstalls dependencies only when the spec or the lock changed.
 $(VENV)/.synced: pyproject.toml devcluster/pyproject.toml uv.lock | $(UV)
 	@echo "==> installing locked dependencies into $(VENV) (first run: several minutes, ~9 GB)"
-	$(UV) sync --locked --all-extras
+	$(STAGE) "set-up: venv" - $(UV) sync --locked --all-extras
 	touch $@
 
 # The same for vLLM 0.29; neuronfleet is an editable path dependency, so its pyproject.toml counts too.
 $(COMPAT_VENV)/.synced: $(COMPAT)/pyproject.toml $(COMPAT)/uv.lock pyproject.toml devcluster/pyproject.toml | $(UV)
 	@echo "==> installing vLLM 0.29.0 and its locked dependencies into $(COMPAT_VENV) (first run: a few minutes)"
-	cd $(COMPAT) && $(UV) sync --locked
+	$(STAGE) "set-up: compat venv" - bash -c 'cd $(COMPAT) && $(UV) sync --locked'
 	touch $@
 
 setup: $(VENV)/.synced  ## Create or update the virtual environment.
 	@# The project itself is an editable link tree: refresh it so new modules are seen.
 	$(UV) sync --locked --all-extras --reinstall-package neuronfleet --reinstall-package neuronfleet-devcluster --quiet
+	@tools/stages.sh note "set-up: venv" cache
 
 # One list (tools/node/debian-packages.txt); apt-get runs only when one of them is missing.
 packages:  ## Install the Debian packages the real node needs (runc, CNI plugins, iptables, socat, mmdebstrap, ...).
-	tools/node/install-packages.sh
+	$(STAGE) "set-up: Debian packages" "all [0-9]+ installed" tools/node/install-packages.sh
 
 # Pins live in tools/kube, tools/node, tools/s3, tools/prometheus and tools/keda (go.mod each); each script skips
-# the build when its version set is cached.
-tools: packages  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, versitygw, Prometheus, KEDA (first time ~50 min; cached in ~/.cache/neuronfleet).
-	tools/kube/build.sh
-	tools/node/build.sh
-	tools/s3/build.sh
-	tools/prometheus/build.sh
-	tools/keda/build.sh
+# the build when its version set is cached. A Go build keeps about one core busy (links and long package
+# chains are serial), so `make -j3 tools` (what `unit` runs) builds them side by side on two cores.
+TOOLS := kube node s3 prometheus keda
+tools: $(addprefix tool-,$(TOOLS))  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, versitygw, Prometheus, KEDA (first time ~30 min, ~18 with -j3; cached in ~/.cache/neuronfleet).
 
-# Content-keyed: a rerun with no input changed takes seconds. IMAGES_ARGS=--target=operator builds one.
+tool-kube tool-node tool-s3 tool-prometheus tool-keda: tool-%: packages
+	@NEURONFLEET_STAGE_PREFIX="$*" $(STAGE) "tool: $*" "cached in" tools/$*/build.sh
+
+# Content-keyed: a rerun with no input changed takes seconds. IMAGES=operator builds one.
+IMAGES ?= operator engine
 images: setup  ## Build the operator and engine images with podman (OCI archives in ~/.cache/neuronfleet/images).
-	$(BIN)/neuronfleet-dev images build $(IMAGES_ARGS)
+	for target in $(IMAGES); do \
+		$(STAGE) "image: $$target" "is up to date" $(BIN)/neuronfleet-dev images build --target=$$target; \
+	done
 
 # DEMO_ARGS=--exit-when-ready stops once the service is Ready and has answered (what the test runs).
-demo: setup tools images  ## The real node, the chart's operator in a pod on it, a simulated service Ready and answering; Ctrl-C tears down.
+demo: setup  ## The real node, the chart's operator in a pod on it, a simulated service Ready and answering; Ctrl-C tears down.
+	$(MAKE) --no-print-directory -j3 tools images
 	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
 
 lint: setup  ## ruff, and the import layers of docs/architecture.md (import-linter).
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/lint-imports
+	$(STAGE) lint - bash -c '$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports'
 
 typecheck: setup  ## mypy, strict.
-	$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster
-	$(BIN)/mypy tests bench
+	$(STAGE) typecheck - bash -c '$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
+		&& $(BIN)/mypy tests bench'
 
-unit: setup tools images  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
-	$(BIN)/pytest
+# The tools and the images are built side by side: most of each is one busy core.
+unit: setup  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
+	$(MAKE) --no-print-directory -j3 tools images
+	$(STAGE) pytest - $(BIN)/pytest
 
 # The suites marked vllm_matrix (pyproject.toml; all in tests/engine, whose imports this venv has) run
 # here; `unit` runs them on 0.33 with everything else.
 compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated device on vLLM 0.29.0 (pytest -m vllm_matrix).
-	$(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine
+	@tools/stages.sh note "set-up: compat venv" cache
+	$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine
 
-test: lint typecheck unit compat  ## Everything CI runs.
+# The stage table is printed whether the checks pass or not.
+test:  ## Everything CI runs, then the table of stages: wall time and whether each came from a cache.
+	@tools/stages.sh reset
+	@rc=0; $(MAKE) --no-print-directory lint typecheck unit compat || rc=$$?; tools/stages.sh table; exit $$rc
 
 crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's API models.
 	$(BIN)/neuronfleet-operator crds --output crds
