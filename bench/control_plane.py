@@ -72,8 +72,8 @@ from neuronfleet.devcluster.fleet import M7I_8XLARGE, TRN2_48XLARGE, NodePool
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.metrics import Samples
 from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.status import observed, phase_of, ready_at
-from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import (
     ARTIFACTS,

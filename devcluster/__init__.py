@@ -2,8 +2,8 @@
 
 from neuronfleet.devcluster.cluster import ClusterError, LocalCluster, reap_orphans
 from neuronfleet.devcluster.fleet import DEFAULT_FLEET, InstanceShape, NodePool
-from neuronfleet.devcluster.tools import KubeTools, ToolsMissingError
-from neuronfleet.devcluster.waiting import WaitTimeoutError, wait_for
+from neuronfleet.devcluster.process.tools import KubeTools, ToolsMissingError
+from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
 
 __all__ = [
     "DEFAULT_FLEET",

@@ -38,10 +38,10 @@ from neuronfleet.devcluster import pki
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.node import NODE_IP, RealNode
-from neuronfleet.devcluster.processes import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
+from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
+from neuronfleet.devcluster.process.state import save
+from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
 from neuronfleet.devcluster.s3_server import answers_in_netns
-from neuronfleet.devcluster.state import save
-from neuronfleet.devcluster.tools import ToolsMissingError, bin_dir
 
 KEDA_NAMESPACE = "keda"
 ADAPTER_SERVICE = "keda-metrics-apiserver"

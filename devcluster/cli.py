@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from neuronfleet.devcluster.cluster import ClusterError, LocalCluster, reap_orphans
-from neuronfleet.devcluster.processes import is_alive
-from neuronfleet.devcluster.state import state_file
-from neuronfleet.devcluster.tools import ToolsMissingError
+from neuronfleet.devcluster.process.managed import is_alive
+from neuronfleet.devcluster.process.state import state_file
+from neuronfleet.devcluster.process.tools import ToolsMissingError
 
 #: Exit status for input that names nothing usable.
 EXIT_INVALID = 2

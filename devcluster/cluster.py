@@ -2,8 +2,8 @@
 kube-scheduler, and KWOK playing the kubelets of fake Neuron and CPU nodes.
 
 Everything listens on free loopback ports and lives in a temp directory. Each cluster's state (pids,
-ports, directory, owner) is a JSON file (see :mod:`.state`), so another process can stop it, and a
-cluster whose owner died (a crashed test run) is reaped by :func:`reap_orphans`.
+ports, directory, owner) is a JSON file (see :mod:`neuronfleet.devcluster.process.state`), so another
+process can stop it, and a cluster whose owner died (a crashed test run) is reaped by :func:`reap_orphans`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from neuronfleet.devcluster import node
 from neuronfleet.devcluster.api import Api, ApiError
 from neuronfleet.devcluster.components import COMPONENTS, REAL_NODE, Layout, argv
 from neuronfleet.devcluster.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
-from neuronfleet.devcluster.processes import (
+from neuronfleet.devcluster.process.managed import (
     ManagedProcess,
     ProcessNotReadyError,
     answers,
@@ -31,8 +31,8 @@ from neuronfleet.devcluster.processes import (
     started_at,
     stop,
 )
-from neuronfleet.devcluster.state import ClusterState, list_states, load, save, state_file
-from neuronfleet.devcluster.tools import KubeTools, helm_env
+from neuronfleet.devcluster.process.state import ClusterState, list_states, load, save, state_file
+from neuronfleet.devcluster.process.tools import KubeTools, helm_env
 from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import yaml
 
 from neuronfleet.devcluster import kwok, pki
 from neuronfleet.devcluster.fleet import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
-from neuronfleet.devcluster.tools import KubeTools
+from neuronfleet.devcluster.process.tools import KubeTools
 
 SERVICE_CIDR = "10.96.0.0/16"
 #: KWOK's pod addresses; the real node's pods use :data:`REAL_NODE_POD_CIDR`, clear of it.

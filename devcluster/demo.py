@@ -38,8 +38,8 @@ from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.podman import free_bytes
+from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
 from neuronfleet.devcluster.storage import artifact_volume
-from neuronfleet.devcluster.waiting import WaitTimeoutError, wait_for
 
 Obj = dict[str, Any]
 

@@ -29,9 +29,9 @@ import yaml
 from neuronfleet.devcluster import node_images, runc_norlimits
 from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.fleet import DEFAULT_FLEET, POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL, NodePool
-from neuronfleet.devcluster.processes import ManagedProcess, ProcessRecord, stop
-from neuronfleet.devcluster.state import ClusterState
-from neuronfleet.devcluster.tools import KubeTools, NodeTools, ToolsMissingError
+from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord, stop
+from neuronfleet.devcluster.process.state import ClusterState
+from neuronfleet.devcluster.process.tools import KubeTools, NodeTools, ToolsMissingError
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 
 #: The node's address: inside the fleet's node network, far above the KWOK nodes counting up from .1.

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 from neuronfleet.devcluster.metrics import Samples, scrape
-from neuronfleet.devcluster.processes import SCRIPTS, ManagedProcess, free_ports, log_tail
-from neuronfleet.devcluster.waiting import WaitFor
+from neuronfleet.devcluster.process.managed import SCRIPTS, ManagedProcess, free_ports, log_tail
+from neuronfleet.devcluster.process.waiting import WaitFor
 
 #: The operator's counter of finished full resyncs (``neuronfleet.operator.metrics.RESYNCS``), as scraped.
 RESYNCS_TOTAL = "neuronfleet_operator_resyncs_total"

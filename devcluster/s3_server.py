@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from neuronfleet.devcluster.processes import ManagedProcess, free_ports
-from neuronfleet.devcluster.tools import ToolsMissingError, bin_dir
+from neuronfleet.devcluster.process.managed import ManagedProcess, free_ports
+from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
 
 BINARY = "versitygw"
 #: Where versitygw answers GET with 200 once it serves.

@@ -10,7 +10,7 @@ import pytest
 from harness.engine_server import ServerPool
 from harness.programs import run_program
 
-from neuronfleet.devcluster.processes import SCRIPTS
+from neuronfleet.devcluster.process.managed import SCRIPTS
 
 # `cluster`, `crds`, `kube`, `namespace` and `wait_for`: a real local control plane, started on first use.
 # The operator's fixtures (`api`, `operator`, `services`) load only in the modules that name them.

@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client import ApiClient, ApiextensionsV1Api, CustomObjectsApi, V1CustomResourceDefinition
 from kubernetes.client.exceptions import ApiException
 
-from neuronfleet.devcluster.waiting import WaitFor
+from neuronfleet.devcluster.process.waiting import WaitFor
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kubernetes.client import AppsV1Api, CoreV1Api, V1Deployment
 
-from neuronfleet.devcluster.waiting import WaitFor
+from neuronfleet.devcluster.process.waiting import WaitFor
 
 
 def test_deleting_an_owner_collects_its_dependents(

@@ -10,7 +10,7 @@ from kubernetes.client import BatchV1Api, CoreV1Api, V1Job
 
 from neuronfleet.devcluster.fleet import POOL_LABEL
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION
-from neuronfleet.devcluster.waiting import WaitFor
+from neuronfleet.devcluster.process.waiting import WaitFor
 
 
 def job(name: str, *, annotations: dict[str, str], backoff_limit: int = 0) -> V1Job:

@@ -14,7 +14,7 @@ import pytest
 from harness.programs import run_program
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.processes import is_alive
+from neuronfleet.devcluster.process.managed import is_alive
 
 CLI = str(Path(sys.executable).parent / "neuronfleet-dev")
 

@@ -20,7 +20,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.waiting import WaitFor
+from neuronfleet.devcluster.process.waiting import WaitFor
 
 
 @pytest.fixture

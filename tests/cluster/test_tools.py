@@ -6,7 +6,7 @@ import json
 import subprocess
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.tools import KubeTools, pinned_version
+from neuronfleet.devcluster.process.tools import KubeTools, pinned_version
 
 
 def run(*argv: str) -> str:

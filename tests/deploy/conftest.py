@@ -12,7 +12,7 @@ import yaml
 from harness.programs import run_program
 from lupa import lua51
 
-from neuronfleet.devcluster.tools import KubeTools, helm_env
+from neuronfleet.devcluster.process.tools import KubeTools, helm_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"

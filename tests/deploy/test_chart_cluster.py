@@ -27,8 +27,8 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.images import BuiltImage
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.storage import artifact_volume
-from neuronfleet.devcluster.waiting import wait_for
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, Kube

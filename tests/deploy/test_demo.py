@@ -21,7 +21,7 @@ from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
 from neuronfleet.devcluster.demo_view import headline, stages
 from neuronfleet.devcluster.images import base_archive, checkout_key, file_digest
-from neuronfleet.devcluster.processes import SCRIPTS
+from neuronfleet.devcluster.process.managed import SCRIPTS
 from neuronfleet.operator.api import parse_service_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronfleet.devcluster.processes import (
+from neuronfleet.devcluster.process.managed import (
     ManagedProcess,
     ProcessNotReadyError,
     ProcessRecord,
@@ -20,7 +20,7 @@ from neuronfleet.devcluster.processes import (
     started_at,
     stop,
 )
-from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.devcluster.process.waiting import wait_for
 
 
 def test_stop_ends_the_process_group(tmp_path: Path) -> None:

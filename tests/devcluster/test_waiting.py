@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from neuronfleet.devcluster.waiting import WaitTimeoutError, wait_for
+from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
 
 
 def test_returns_the_first_satisfying_observation() -> None:

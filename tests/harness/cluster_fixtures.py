@@ -23,7 +23,7 @@ from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.images import BuiltImage, Target, build
 from neuronfleet.devcluster.node import RealNode
-from neuronfleet.devcluster.waiting import WaitFor, wait_for
+from neuronfleet.devcluster.process.waiting import WaitFor, wait_for
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api
@@ -172,5 +172,5 @@ def namespace(kube: ApiClient) -> Iterator[str]:
 
 @pytest.fixture(name="wait_for")
 def wait_for_fixture() -> WaitFor:
-    """:func:`neuronfleet.devcluster.waiting.wait_for`: poll within a named bound, report what was seen."""
+    """:func:`neuronfleet.devcluster.process.waiting.wait_for`: poll within a named bound, report what was seen."""
     return wait_for

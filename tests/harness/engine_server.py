@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from neuronfleet.devcluster.metrics import Samples, parse_samples
-from neuronfleet.devcluster.processes import SCRIPTS as SCRIPTS
-from neuronfleet.devcluster.processes import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
+from neuronfleet.devcluster.process.managed import SCRIPTS as SCRIPTS
+from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 
 #: vLLM start-up on a small shared CPU machine: imports, engine core process, model directory.
 READY_TIMEOUT_S = 300

@@ -17,8 +17,8 @@ from types import TracebackType
 from typing import Any
 
 from neuronfleet.devcluster.load import DROPPED
-from neuronfleet.devcluster.processes import SCRIPTS
-from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.devcluster.process.managed import SCRIPTS
+from neuronfleet.devcluster.process.waiting import wait_for
 
 #: Longer than any test loads for: the test stops the load, this only bounds a test that forgets to.
 PLANNED_S = 1800

@@ -15,7 +15,7 @@ import pytest
 
 from harness.services import Services
 from neuronfleet.devcluster.operator_process import OperatorProcess
-from neuronfleet.devcluster.waiting import WaitFor
+from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator.kube import Kube
 
 if TYPE_CHECKING:

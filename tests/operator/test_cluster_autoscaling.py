@@ -17,8 +17,8 @@ from neuronfleet.devcluster.autoscaling_rig import keda_crds
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.devcluster.status import condition, phase_of
-from neuronfleet.devcluster.waiting import WaitFor
 from neuronfleet.operator import scaling
 from neuronfleet.operator.kube import DEPLOYMENTS, SCALED_OBJECTS, SERVICES_NIS, Kube
 

@@ -13,8 +13,8 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.metrics import Samples
 from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.devcluster.status import condition, observed, phase_of
-from neuronfleet.devcluster.waiting import WaitFor
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcile import Reconciler

@@ -25,8 +25,8 @@ from kubernetes.client import ApiException, CoreV1Api, V1Container, V1ObjectMeta
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.kwok import FAIL_ANNOTATION, FAIL_MESSAGE_ANNOTATION
 from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.devcluster.status import condition
-from neuronfleet.devcluster.waiting import WaitFor
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import JOBS, PODS, Kube
 

@@ -22,7 +22,7 @@ from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.node import pinned_here
-from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.devcluster.process.waiting import wait_for
 
 Obj = dict[str, Any]
 METRIC = "rig_level"

@@ -20,7 +20,7 @@ from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.node import RealNode, pinned_here
-from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.operator import api as nis_api
 from neuronfleet.operator import plan
 

@@ -21,7 +21,7 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.node_capacity import neuron_capacity
-from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 Obj = dict[str, Any]

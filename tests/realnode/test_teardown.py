@@ -13,8 +13,8 @@ import psutil
 from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
-from neuronfleet.devcluster.processes import send_signal
-from neuronfleet.devcluster.waiting import wait_for
+from neuronfleet.devcluster.process.managed import send_signal
+from neuronfleet.devcluster.process.waiting import wait_for
 
 
 def _processes_mentioning(text: str) -> list[str]:

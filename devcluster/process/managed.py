@@ -21,7 +21,7 @@ import httpx
 import psutil
 from pydantic import BaseModel
 
-from neuronfleet.devcluster.waiting import WaitFor, WaitTimeoutError, wait_for
+from neuronfleet.devcluster.process.waiting import WaitFor, WaitTimeoutError, wait_for
 
 #: The installed console scripts (``neuronfleet-engine``, ``neuronfleet-operator``) sit beside the interpreter.
 SCRIPTS = Path(sys.executable).parent

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from neuronfleet.devcluster.processes import ProcessRecord, is_alive
+from neuronfleet.devcluster.process.managed import ProcessRecord, is_alive
 
 #: Overrides where cluster state files live.
 STATE_ENV = "NEURONFLEET_CLUSTERS"

@@ -1,0 +1,1 @@
+"""Programs as managed processes, waiting for conditions, the cluster state file and the pinned binaries."""
