@@ -154,7 +154,7 @@ def demo(
     rolled out to Ready and a completion through its Service."""
     # Imported here: `cluster` commands stay quick and need neither the operator nor rich's live view.
     from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, Demo, DemoError, Options, checkout
-    from neuronfleet.devcluster.images import ImageError
+    from neuronfleet.devcluster.images.dockerfile import ImageError
 
     try:
         chosen = example if example is not None else checkout() / DEFAULT_EXAMPLE
@@ -257,7 +257,7 @@ def images_build(
     ] = None,
 ) -> None:
     """Build each image whose inputs changed; print each archive's path (for `ctr images import`)."""
-    from neuronfleet.devcluster.images import TARGETS, ImageError, build
+    from neuronfleet.devcluster.images.dockerfile import TARGETS, ImageError, build
 
     chosen = target or list(TARGETS)
     unknown = sorted(set(chosen) - set(TARGETS))

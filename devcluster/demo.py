@@ -33,11 +33,12 @@ from rich.live import Live
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from neuronfleet.devcluster import completion, demo_view, images, node, operator_release
+from neuronfleet.devcluster import completion, demo_view, node, operator_release
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.components import REAL_NODE
-from neuronfleet.devcluster.podman import free_bytes
+from neuronfleet.devcluster.images import dockerfile
+from neuronfleet.devcluster.images.podman import free_bytes
 from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
 from neuronfleet.devcluster.storage import artifact_volume
 
@@ -53,7 +54,7 @@ READY_TIMEOUT = 600.0
 #: The engine image unpacks to about 10 GB in the node's containerd, beside its 4.6 GB archive's layers.
 ENGINE_IMPORT_BYTES = 16 * 10**9
 #: How long each image's import takes, to say so before it starts.
-IMPORT_TIMES: dict[images.Target, str] = {"operator": "seconds", "engine": "4 to 7 min: it unpacks to 10 GB"}
+IMPORT_TIMES: dict[dockerfile.Target, str] = {"operator": "seconds", "engine": "4 to 7 min: it unpacks to 10 GB"}
 SERVICE_KIND, ARTIFACT_KIND = "NeuronInferenceService", "NeuronCompiledArtifact"
 #: The events that tell the story (``kubectl describe``): the operator's, on its two kinds.
 STORY_KINDS = frozenset({SERVICE_KIND, ARTIFACT_KIND})
@@ -161,7 +162,7 @@ class Demo:
         reaped = reap_orphans()
         if reaped:
             self.say(f"stopped clusters left by dead runs: {', '.join(reaped)}")
-        built = {target: images.build(target, say=self.say) for target in images.TARGETS}
+        built = {target: dockerfile.build(target, say=self.say) for target in dockerfile.TARGETS}
         cluster = self._start_cluster(teardown)
         self._import_images(cluster, built)
         self._install_chart(cluster, built["operator"])
@@ -204,7 +205,7 @@ class Demo:
         cluster.stop()
         self.say("done: every process stopped, every file removed")
 
-    def _import_images(self, cluster: LocalCluster, built: dict[images.Target, images.BuiltImage]) -> None:
+    def _import_images(self, cluster: LocalCluster, built: dict[dockerfile.Target, dockerfile.BuiltImage]) -> None:
         """Both images into the node's containerd: there is no registry to pull from."""
         real_node = cluster.real_node
         assert real_node is not None
@@ -214,7 +215,7 @@ class Demo:
                 f"importing the engine image needs about {ENGINE_IMPORT_BYTES / 1e9:.0f} GB free, "
                 f"there are {free / 1e9:.1f} GB"
             )
-        for target in images.TARGETS:
+        for target in dockerfile.TARGETS:
             image = built[target]
             expected = IMPORT_TIMES[target]
             with self.slow(f"importing the {target} image {image.name} into {REAL_NODE}'s containerd", expected):
@@ -223,7 +224,7 @@ class Demo:
                 except node.NodeError as error:
                     raise DemoError(str(error)) from None
 
-    def _install_chart(self, cluster: LocalCluster, image: images.BuiltImage) -> None:
+    def _install_chart(self, cluster: LocalCluster, image: dockerfile.BuiltImage) -> None:
         # The operator's namespace enforces the restricted Pod Security Standard: the chart's pod must pass.
         ok(cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE), f"kubectl create namespace {OPERATOR_NAMESPACE}")
         restricted = "pod-security.kubernetes.io/enforce=restricted"
@@ -240,7 +241,7 @@ class Demo:
         names = [n.rsplit("/", 1)[-1] for n in crds if n.endswith(".neuronfleet.io")]
         self.say(f"chart installed: CRDs {', '.join(names)}, ServiceAccount, RBAC, operator Deployment")
 
-    def _show_operator(self, cluster: LocalCluster, image: images.BuiltImage) -> None:
+    def _show_operator(self, cluster: LocalCluster, image: dockerfile.BuiltImage) -> None:
         """Where the operator runs: the chart's pod, from the image built here, on the real node."""
         selector = "app.kubernetes.io/name=neuronfleet"
         listed = ok(cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", selector, "-o", "json"), "get pods")

@@ -6,8 +6,9 @@ API server reaches the node through the egress proxy, which runs inside it too. 
 :class:`ManagedProcess` recorded in the cluster's state, so ``cluster down`` and ``cluster reap`` stop
 them by pid; :func:`teardown` also removes the pods, leftover shims and the namespace, after a crash too.
 
-Sandbox workarounds, each named where it is made: the rlimits wrapper (:mod:`.runc_norlimits`), the
-cgroup remount (:mod:`.node_namespace`), ``oom_score_adj`` clamped to 0, the node address on ``lo``.
+Sandbox workarounds, each named where it is made: the rlimits wrapper
+(:mod:`neuronfleet.devcluster.images.runc_norlimits`), the cgroup remount (:mod:`.node_namespace`),
+``oom_score_adj`` clamped to 0, the node address on ``lo``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any
 import psutil
 import yaml
 
-from neuronfleet.devcluster import node_images, runc_norlimits
 from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.fleet import DEFAULT_FLEET, POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL, NodePool
+from neuronfleet.devcluster.images import node_images, runc_norlimits
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord, stop
 from neuronfleet.devcluster.process.state import ClusterState
 from neuronfleet.devcluster.process.tools import KubeTools, NodeTools, ToolsMissingError
@@ -332,7 +333,10 @@ class RealNode:
         )
 
     def import_image(self, archive: Path) -> None:
-        """Load an OCI archive (see :mod:`.images`) into the node's containerd, unpacked for its pods."""
+        """Load an OCI archive into the node's containerd, unpacked for its pods.
+
+        See :mod:`neuronfleet.devcluster.images` for the archives.
+        """
         # The engine's 4.6 GB archive unpacks to 10 GB: minutes on two busy cores.
         self.ctr("images", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
 
@@ -427,7 +431,7 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     containerd = spawn("containerd", [*enter, str(node_tools.path("containerd")), f"--config={files.containerd}"], env)
     node = RealNode(state)
     wait("containerd to answer", containerd, lambda: _answers(node))
-    # Built once and cached (node_images.py); the base image is what the node's own pods run.
+    # Built once and cached (images/node_images.py); the base image is what the node's own pods run.
     for archive in (node_images.pause_image(), node_images.base_image()):
         node.import_image(archive)
 

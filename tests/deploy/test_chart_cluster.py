@@ -26,7 +26,7 @@ from neuronfleet.devcluster import operator_release
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
-from neuronfleet.devcluster.images import BuiltImage
+from neuronfleet.devcluster.images.dockerfile import BuiltImage
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.engine.config import EngineConfig

@@ -20,7 +20,7 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
 from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
 from neuronfleet.devcluster.demo_view import headline, stages
-from neuronfleet.devcluster.images import base_archive, checkout_key, file_digest
+from neuronfleet.devcluster.images.dockerfile import base_archive, checkout_key, file_digest
 from neuronfleet.devcluster.process.managed import SCRIPTS
 from neuronfleet.operator.api import parse_service_spec
 

@@ -21,7 +21,7 @@ from neuronfleet.devcluster import node
 from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.components import REAL_NODE
-from neuronfleet.devcluster.images import BuiltImage, Target, build
+from neuronfleet.devcluster.images.dockerfile import BuiltImage, Target, build
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.process.waiting import WaitFor, wait_for
 
@@ -46,8 +46,8 @@ def real_cluster() -> Iterator[LocalCluster]:
 
     Started on first use, beside (never inside) the KWOK tests' ``cluster``, whose speed it leaves alone.
     The KWOK fleet has no trn2 node, so trn2.48xlarge pods land on the real node; inf2 services and compile
-    Jobs land on KWOK nodes. Its containerd holds the pause and base images (``neuronfleet.devcluster.images``);
-    :func:`node_image` imports the operator and engine images.
+    Jobs land on KWOK nodes. Its containerd holds the pause and base images
+    (``neuronfleet.devcluster.images.node_images``); :func:`node_image` imports the operator and engine images.
     """
     reap_orphans()
     local = LocalCluster.start(

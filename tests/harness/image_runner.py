@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuronfleet.devcluster import runc_norlimits
-from neuronfleet.devcluster.images import BuiltImage
-from neuronfleet.devcluster.podman import Podman
+from neuronfleet.devcluster.images import runc_norlimits
+from neuronfleet.devcluster.images.dockerfile import BuiltImage
+from neuronfleet.devcluster.images.podman import Podman
 
 
 @dataclass(frozen=True)

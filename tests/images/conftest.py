@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from harness.image_runner import RunnableImage, loaded
 
-from neuronfleet.devcluster.images import BuiltImage, build
+from neuronfleet.devcluster.images.dockerfile import BuiltImage, build
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from neuronfleet.devcluster.images import (
+from neuronfleet.devcluster.images.dockerfile import (
     INPUT_FILES,
     archive_config,
     checkout,
@@ -18,7 +18,7 @@ from neuronfleet.devcluster.images import (
     input_files,
     prune,
 )
-from neuronfleet.devcluster.podman import DiskGuard, Podman
+from neuronfleet.devcluster.images.podman import DiskGuard, Podman
 
 FILES = [("Dockerfile", b"FROM x\n"), ("uv.lock", b"version = 1\n"), ("engine/a.py", b"A = 1\n")]
 

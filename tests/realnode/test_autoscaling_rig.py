@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.node import pinned_here
 from neuronfleet.devcluster.process.waiting import wait_for
 

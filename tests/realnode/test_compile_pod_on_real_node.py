@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.node import pinned_here
 from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import wait_for

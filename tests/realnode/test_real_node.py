@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.node_capacity import neuron_capacity
 from neuronfleet.devcluster.process.waiting import wait_for

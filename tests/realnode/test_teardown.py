@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 
-from neuronfleet.devcluster import node_images
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.process.managed import send_signal
 from neuronfleet.devcluster.process.waiting import wait_for
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from neuronfleet.devcluster import node_images, runc_norlimits
-from neuronfleet.devcluster.podman import DiskGuard, Podman, PodmanError, free_bytes
+from neuronfleet.devcluster.images import node_images, runc_norlimits
+from neuronfleet.devcluster.images.podman import DiskGuard, Podman, PodmanError, free_bytes
 
 Target = Literal["operator", "engine"]
 TARGETS: tuple[Target, ...] = ("operator", "engine")
