@@ -13,7 +13,8 @@ All of it runs inside the real node's network namespace (:mod:`.node`), which is
   EndpointSlice names the node's address) backs APIService ``v1beta1.external.metrics.k8s.io``: the API
   server's aggregator dials the Service's ClusterIP through its egress proxy, in this namespace, where
   kube-proxy sends it on to the adapter. The aggregator authenticates as the front-proxy client
-  (:mod:`.components`), which the adapter trusts through ``kube-system/extension-apiserver-authentication``.
+  (:mod:`neuronfleet.devcluster.controlplane.components`), which the adapter trusts through
+  ``kube-system/extension-apiserver-authentication``.
 
 Credentials: Prometheus, the operator and the adapter all use the cluster's admin kubeconfig. The cluster is
 a throwaway one and these are its own servers; the tests that use them check scaling, not KEDA's RBAC.
@@ -34,9 +35,9 @@ from typing import Any
 
 import yaml
 
-from neuronfleet.devcluster import pki
-from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.controlplane import pki
+from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.node import NODE_IP, RealNode
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 from neuronfleet.devcluster.process.state import save

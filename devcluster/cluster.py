@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import httpx
 
 from neuronfleet.devcluster import node
-from neuronfleet.devcluster.api import Api, ApiError
-from neuronfleet.devcluster.components import COMPONENTS, REAL_NODE, Layout, argv
-from neuronfleet.devcluster.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
+from neuronfleet.devcluster.controlplane.api import Api, ApiError
+from neuronfleet.devcluster.controlplane.components import COMPONENTS, REAL_NODE, Layout, argv
+from neuronfleet.devcluster.controlplane.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
 from neuronfleet.devcluster.process.managed import (
     ManagedProcess,
     ProcessNotReadyError,

@@ -34,13 +34,13 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from neuronfleet.devcluster import completion, demo_view, node, operator_release
-from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.api import Api
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.storage import artifact_volume
 from neuronfleet.devcluster.images import dockerfile
 from neuronfleet.devcluster.images.podman import free_bytes
 from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
-from neuronfleet.devcluster.storage import artifact_volume
 
 Obj = dict[str, Any]
 

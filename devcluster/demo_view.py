@@ -11,7 +11,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from neuronfleet.devcluster.status import condition, observed
+from neuronfleet.devcluster.controlplane.status import condition, observed
 
 Obj = dict[str, Any]
 State = Literal["waiting", "active", "done", "failed"]

@@ -27,8 +27,15 @@ from typing import Any
 import psutil
 import yaml
 
-from neuronfleet.devcluster.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
-from neuronfleet.devcluster.fleet import DEFAULT_FLEET, POOL_LABEL, REGION, REGION_LABEL, ZONE_LABEL, NodePool
+from neuronfleet.devcluster.controlplane.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
+from neuronfleet.devcluster.controlplane.fleet import (
+    DEFAULT_FLEET,
+    POOL_LABEL,
+    REGION,
+    REGION_LABEL,
+    ZONE_LABEL,
+    NodePool,
+)
 from neuronfleet.devcluster.images import node_images, runc_norlimits
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord, stop
 from neuronfleet.devcluster.process.state import ClusterState

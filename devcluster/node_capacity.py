@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from neuronfleet.devcluster.api import Api, ApiError
+from neuronfleet.devcluster.controlplane.api import Api, ApiError
 from neuronfleet.engine.hardware import NEURON_CORE_RESOURCE, NEURON_DEVICE_RESOURCE, get_instance_type
 
 #: Seconds between checks.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 
 #: The Helm release name; the chart names its ServiceAccount and Deployment after it.

@@ -8,8 +8,8 @@ from typing import Any
 
 from kubernetes.client import BatchV1Api, CoreV1Api, V1Job
 
-from neuronfleet.devcluster.fleet import POOL_LABEL
-from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION
+from neuronfleet.devcluster.controlplane.fleet import POOL_LABEL
+from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION
 from neuronfleet.devcluster.process.waiting import WaitFor
 
 

@@ -24,11 +24,11 @@ from harness.services import Services
 
 from neuronfleet.devcluster import operator_release
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.storage import artifact_volume
 from neuronfleet.devcluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.images.dockerfile import BuiltImage
 from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.devcluster.storage import artifact_volume
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, Kube

@@ -17,7 +17,7 @@ from harness.programs import run_program
 
 from neuronfleet.devcluster import completion
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
 from neuronfleet.devcluster.demo_view import headline, stages
 from neuronfleet.devcluster.images.dockerfile import base_archive, checkout_key, file_digest

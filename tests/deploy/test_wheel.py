@@ -70,7 +70,7 @@ def test_the_dev_harness_wheel_holds_its_package_data_and_command(tmp_path: Path
         files = set(wheel.namelist())
         (entry_points,) = [wheel.read(n).decode() for n in files if n.endswith(".dist-info/entry_points.txt")]
     # The real node compiles pause.c, and KWOK reads stages.yaml, from the installed package.
-    assert {"neuronfleet/devcluster/images/pause.c", "neuronfleet/devcluster/stages.yaml"} <= files
+    assert {"neuronfleet/devcluster/images/pause.c", "neuronfleet/devcluster/controlplane/stages.yaml"} <= files
     assert "neuronfleet/devcluster/cli.py" in files
     assert "neuronfleet-dev = neuronfleet.devcluster.cli:app" in entry_points
     assert not [name for name in files if name.startswith(("neuronfleet/engine/", "neuronfleet/operator/"))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuronfleet.devcluster.fleet import (
+from neuronfleet.devcluster.controlplane.fleet import (
     DEFAULT_FLEET,
     INF2_48XLARGE,
     M7I_8XLARGE,

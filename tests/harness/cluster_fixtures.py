@@ -20,7 +20,7 @@ import yaml
 from neuronfleet.devcluster import node
 from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images.dockerfile import BuiltImage, Target, build
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.process.waiting import WaitFor, wait_for

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.devcluster.status import observed, phase_of, ready_at
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
 

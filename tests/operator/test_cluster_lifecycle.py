@@ -10,11 +10,11 @@ import yaml
 from harness.services import Services
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
+from neuronfleet.devcluster.controlplane.status import condition, observed, phase_of
 from neuronfleet.devcluster.metrics import Samples
 from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.devcluster.status import condition, observed, phase_of
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcile import Reconciler

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.node import pinned_here
 from neuronfleet.devcluster.process.waiting import wait_for

@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.node import pinned_here
 from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.devcluster.status import condition
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND
 
 Obj = dict[str, Any]

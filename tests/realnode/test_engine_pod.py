@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from harness.cluster_fixtures import NodeImage
 
-from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.api import Api
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.node import RealNode, pinned_here
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.operator import api as nis_api

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster.api import Api
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.api import Api
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.node_capacity import neuron_capacity

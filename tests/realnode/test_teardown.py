@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from neuronfleet.devcluster.cluster import LocalCluster
-from neuronfleet.devcluster.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.process.managed import send_signal
 from neuronfleet.devcluster.process.waiting import wait_for

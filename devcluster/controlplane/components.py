@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from neuronfleet.devcluster import kwok, pki
-from neuronfleet.devcluster.fleet import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+from neuronfleet.devcluster.controlplane import kwok, pki
+from neuronfleet.devcluster.controlplane.fleet import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from neuronfleet.devcluster.process.tools import KubeTools
 
 SERVICE_CIDR = "10.96.0.0/16"
