@@ -1,7 +1,8 @@
 """Autoscaling's real parts beside a real node: Prometheus scraping the node's pods, and the KEDA operator and
 metrics adapter, whose ``external.metrics.k8s.io`` the controller manager's HPA controller reads.
 
-All of it runs inside the real node's network namespace (:mod:`.node`), which is how each part reaches the others:
+All of it runs inside the real node's network namespace (:mod:`neuronfleet.devcluster.realnode.node`), which is
+how each part reaches the others:
 
 - Prometheus listens on the node's address (``NODE_IP:<port>``), where pods, the KEDA operator and
   :meth:`AutoscalingRig.query` reach it. It finds pods through the API server (the namespace's relay on
@@ -38,10 +39,10 @@ import yaml
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.controlplane import pki
 from neuronfleet.devcluster.controlplane.api import Api
-from neuronfleet.devcluster.node import NODE_IP, RealNode
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
+from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode
 from neuronfleet.devcluster.s3_server import answers_in_netns
 
 KEDA_NAMESPACE = "keda"

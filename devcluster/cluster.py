@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from neuronfleet.devcluster import node
 from neuronfleet.devcluster.controlplane.api import Api, ApiError
 from neuronfleet.devcluster.controlplane.components import COMPONENTS, REAL_NODE, Layout, argv
 from neuronfleet.devcluster.controlplane.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
@@ -33,6 +32,7 @@ from neuronfleet.devcluster.process.managed import (
 )
 from neuronfleet.devcluster.process.state import ClusterState, list_states, load, save, state_file
 from neuronfleet.devcluster.process.tools import KubeTools, helm_env
+from neuronfleet.devcluster.realnode import node
 from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ class LocalCluster:
         """Start a cluster and its fake nodes; return once every node is Ready.
 
         With ``owner_pid``, :func:`reap_orphans` stops the cluster after that process is gone. With
-        ``real_node``, node ``real-0`` (a kubelet, containerd and kube-proxy; see :mod:`.node`) joins the
-        fleet, advertising a trn2.48xlarge's Neuron capacity.
+        ``real_node``, node ``real-0`` (a kubelet, containerd and kube-proxy; see
+        :mod:`neuronfleet.devcluster.realnode.node`) joins the fleet, advertising a trn2.48xlarge's Neuron capacity.
         """
         tools = tools or KubeTools.locate()
         existing = cls.find(name)

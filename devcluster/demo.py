@@ -33,7 +33,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from neuronfleet.devcluster import completion, demo_view, node, operator_release
+from neuronfleet.devcluster import completion, demo_view, operator_release
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
@@ -41,6 +41,7 @@ from neuronfleet.devcluster.controlplane.storage import artifact_volume
 from neuronfleet.devcluster.images import dockerfile
 from neuronfleet.devcluster.images.podman import free_bytes
 from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
+from neuronfleet.devcluster.realnode import node
 
 Obj = dict[str, Any]
 

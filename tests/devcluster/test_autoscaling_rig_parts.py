@@ -15,7 +15,7 @@ from neuronfleet.devcluster.autoscaling_rig import (
     adapter_objects,
     prometheus_config,
 )
-from neuronfleet.devcluster.node import NODE_IP
+from neuronfleet.devcluster.realnode.node import NODE_IP
 
 
 def _cert(path: Path) -> x509.Certificate:

@@ -8,11 +8,11 @@ import json
 import tarfile
 from pathlib import Path
 
-from neuronfleet.devcluster.egress_proxy import allowed, connect_target
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.images.runc_norlimits import flag_value, subcommand, without_rlimits
-from neuronfleet.devcluster.node_capacity import needs_patch, neuron_capacity
-from neuronfleet.devcluster.node_namespace import Mount, cgroup_mounts
+from neuronfleet.devcluster.realnode.capacity import needs_patch, neuron_capacity
+from neuronfleet.devcluster.realnode.egress_proxy import allowed, connect_target
+from neuronfleet.devcluster.realnode.namespace import Mount, cgroup_mounts
 
 NETWORKS = [ipaddress.ip_network(n) for n in ("10.240.255.254/32", "10.245.0.0/24")]
 

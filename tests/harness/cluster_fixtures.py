@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from neuronfleet.devcluster import node
 from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images.dockerfile import BuiltImage, Target, build
-from neuronfleet.devcluster.node import RealNode
 from neuronfleet.devcluster.process.waiting import WaitFor, wait_for
+from neuronfleet.devcluster.realnode import node
+from neuronfleet.devcluster.realnode.node import RealNode
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api

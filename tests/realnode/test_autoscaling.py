@@ -23,7 +23,7 @@ from harness.fleet import NAME, POD_TIMEOUT_S, Fleet, identity_hash, pod_ready, 
 from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig, RigError
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.load import DROPPED, TIMEOUT
-from neuronfleet.devcluster.node import RealNode
+from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.operator import plan, scaling
 
 Obj = dict[str, Any]

@@ -21,8 +21,8 @@ from neuronfleet.devcluster.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.images import node_images
-from neuronfleet.devcluster.node import pinned_here
 from neuronfleet.devcluster.process.waiting import wait_for
+from neuronfleet.devcluster.realnode.node import pinned_here
 
 Obj = dict[str, Any]
 METRIC = "rig_level"

@@ -19,8 +19,8 @@ from harness.cluster_fixtures import NodeImage
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
-from neuronfleet.devcluster.node import RealNode, pinned_here
 from neuronfleet.devcluster.process.waiting import wait_for
+from neuronfleet.devcluster.realnode.node import RealNode, pinned_here
 from neuronfleet.operator import api as nis_api
 from neuronfleet.operator import plan
 

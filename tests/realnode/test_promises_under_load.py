@@ -38,7 +38,7 @@ from harness.fleet import (
 
 from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
-from neuronfleet.devcluster.node import RealNode
+from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.operator import plan
 
 

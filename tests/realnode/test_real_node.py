@@ -19,9 +19,9 @@ from neuronfleet.devcluster.cluster import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images import node_images
-from neuronfleet.devcluster.node import RealNode
-from neuronfleet.devcluster.node_capacity import neuron_capacity
 from neuronfleet.devcluster.process.waiting import wait_for
+from neuronfleet.devcluster.realnode.capacity import neuron_capacity
+from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 Obj = dict[str, Any]

@@ -1,6 +1,6 @@
 """The real node's mount namespace: cgroups mounted again, then held until SIGTERM.
 
-Started as ``ip netns exec <netns> python -m neuronfleet.devcluster.node_namespace READY_FILE``: the
+Started as ``ip netns exec <netns> python -m neuronfleet.devcluster.realnode.namespace READY_FILE``: the
 node's daemons join this process's network and mount namespaces (``nsenter``), so the kubelet's volume
 mounts are visible to runc, and every mount made for the node vanishes with the namespace.
 

@@ -4,7 +4,7 @@ The API server (``--egress-selector-config-file``) sends its traffic to nodes, p
 (``kubectl logs``, ``exec``, ``port-forward``, the pod and service proxy). It runs inside the real node's
 network namespace, so what it dials stays there; any target outside ``--allow`` gets 403.
 
-    python -m neuronfleet.devcluster.egress_proxy SOCKET --allow 10.245.0.0/24 --allow ...
+    python -m neuronfleet.devcluster.realnode.egress_proxy SOCKET --allow 10.245.0.0/24 --allow ...
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Extended resources are advertised the documented way: patched into the node's st
 copies them into allocatable). A kubelet that registers the node again starts without them, so this
 process checks every few seconds and patches again when they are missing.
 
-    python -m neuronfleet.devcluster.node_capacity WORKDIR NODE INSTANCE_TYPE SERVER
+    python -m neuronfleet.devcluster.realnode.capacity WORKDIR NODE INSTANCE_TYPE SERVER
 """
 
 from __future__ import annotations

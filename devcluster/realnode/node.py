@@ -7,7 +7,7 @@ API server reaches the node through the egress proxy, which runs inside it too. 
 them by pid; :func:`teardown` also removes the pods, leftover shims and the namespace, after a crash too.
 
 Sandbox workarounds, each named where it is made: the rlimits wrapper
-(:mod:`neuronfleet.devcluster.images.runc_norlimits`), the cgroup remount (:mod:`.node_namespace`),
+(:mod:`neuronfleet.devcluster.images.runc_norlimits`), the cgroup remount (:mod:`.namespace`),
 ``oom_score_adj`` clamped to 0, the node address on ``lo``.
 """
 
@@ -111,7 +111,7 @@ class NodePaths:
 
     @property
     def namespace_ready(self) -> Path:
-        """Created by :mod:`.node_namespace` once the cgroups are mounted."""
+        """Created by :mod:`.namespace` once the cgroups are mounted."""
         return self.root / "namespace-ready"
 
 
@@ -405,7 +405,15 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     python = [sys.executable, "-P", "-m"]
     holder = spawn(
         "node-namespace",
-        ["ip", "netns", "exec", netns, *python, "neuronfleet.devcluster.node_namespace", str(paths.namespace_ready)],
+        [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            *python,
+            "neuronfleet.devcluster.realnode.namespace",
+            str(paths.namespace_ready),
+        ],
         None,
     )
     wait("the node's mount namespace", holder, paths.namespace_ready.exists)
@@ -431,7 +439,7 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     allow = [f"--allow={network}" for network in (f"{NODE_IP}/32", REAL_NODE_POD_CIDR, SERVICE_CIDR)]
     spawn(
         "egress-proxy",
-        [*enter, *python, "neuronfleet.devcluster.egress_proxy", str(layout.egress_socket), *allow],
+        [*enter, *python, "neuronfleet.devcluster.realnode.egress_proxy", str(layout.egress_socket), *allow],
         None,
     )
 
@@ -462,7 +470,14 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     spawn("kube-proxy", [*enter, str(kube_tools.path("kube-proxy")), f"--config={files.kube_proxy}", "--v=1"], env)
     spawn(
         "node-capacity",
-        [*python, "neuronfleet.devcluster.node_capacity", str(state.workdir), REAL_NODE, INSTANCE_TYPE, state.server],
+        [
+            *python,
+            "neuronfleet.devcluster.realnode.capacity",
+            str(state.workdir),
+            REAL_NODE,
+            INSTANCE_TYPE,
+            state.server,
+        ],
         None,
     )
 
