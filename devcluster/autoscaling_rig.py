@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane import pki
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from neuronfleet.devcluster.cluster import ClusterError, LocalCluster, reap_orphans
+from neuronfleet.devcluster.cluster.local import ClusterError, LocalCluster, reap_orphans
 from neuronfleet.devcluster.process.managed import is_alive
 from neuronfleet.devcluster.process.state import state_file
 from neuronfleet.devcluster.process.tools import ToolsMissingError

@@ -34,7 +34,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from neuronfleet.devcluster import completion, demo_view, operator_release
-from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
+from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.controlplane.storage import artifact_volume

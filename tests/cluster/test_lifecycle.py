@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from harness.programs import run_program
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.process.managed import is_alive
 
 CLI = str(Path(sys.executable).parent / "neuronfleet-dev")

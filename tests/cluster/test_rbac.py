@@ -19,7 +19,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.process.waiting import WaitFor
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.process.tools import KubeTools, pinned_version
 
 

@@ -16,7 +16,7 @@ import yaml
 from harness.programs import run_program
 
 from neuronfleet.devcluster import completion
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
 from neuronfleet.devcluster.demo_view import headline, stages

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.operator.api import API_VERSION, parse_service_spec
 
 ROOT = Path(__file__).resolve().parents[2]

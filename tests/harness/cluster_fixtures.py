@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig
-from neuronfleet.devcluster.cluster import LocalCluster, reap_orphans
+from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images.dockerfile import BuiltImage, Target, build
 from neuronfleet.devcluster.process.waiting import WaitFor, wait_for

@@ -21,7 +21,7 @@ from neuronfleet.operator.kube import Kube
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from neuronfleet.devcluster.cluster import LocalCluster
+    from neuronfleet.devcluster.cluster.local import LocalCluster
 
 #: Short resyncs: the tests must pass on watch events alone, but a lost event should not hang them.
 RESYNC_SECONDS = 5.0

@@ -14,7 +14,7 @@ import pytest
 from harness.services import Services
 
 from neuronfleet.devcluster.autoscaling_rig import keda_crds
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, phase_of
 from neuronfleet.devcluster.operator_process import OperatorProcess

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from harness.services import Services
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, observed, phase_of
 from neuronfleet.devcluster.metrics import Samples

@@ -22,7 +22,7 @@ from harness.programs import run_program
 from harness.services import Services
 from kubernetes.client import ApiException, CoreV1Api, V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ServiceAccount
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import FAIL_ANNOTATION, FAIL_MESSAGE_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.operator_process import OperatorProcess

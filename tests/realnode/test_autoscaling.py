@@ -21,7 +21,7 @@ from harness.cluster_fixtures import NodeImage
 from harness.fleet import NAME, POD_TIMEOUT_S, Fleet, identity_hash, pod_ready, report, started
 
 from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig, RigError
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.load import DROPPED, TIMEOUT
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.operator import plan, scaling

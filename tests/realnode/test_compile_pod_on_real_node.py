@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.images import node_images

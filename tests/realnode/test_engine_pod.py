@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from harness.cluster_fixtures import NodeImage
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.process.waiting import wait_for

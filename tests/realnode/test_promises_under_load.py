@@ -36,7 +36,7 @@ from harness.fleet import (
     started,
 )
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.operator import plan

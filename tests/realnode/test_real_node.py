@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images import node_images

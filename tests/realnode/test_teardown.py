@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from neuronfleet.devcluster.cluster import LocalCluster
+from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.process.managed import send_signal

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 if TYPE_CHECKING:
-    from neuronfleet.devcluster.cluster import LocalCluster
+    from neuronfleet.devcluster.cluster.local import LocalCluster
 
 #: Tokens outlive any test run or demo, and expire soon after.
 TOKEN_SECONDS = 4 * 3600
