@@ -66,13 +66,13 @@ import httpx
 import psutil
 import yaml
 
+from neuronfleet.devcluster.addons.metrics import Samples
+from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.fleet import M7I_8XLARGE, TRN2_48XLARGE, NodePool
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
-from neuronfleet.devcluster.metrics import Samples
-from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import (

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from neuronfleet.devcluster.metrics import parse_samples
+from neuronfleet.devcluster.addons.metrics import parse_samples
 from neuronfleet.operator import crdgen, plan, scaling
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.metrics import OperatorMetrics

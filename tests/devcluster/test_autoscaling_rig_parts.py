@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from neuronfleet.devcluster.autoscaling_rig import (
+from neuronfleet.devcluster.addons.autoscaling_rig import (
     ADAPTER_SERVICE,
     KEDA_NAMESPACE,
     KedaCerts,

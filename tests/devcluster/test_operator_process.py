@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from neuronfleet.devcluster import demo
-from neuronfleet.devcluster.operator_process import RESYNCS_TOTAL
+from neuronfleet.devcluster.addons.operator_process import RESYNCS_TOTAL
 from neuronfleet.operator import api, metrics
 
 

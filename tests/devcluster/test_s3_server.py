@@ -9,7 +9,7 @@ import psutil
 import pytest
 from botocore.exceptions import ClientError
 
-from neuronfleet.devcluster.s3_server import S3Server
+from neuronfleet.devcluster.addons.s3_server import S3Server
 
 
 def test_the_server_answers_signed_requests_and_only_with_its_credentials(tmp_path: Path) -> None:

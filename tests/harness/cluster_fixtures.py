@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig
+from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images.dockerfile import BuiltImage, Target, build
@@ -73,7 +73,7 @@ def autoscaling_rig(real_cluster: LocalCluster) -> Iterator[AutoscalingRig]:
 
     Prometheus keeps the pods labelled as the operator labels serving pods, at their port named ``http``;
     a ScaledObject's prometheus trigger reaches it at ``rig.prometheus_url``. See
-    :mod:`neuronfleet.devcluster.autoscaling_rig`.
+    :mod:`neuronfleet.devcluster.addons.autoscaling_rig`.
     """
     rig = AutoscalingRig.start(real_cluster)
     print(f"==> the autoscaling rig started in {rig.started_in:.1f} s", flush=True)

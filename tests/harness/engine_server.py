@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from neuronfleet.devcluster.metrics import Samples, parse_samples
+from neuronfleet.devcluster.addons.metrics import Samples, parse_samples
 from neuronfleet.devcluster.process.managed import SCRIPTS as SCRIPTS
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 

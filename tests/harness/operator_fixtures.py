@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.services import Services
-from neuronfleet.devcluster.operator_process import OperatorProcess
+from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator.kube import Kube
 

@@ -1,4 +1,4 @@
-"""pytest fixtures for a real local S3-compatible server (versitygw, ``neuronfleet.devcluster.s3_server``).
+"""pytest fixtures for a real local S3-compatible server (versitygw, ``neuronfleet.devcluster.addons.s3_server``).
 
 Loaded for every test by ``tests/conftest.py``; the server starts on first use (well under a second) and
 stops with the session. ``s3_bucket`` gives each test a fresh bucket and the environment that reaches it.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronfleet.devcluster.s3_server import S3Server
+from neuronfleet.devcluster.addons.s3_server import S3Server
 
 
 @dataclass(frozen=True)

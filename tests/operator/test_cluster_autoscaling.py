@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from harness.services import Services
 
-from neuronfleet.devcluster.autoscaling_rig import keda_crds
+from neuronfleet.devcluster.addons.autoscaling_rig import keda_crds
+from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, phase_of
-from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import scaling
 from neuronfleet.operator.kube import DEPLOYMENTS, SCALED_OBJECTS, SERVICES_NIS, Kube

@@ -16,7 +16,7 @@ import kubernetes
 import pytest
 from prometheus_client import generate_latest
 
-from neuronfleet.devcluster.metrics import parse_samples
+from neuronfleet.devcluster.addons.metrics import parse_samples
 from neuronfleet.operator.kube import (
     ARTIFACTS,
     CONFIGMAPS,

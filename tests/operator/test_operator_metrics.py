@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from neuronfleet.devcluster.metrics import Samples, parse_samples
+from neuronfleet.devcluster.addons.metrics import Samples, parse_samples
 from neuronfleet.operator.metrics import OperatorMetrics
 
 NIS, NCA = "NeuronInferenceService", "NeuronCompiledArtifact"

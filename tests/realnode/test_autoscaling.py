@@ -1,7 +1,7 @@
 """Autoscaling on real pods: a real Prometheus scraping the engines, KEDA and the HPA on the scale subresource.
 
 One autoscaled ``device: sim`` service on the real node (:mod:`harness.fleet`), its operator installed by the
-chart with autoscaling on, and the rig of :mod:`neuronfleet.devcluster.autoscaling_rig`. Load through the
+chart with autoscaling on, and the rig of :mod:`neuronfleet.devcluster.addons.autoscaling_rig`. Load through the
 Service raises ``vllm:num_requests_waiting``; the tests record waiting requests, replicas asked for and
 ready, and the pods' revisions every two seconds, and assert on that timeline, not only on the end state.
 """
@@ -20,7 +20,7 @@ import pytest
 from harness.cluster_fixtures import NodeImage
 from harness.fleet import NAME, POD_TIMEOUT_S, Fleet, identity_hash, pod_ready, report, started
 
-from neuronfleet.devcluster.autoscaling_rig import AutoscalingRig, RigError
+from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig, RigError
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.load import DROPPED, TIMEOUT
 from neuronfleet.devcluster.realnode.node import RealNode

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, AutoscalingRig
+from neuronfleet.devcluster.addons.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.images import node_images

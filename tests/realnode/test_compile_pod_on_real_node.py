@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.images import node_images
-from neuronfleet.devcluster.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import pinned_here
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND

@@ -10,7 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from neuronfleet.devcluster.metrics import Samples, scrape
+from neuronfleet.devcluster.addons.metrics import Samples, scrape
 from neuronfleet.devcluster.process.managed import SCRIPTS, ManagedProcess, free_ports, log_tail
 from neuronfleet.devcluster.process.waiting import WaitFor
 

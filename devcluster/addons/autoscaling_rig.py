@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from neuronfleet.devcluster.addons.s3_server import answers_in_netns
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane import pki
 from neuronfleet.devcluster.controlplane.api import Api
@@ -43,7 +44,6 @@ from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotRea
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode
-from neuronfleet.devcluster.s3_server import answers_in_netns
 
 KEDA_NAMESPACE = "keda"
 ADAPTER_SERVICE = "keda-metrics-apiserver"
