@@ -153,7 +153,7 @@ def demo(
     """A local control plane with a real node, the Helm chart's operator in a pod there, a simulated service
     rolled out to Ready and a completion through its Service."""
     # Imported here: `cluster` commands stay quick and need neither the operator nor rich's live view.
-    from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, Demo, DemoError, Options, checkout
+    from neuronfleet.devcluster.demo.run import DEFAULT_EXAMPLE, Demo, DemoError, Options, checkout
     from neuronfleet.devcluster.images.dockerfile import ImageError
 
     try:
@@ -201,7 +201,7 @@ def load(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from neuronfleet.devcluster.load import LoadPlan, LoadReport, Outcome, run_load
+    from neuronfleet.devcluster.demo.load import LoadPlan, LoadReport, Outcome, run_load
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:

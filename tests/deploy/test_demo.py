@@ -15,11 +15,11 @@ import pytest
 import yaml
 from harness.programs import run_program
 
-from neuronfleet.devcluster import completion
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
-from neuronfleet.devcluster.demo import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
-from neuronfleet.devcluster.demo_view import headline, stages
+from neuronfleet.devcluster.demo import completion
+from neuronfleet.devcluster.demo.run import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
+from neuronfleet.devcluster.demo.view import headline, stages
 from neuronfleet.devcluster.images.dockerfile import base_archive, checkout_key, file_digest
 from neuronfleet.devcluster.process.managed import SCRIPTS
 from neuronfleet.operator.api import parse_service_spec

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from neuronfleet.devcluster.load import DROPPED, TIMEOUT, TRANSPORT_ERROR, LoadPlan, LoadReport, percentile, run_load
+from neuronfleet.devcluster.demo.load import (
+    DROPPED,
+    TIMEOUT,
+    TRANSPORT_ERROR,
+    LoadPlan,
+    LoadReport,
+    percentile,
+    run_load,
+)
 from neuronfleet.devcluster.process.managed import SCRIPTS, free_ports
 
 BODY = {"model": "m", "prompt": "p", "max_tokens": 1}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from neuronfleet.devcluster import demo
 from neuronfleet.devcluster.addons.operator_process import RESYNCS_TOTAL
+from neuronfleet.devcluster.demo import run
 from neuronfleet.operator import api, metrics
 
 
@@ -12,4 +12,4 @@ def test_the_resync_counter_it_reads_is_the_one_the_operator_exports() -> None:
 
 
 def test_the_demo_names_the_kinds_the_operator_serves() -> None:
-    assert (api.SERVICE_KIND.kind, api.ARTIFACT_KIND.kind) == (demo.SERVICE_KIND, demo.ARTIFACT_KIND)
+    assert (api.SERVICE_KIND.kind, api.ARTIFACT_KIND.kind) == (run.SERVICE_KIND, run.ARTIFACT_KIND)

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from neuronfleet.devcluster.load import DROPPED
+from neuronfleet.devcluster.demo.load import DROPPED
 from neuronfleet.devcluster.process.managed import SCRIPTS
 from neuronfleet.devcluster.process.waiting import wait_for
 

@@ -22,7 +22,7 @@ from harness.fleet import NAME, POD_TIMEOUT_S, Fleet, identity_hash, pod_ready, 
 
 from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig, RigError
 from neuronfleet.devcluster.cluster.local import LocalCluster
-from neuronfleet.devcluster.load import DROPPED, TIMEOUT
+from neuronfleet.devcluster.demo.load import DROPPED, TIMEOUT
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.operator import plan, scaling
 

@@ -33,11 +33,11 @@ from rich.live import Live
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from neuronfleet.devcluster import completion, demo_view, operator_release
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.controlplane.storage import artifact_volume
+from neuronfleet.devcluster.demo import completion, operator_release, view
 from neuronfleet.devcluster.images import dockerfile
 from neuronfleet.devcluster.images.podman import free_bytes
 from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
@@ -304,19 +304,19 @@ class Demo:
         told: dict[str, str] = {}
         with cluster.admin_api() as api, Live(console=self.console, refresh_per_second=8, transient=True) as live:
 
-            def step() -> list[demo_view.Stage]:
+            def step() -> list[view.Stage]:
                 found, artifact, events = self._observe(api, service, name)
-                current = demo_view.stages(found, artifact, datetime.datetime.now(datetime.UTC))
+                current = view.stages(found, artifact, datetime.datetime.now(datetime.UTC))
                 for event in events:
                     if event["metadata"]["uid"] not in seen_events:
                         seen_events.add(event["metadata"]["uid"])
-                        self.say(f"[dim]  event {demo_view.event_line(event)}[/]")
+                        self.say(f"[dim]  event {view.event_line(event)}[/]")
                 for stage in current:
                     if stage.state != "waiting" and told.get(stage.name) != stage.state:
                         told[stage.name] = stage.state
                         mark = {"failed": "[red]✗[/]", "done": "[green]✓[/]"}.get(stage.state, "[cyan]…[/]")
                         self.say(f"{mark} [bold]{stage.name}[/]  {stage.detail}")
-                live.update(demo_view.render(title, current, [demo_view.event_line(e) for e in events[-5:]]))
+                live.update(view.render(title, current, [view.event_line(e) for e in events[-5:]]))
                 failed = [s for s in current if s.state == "failed"]
                 if failed:
                     raise DemoError(f"{failed[0].name}: {failed[0].detail}")
@@ -329,7 +329,7 @@ class Demo:
                     timeout=READY_TIMEOUT,
                     interval=0.5,
                     what=f"{name} to be Ready",
-                    show=demo_view.headline,
+                    show=view.headline,
                     fatal=(DemoError,),
                 )
             except WaitTimeoutError as error:
@@ -395,6 +395,6 @@ class Demo:
         with cluster.admin_api() as api, Live(console=self.console, refresh_per_second=4, transient=True) as live:
             while True:
                 found, artifact, events = self._observe(api, service, name)
-                current = demo_view.stages(found, artifact, datetime.datetime.now(datetime.UTC))
-                live.update(demo_view.render(title, current, [demo_view.event_line(e) for e in events[-5:]]))
+                current = view.stages(found, artifact, datetime.datetime.now(datetime.UTC))
+                live.update(view.render(title, current, [view.event_line(e) for e in events[-5:]]))
                 time.sleep(1)
