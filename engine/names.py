@@ -1,0 +1,36 @@
+"""The names the operator and everything that looks for its objects share, defined once.
+
+The API group and kinds the operator serves, the labels it puts on what it makes, the name it applies
+and labels under, and the port the engine serves on. The operator writes them; the dev harness, which
+never imports the operator, and the tests find objects, pods and series by them (the Helm chart and the
+Argo CD checks spell them too, in YAML and Lua). It depends on the standard library alone.
+"""
+
+#: The operator's API group: its kinds' ``apiVersion`` is ``neuronfleet.io/<version>``.
+GROUP = "neuronfleet.io"
+
+#: The operator's kinds, and their plurals: the resource names in API paths, RBAC rules and CRD names.
+SERVICE_KIND = "NeuronInferenceService"
+SERVICE_PLURAL = "neuroninferenceservices"
+ARTIFACT_KIND = "NeuronCompiledArtifact"
+ARTIFACT_PLURAL = "neuroncompiledartifacts"
+
+#: On every object the operator makes for a service, and the serving pods' selector: the service's name.
+LABEL_SERVICE = "neuronfleet.io/service"
+#: On an artifact, its compile objects and the pods that serve it: the artifact's hash.
+LABEL_ARTIFACT = "neuronfleet.io/artifact"
+#: ``LABEL_SERVICE`` as Prometheus spells it: the chart's PodMonitor and ServiceMonitor copy the pod label
+#: onto every series (``podTargetLabels``), and the autoscaling queries select by it; any scrape config must
+#: do the same.
+SERVICE_METRIC_LABEL = "neuronfleet_io_service"
+
+#: The operator's name for the API server: the field manager of its server-side applies, the component of
+#: its events, and the ``app.kubernetes.io/managed-by`` value on what it makes.
+OPERATOR_NAME = "neuronfleet-operator"
+FIELD_MANAGER = OPERATOR_NAME
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+#: The engine's HTTP port (the OpenAI API, ``/health``, ``/metrics``), and the name of that port on the
+#: serving pods and their Service, which the probes and the scrapes refer to.
+HTTP_PORT = 8000
+HTTP_PORT_NAME = "http"
