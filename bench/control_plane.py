@@ -74,6 +74,7 @@ from neuronfleet.devcluster.controlplane.fleet import M7I_8XLARGE, TRN2_48XLARGE
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.process.waiting import wait_for
+from neuronfleet.engine.names import LABEL_SERVICE
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import (
     ARTIFACTS,
@@ -452,7 +453,7 @@ def plain_objects(name: str, spec: Obj) -> list[Obj]:
 def relabel(value: Any) -> Any:
     """``value`` with every ``neuronfleet.io/service`` key (labels, selectors) renamed to the bench's own."""
     if isinstance(value, dict):
-        return {(PLAIN_LABEL if k == plan.LABEL_SERVICE else k): relabel(v) for k, v in value.items()}
+        return {(PLAIN_LABEL if k == LABEL_SERVICE else k): relabel(v) for k, v in value.items()}
     if isinstance(value, list):
         return [relabel(v) for v in value]
     return value

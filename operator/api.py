@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, m
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from neuronfleet.engine import names
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
@@ -29,9 +30,8 @@ from neuronfleet.engine.identity import CompileIdentity, ModelSource
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import __version__
 
-GROUP = "neuronfleet.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+API_VERSION = f"{names.GROUP}/{VERSION}"
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ class KindNames:
         return self.kind.lower()
 
 
-SERVICE_KIND = KindNames("NeuronInferenceService", "neuroninferenceservices", ("nis",))
-ARTIFACT_KIND = KindNames("NeuronCompiledArtifact", "neuroncompiledartifacts", ("nca",))
+SERVICE_KIND = KindNames(names.SERVICE_KIND, names.SERVICE_PLURAL, ("nis",))
+ARTIFACT_KIND = KindNames(names.ARTIFACT_KIND, names.ARTIFACT_PLURAL, ("nca",))
 
 DEFAULT_IMAGE = f"neuronfleet/engine:{__version__}"
 

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel
 
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.engine.names import GROUP
 from neuronfleet.operator import api
 
 Schema = dict[str, Any]
@@ -116,7 +117,7 @@ class Kind:
     @property
     def name(self) -> str:
         """The CRD's name: plural.group."""
-        return f"{self.names.plural}.{api.GROUP}"
+        return f"{self.names.plural}.{GROUP}"
 
 
 def _column(name: str, path: str, kind: str = "string", description: str = "", priority: int = 0) -> Schema:
@@ -302,7 +303,7 @@ def crd(kind: Kind) -> Schema:
         "kind": "CustomResourceDefinition",
         "metadata": {"name": kind.name},
         "spec": {
-            "group": api.GROUP,
+            "group": GROUP,
             "scope": "Namespaced",
             "names": {
                 "kind": kind.kind,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from neuronfleet.engine.names import LABEL_ARTIFACT
 from neuronfleet.operator import api, plan, scaling
 from neuronfleet.operator.status import (
     ConditionType,
@@ -71,7 +72,7 @@ class DeploymentView:
             v["configMap"]["name"] for v in volumes if v.get("name") == plan.CONFIG_VOLUME and "configMap" in v
         ]
         return cls(
-            artifact_hash=labels.get(plan.LABEL_ARTIFACT),
+            artifact_hash=labels.get(LABEL_ARTIFACT),
             configmap=configmaps[0] if configmaps else None,
             replicas=int(body["spec"].get("replicas", 1)),
             generation=int(body["metadata"].get("generation", 0)),

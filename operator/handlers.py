@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 import kopf
 
-from neuronfleet.operator import api, plan
+from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_SERVICE
+from neuronfleet.operator import api
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
 from neuronfleet.operator.reconcile import Reconciler
 from neuronfleet.operator.retries import Retries, or_temporary_error
@@ -32,8 +33,8 @@ from neuronfleet.operator.retries import Retries, or_temporary_error
 Obj = dict[str, Any]
 T = TypeVar("T")
 
-#: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix.
-ANNOTATION_PREFIX = "neuronfleet.io"
+#: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix, its API group.
+ANNOTATION_PREFIX = GROUP
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,9 @@ def build_registry(
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
         )
         # Only the children the operator made are watched, filtered by the API server.
-        settings.watching.label_selectors["apps", "deployments"] = plan.LABEL_SERVICE
-        settings.watching.label_selectors["v1", "pods"] = plan.LABEL_SERVICE
-        settings.watching.label_selectors["batch", "jobs"] = plan.LABEL_ARTIFACT
+        settings.watching.label_selectors["apps", "deployments"] = LABEL_SERVICE
+        settings.watching.label_selectors["v1", "pods"] = LABEL_SERVICE
+        settings.watching.label_selectors["batch", "jobs"] = LABEL_ARTIFACT
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
         state["executor"] = settings.execution.executor
@@ -130,14 +131,14 @@ def build_registry(
 
     # Change handlers: kopf retries what they raise, after the delay they name.
 
-    @kopf.on.resume(api.GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
-    @kopf.on.create(api.GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
-    @kopf.on.update(api.GROUP, api.VERSION, SERVICES_NIS.plural, field="spec", registry=registry)
+    @kopf.on.resume(GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
+    @kopf.on.create(GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
+    @kopf.on.update(GROUP, api.VERSION, SERVICES_NIS.plural, field="spec", registry=registry)
     async def service_spec(name: str, namespace: str | None, **_: Any) -> None:
         await or_temporary_error(in_worker(reconciler.reconcile_service, _namespaced(namespace), name))
 
-    @kopf.on.resume(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
-    @kopf.on.create(api.GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
+    @kopf.on.resume(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
+    @kopf.on.create(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
     async def artifact_created(name: str, namespace: str | None, **_: Any) -> None:
         namespace = _namespaced(namespace)
         services = await or_temporary_error(in_worker(reconciler.reconcile_artifact, namespace, name))
@@ -145,38 +146,34 @@ def build_registry(
 
     # Event handlers: kopf only logs what they raise, so they retry through `retries`.
 
-    @kopf.on.event(
-        api.GROUP, api.VERSION, SERVICES_NIS.plural, when=lambda type, **_: type == "DELETED", registry=registry
-    )
+    @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=lambda type, **_: type == "DELETED", registry=registry)
     async def service_deleted(body: kopf.Body, **_: Any) -> None:
         # Its children go with it (owner references); its artifacts go now if nobody else uses them.
         service = dict(body)
         forget = functools.partial(in_worker, reconciler.forget_service, service)
         await retries.run(("deleted service", service["metadata"]["uid"]), forget)
 
-    @kopf.on.event(
-        api.GROUP, api.VERSION, ARTIFACTS.plural, when=lambda type, **_: type == "DELETED", registry=registry
-    )
+    @kopf.on.event(GROUP, api.VERSION, ARTIFACTS.plural, when=lambda type, **_: type == "DELETED", registry=registry)
     async def artifact_deleted(body: kopf.Body, **_: Any) -> None:
         # Services that still want it create it again (the store keeps compiled files).
         artifact = dict(body)
         services = await in_worker(reconciler.forget_artifact, artifact)
         await reconcile_services(artifact["metadata"]["namespace"], services)
 
-    @kopf.on.event("batch", "v1", "jobs", labels={plan.LABEL_ARTIFACT: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("batch", "v1", "jobs", labels={LABEL_ARTIFACT: kopf.PRESENT}, registry=registry)
     async def compile_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         artifact = _owner_name(dict(body), ARTIFACTS.kind)
         if artifact is not None:
             await reconcile_artifact(_namespaced(namespace), artifact)
 
-    @kopf.on.event("apps", "v1", "deployments", labels={plan.LABEL_SERVICE: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT}, registry=registry)
     async def serving_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         service = _owner_name(dict(body), SERVICES_NIS.kind)
         if service is not None:
             await reconcile_service(_namespaced(namespace), service)
 
-    @kopf.on.event("v1", "pods", labels={plan.LABEL_SERVICE: kopf.PRESENT}, when=_is_unschedulable, registry=registry)
+    @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=_is_unschedulable, registry=registry)
     async def unschedulable_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        await reconcile_service(_namespaced(namespace), labels[plan.LABEL_SERVICE])
+        await reconcile_service(_namespaced(namespace), labels[LABEL_SERVICE])
 
     return registry

@@ -17,8 +17,8 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from neuronfleet.engine.names import FIELD_MANAGER, GROUP
 from neuronfleet.operator import api
-from neuronfleet.operator.plan import FIELD_MANAGER
 from neuronfleet.operator.status import Event
 
 Obj = dict[str, Any]
@@ -61,8 +61,8 @@ EVENTS = Resource("", "v1", "events", "Event")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
-SERVICES_NIS = Resource(api.GROUP, api.VERSION, api.SERVICE_KIND.plural, api.SERVICE_KIND.kind)
-ARTIFACTS = Resource(api.GROUP, api.VERSION, api.ARTIFACT_KIND.plural, api.ARTIFACT_KIND.kind)
+SERVICES_NIS = Resource(GROUP, api.VERSION, api.SERVICE_KIND.plural, api.SERVICE_KIND.kind)
+ARTIFACTS = Resource(GROUP, api.VERSION, api.ARTIFACT_KIND.plural, api.ARTIFACT_KIND.kind)
 #: KEDA's, served only where KEDA is installed.
 SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
 

@@ -18,24 +18,27 @@ from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCK
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity
+from neuronfleet.engine.names import (
+    HTTP_PORT,
+    HTTP_PORT_NAME,
+    LABEL_ARTIFACT,
+    LABEL_SERVICE,
+    MANAGED_BY_LABEL,
+    OPERATOR_NAME,
+)
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
 
 Obj = dict[str, Any]
 
-LABEL_SERVICE = "neuronfleet.io/service"
-LABEL_ARTIFACT = "neuronfleet.io/artifact"
 LABEL_COMPONENT = "app.kubernetes.io/component"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "neuronfleet-operator"}
-#: The field manager of the operator's server-side applies.
-FIELD_MANAGER = "neuronfleet-operator"
+MANAGED_BY = {MANAGED_BY_LABEL: OPERATOR_NAME}
 
 CONFIG_DIR = "/etc/neuronfleet"
 ENGINE_FILE = "engine.yaml"
 STORE_MOUNT = "/var/lib/neuronfleet/artifacts"
 #: Where pods of an s3:// store keep their local copy of the artifact (an emptyDir).
 CACHE_MOUNT = "/var/cache/neuronfleet/artifacts"
-HTTP_PORT = 8000
 ENGINE_COMMAND = "neuronfleet-engine"
 CONFIG_HASH_LENGTH = 10
 CONFIG_VOLUME = "config"
@@ -399,20 +402,20 @@ def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
     return {
         # Loading weights and NEFFs takes minutes: the startup probe holds the others off until then.
         "startupProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
+            "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
             "periodSeconds": period,
             "timeoutSeconds": 5,
             "failureThreshold": -(-spec.rollout.startup_timeout_seconds // period),
         },
         # Model-aware readiness: the model is listed only once it is loaded.
         "readinessProbe": {
-            "httpGet": {"path": "/v1/models", "port": "http"},
+            "httpGet": {"path": "/v1/models", "port": HTTP_PORT_NAME},
             "periodSeconds": 5,
             "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
+            "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
             "periodSeconds": 15,
             "timeoutSeconds": 5,
             "failureThreshold": 4,
@@ -473,7 +476,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
             *access.env,
         ],
         **_env_from(access),
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "resources": _resources(spec),
         **_probes(spec),
         "securityContext": _container_security(),
@@ -521,7 +524,7 @@ def service(owner: Owner, namespace: str) -> Obj:
         "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
         "spec": {
             "selector": service_labels(owner.name),
-            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": HTTP_PORT_NAME, "port": HTTP_PORT, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}],
         },
     }
 

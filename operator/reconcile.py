@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import api, decide, plan, scaling
 from neuronfleet.operator.kube import (
     ARTIFACTS,
@@ -168,7 +169,7 @@ class Reconciler:
 
         if decision.keep is not None:
             self._release(body, decision.keep, keep_configmaps)
-        pods = self.kube.list(PODS, namespace, f"{plan.LABEL_SERVICE}={name}") if deployment is not None else []
+        pods = self.kube.list(PODS, namespace, f"{LABEL_SERVICE}={name}") if deployment is not None else []
         given = decide.ServiceStatusInput(
             name=name,
             generation=generation,
@@ -301,9 +302,7 @@ class Reconciler:
         for artifact in self.kube.list(ARTIFACTS, namespace):
             art_meta = artifact["metadata"]
             refs = art_meta.get("ownerReferences") or []
-            if (art_meta.get("labels") or {}).get(plan.LABEL_ARTIFACT) in keep or all(
-                r.get("uid") != uid for r in refs
-            ):
+            if (art_meta.get("labels") or {}).get(LABEL_ARTIFACT) in keep or all(r.get("uid") != uid for r in refs):
                 continue
             remaining = [r for r in refs if r.get("uid") != uid]
             try:
@@ -326,7 +325,7 @@ class Reconciler:
                 )
         if deleted:
             return
-        for configmap in self.kube.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}={name}"):
+        for configmap in self.kube.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}={name}"):
             if configmap["metadata"]["name"] not in keep_configmaps:
                 self.kube.delete(CONFIGMAPS, namespace, configmap["metadata"]["name"])
 

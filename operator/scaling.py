@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from neuronfleet.engine.names import SERVICE_METRIC_LABEL
 from neuronfleet.operator import api, plan
 
 Obj = dict[str, Any]
@@ -18,9 +19,6 @@ Obj = dict[str, Any]
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: KEDA leaves a ScaledObject with this annotation where it is.
 PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
-#: The Prometheus label the serving pods' ``neuronfleet.io/service`` label becomes: the chart's PodMonitor
-#: and ServiceMonitor copy it onto every series (``podTargetLabels``); any scrape config must do the same.
-SERVICE_METRIC_LABEL = "neuronfleet_io_service"
 
 #: vLLM's own metric names: the peers' routers and autoscalers read exactly these.
 WAITING_REQUESTS = "vllm:num_requests_waiting"

@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from neuronfleet.devcluster.addons.metrics import parse_samples
-from neuronfleet.operator import crdgen, plan, scaling
+from neuronfleet.engine.names import LABEL_SERVICE, SERVICE_METRIC_LABEL
+from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.metrics import OperatorMetrics
 
@@ -203,8 +204,8 @@ def test_monitors_scrape_the_engines_the_operator_runs(render: Render) -> None:
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
         # The Prometheus operator turns the label into this one: what the ScaledObjects' queries select by.
         (copied,) = monitor["spec"]["podTargetLabels"]
-        assert copied == plan.LABEL_SERVICE
-        assert re.sub(r"[^a-zA-Z0-9_]", "_", copied) == scaling.SERVICE_METRIC_LABEL
+        assert copied == LABEL_SERVICE
+        assert re.sub(r"[^a-zA-Z0-9_]", "_", copied) == SERVICE_METRIC_LABEL
 
 
 def test_autoscaling_passes_the_prometheus_address_and_needs_one(render: Render, helm: Helm) -> None:

@@ -28,6 +28,7 @@ from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.demo import operator_release
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode, pinned_here
+from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
@@ -175,7 +176,7 @@ class Fleet:
             status.get("phase") == "Ready"
             and status.get("currentRevision") == artifact_hash
             and len(pods) == replicas
-            and all(p["metadata"]["labels"][plan.LABEL_ARTIFACT] == artifact_hash for p in pods)
+            and all(p["metadata"]["labels"][LABEL_ARTIFACT] == artifact_hash for p in pods)
             and all(pod_ready(p) and not p["metadata"].get("deletionTimestamp") for p in pods)
         )
 
@@ -184,12 +185,12 @@ class Fleet:
         cluster_ip = self.get("service", NAME)["spec"]["clusterIP"]
         workdir = self.workdir / f"load-{name}"
         workdir.mkdir()
-        url = f"http://{cluster_ip}:{plan.HTTP_PORT}/v1/completions"
+        url = f"http://{cluster_ip}:{HTTP_PORT}/v1/completions"
         return NodeLoad(self.node.netns, url, workdir, rate=rate, max_tokens=max_tokens, header=ARTIFACT_HEADER)
 
     def running_requests(self, pod: Obj) -> float:
         """Requests the pod's engine is running now (vLLM's gauge, read from the node)."""
-        url = f"http://{pod['status']['podIP']}:{plan.HTTP_PORT}/metrics"
+        url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
         script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
         scraped = self.node.in_netns(["python3", "-I", "-c", script])
         assert scraped.returncode == 0, scraped.stderr
@@ -198,7 +199,7 @@ class Fleet:
 
     def compile_jobs(self, artifact_hash: str) -> list[Obj]:
         """The compile Jobs of one artifact."""
-        items: list[Obj] = self.get("jobs", "", f"--selector={plan.LABEL_ARTIFACT}={artifact_hash}")["items"]
+        items: list[Obj] = self.get("jobs", "", f"--selector={LABEL_ARTIFACT}={artifact_hash}")["items"]
         return items
 
     def operator_pod(self) -> Obj:

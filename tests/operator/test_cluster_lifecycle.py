@@ -15,6 +15,7 @@ from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, observed, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcile import Reconciler
@@ -51,14 +52,12 @@ def merge(base: Obj, extra: Obj) -> Obj:
 
 
 def compile_jobs(api: Kube, namespace: str) -> list[Obj]:
-    return api.list(JOBS, namespace, plan.LABEL_ARTIFACT)
+    return api.list(JOBS, namespace, LABEL_ARTIFACT)
 
 
 def serving_pods(api: Kube, namespace: str, name: str) -> list[Obj]:
     return [
-        p
-        for p in api.list(PODS, namespace, f"{plan.LABEL_SERVICE}={name}")
-        if not p["metadata"].get("deletionTimestamp")
+        p for p in api.list(PODS, namespace, f"{LABEL_SERVICE}={name}") if not p["metadata"].get("deletionTimestamp")
     ]
 
 
@@ -68,7 +67,7 @@ def is_ready(pod: Obj) -> bool:
 
 def template_hash(api: Kube, namespace: str, name: str) -> str | None:
     deployment = api.get(DEPLOYMENTS, namespace, name)
-    return None if deployment is None else deployment["spec"]["template"]["metadata"]["labels"][plan.LABEL_ARTIFACT]
+    return None if deployment is None else deployment["spec"]["template"]["metadata"]["labels"][LABEL_ARTIFACT]
 
 
 def artifact_hash(service: Obj) -> str:
@@ -109,7 +108,7 @@ def test_apply_compiles_then_rolls_out_on_trn2_nodes(
     assert len(pods) == 2
     for pod in pods:
         assert pod["spec"]["nodeName"].startswith("trn2-"), pod["spec"]["nodeName"]
-        assert pod["metadata"]["labels"][plan.LABEL_ARTIFACT] == artifact_hash(done)
+        assert pod["metadata"]["labels"][LABEL_ARTIFACT] == artifact_hash(done)
         assert pod["spec"]["containers"][0]["resources"]["limits"]["aws.amazon.com/neuron"] == "1"
     assert api.get(SERVICES_NIS, namespace, "llama") is not None
     nca = api.get(ARTIFACTS, namespace, artifact["metadata"]["name"])
@@ -201,7 +200,7 @@ def test_bucket_change_compiles_while_the_old_revision_serves_then_surges(
             (
                 sum(1 for p in pods if is_ready(p)),
                 len(pods),
-                {p["metadata"]["labels"][plan.LABEL_ARTIFACT] for p in pods},
+                {p["metadata"]["labels"][LABEL_ARTIFACT] for p in pods},
             )
         )
         return services.get("llama")
@@ -217,15 +216,15 @@ def test_bucket_change_compiles_while_the_old_revision_serves_then_surges(
     assert min(ready_count for ready_count, _, _ in seen) >= 2, f"dropped below 2 ready replicas: {seen}"
     assert max(total for _, total, _ in seen) <= 3, f"more than maxSurge=1 extra pods: {seen}"
     assert any(hashes == {old, new} for _, _, hashes in seen), "never saw old and new pods side by side"
-    assert {p["metadata"]["labels"][plan.LABEL_ARTIFACT] for p in serving_pods(api, namespace, "llama")} == {new}
+    assert {p["metadata"]["labels"][LABEL_ARTIFACT] for p in serving_pods(api, namespace, "llama")} == {new}
     assert done["status"]["targetRevision"] == new
 
     # The old artifact and its engine configuration go once nothing runs them.
     wait_for(
         lambda: (
-            sorted(a["metadata"]["labels"][plan.LABEL_ARTIFACT] for a in services.artifacts()),
+            sorted(a["metadata"]["labels"][LABEL_ARTIFACT] for a in services.artifacts()),
             sorted(
-                c["metadata"]["labels"][plan.LABEL_ARTIFACT]
+                c["metadata"]["labels"][LABEL_ARTIFACT]
                 for c in api.list(CONFIGMAPS, namespace, "neuronfleet.io/service=llama")
             ),
         ),
@@ -239,7 +238,7 @@ def test_a_serving_only_change_rolls_the_pods_without_a_compile(
 ) -> None:
     services.create("llama", spec(replicas=1))
     artifact = artifact_hash(ready(services, "llama"))
-    (old_config,) = api.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}=llama")
+    (old_config,) = api.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}=llama")
     old_pods = {p["metadata"]["name"] for p in serving_pods(api, namespace, "llama")}
 
     services.patch_spec("llama", {"engine": {"scheduler": {"max_consecutive_prefill_steps": 4}}})
@@ -256,7 +255,7 @@ def test_a_serving_only_change_rolls_the_pods_without_a_compile(
     assert artifact_hash(done[0]) == artifact
     assert len(compile_jobs(api, namespace)) == 1, "a serving-only change recompiled"
     (new_config,) = wait_for(
-        lambda: api.list(CONFIGMAPS, namespace, f"{plan.LABEL_SERVICE}=llama"),
+        lambda: api.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}=llama"),
         lambda configs: len(configs) == 1 and configs[0]["metadata"]["name"] != old_config["metadata"]["name"],
         what="the old engine ConfigMap to be removed after the rollout",
         show=lambda configs: [c["metadata"]["name"] for c in configs],
@@ -292,7 +291,7 @@ def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
     assert blocked["status"]["readyReplicas"] == 2
     assert template_hash(api, namespace, "llama") == old
     assert sum(1 for p in serving_pods(api, namespace, "llama") if is_ready(p)) == 2
-    failed = next(a for a in services.artifacts() if a["metadata"]["labels"][plan.LABEL_ARTIFACT] != old)
+    failed = next(a for a in services.artifacts() if a["metadata"]["labels"][LABEL_ARTIFACT] != old)
     assert failed["status"]["phase"] == "Failed"
     assert failed["status"]["reason"] == "BackoffLimitExceeded"
     described = cluster.kubectl("describe", "nis", "llama", "-n", namespace).stdout

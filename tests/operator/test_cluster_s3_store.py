@@ -27,6 +27,7 @@ from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import FAIL_ANNOTATION, FAIL_MESSAGE_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.process.waiting import WaitFor
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import JOBS, PODS, Kube
 
@@ -85,13 +86,13 @@ def test_an_s3_service_compiles_and_serves_with_its_pods_wired_for_the_store(
     done = services.wait_ready("llama")
     artifact_hash = done["status"]["artifact"]["hash"]
 
-    (job,) = api.list(JOBS, namespace, plan.LABEL_ARTIFACT)
+    (job,) = api.list(JOBS, namespace, LABEL_ARTIFACT)
     assert_wired_for_s3(job["spec"]["template"]["spec"])
     compile_pods = api.list(PODS, namespace, f"job-name={job['metadata']['name']}")
     assert compile_pods, "the Job made no pod"
     assert {pod["spec"]["serviceAccountName"] for pod in compile_pods} == {ACCOUNT}
 
-    (serving,) = wait_for(lambda: api.list(PODS, namespace, f"{plan.LABEL_SERVICE}=llama"), what="the serving pod")
+    (serving,) = wait_for(lambda: api.list(PODS, namespace, f"{LABEL_SERVICE}=llama"), what="the serving pod")
     assert_wired_for_s3(serving["spec"])
     assert env_of(serving["spec"]["containers"][0])["NEURONFLEET_ARTIFACT_HASH"] == artifact_hash
     (artifact,) = services.artifacts()

@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import api, plan
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
@@ -42,7 +43,7 @@ def test_artifact_is_named_by_model_and_hash_and_shared_not_controlled() -> None
     s = spec()
     body = plan.artifact(OWNER, NS, s)
     assert body["metadata"]["name"] == f"llama-3-1-8b-{s.identity().hash()}"
-    assert body["metadata"]["labels"][plan.LABEL_ARTIFACT] == s.identity().hash()
+    assert body["metadata"]["labels"][LABEL_ARTIFACT] == s.identity().hash()
     (ref,) = body["metadata"]["ownerReferences"]
     assert (ref["uid"], ref["controller"], ref["blockOwnerDeletion"]) == ("uid-1", False, False)
 
@@ -158,7 +159,7 @@ def test_engine_config_map_holds_the_compiled_shapes() -> None:
     assert engine.num_seqs_buckets == [1, 2, 4, 6]
     assert engine.num_batched_tokens_buckets == [128, 256, 512, 1024, 2048, 4096]
     assert cm["metadata"]["name"] == plan.engine_configmap_name("llama", s.engine)
-    assert cm["metadata"]["labels"][plan.LABEL_ARTIFACT] == "abc"
+    assert cm["metadata"]["labels"][LABEL_ARTIFACT] == "abc"
 
 
 def test_deployment_is_pinned_to_its_artifact() -> None:
@@ -166,8 +167,8 @@ def test_deployment_is_pinned_to_its_artifact() -> None:
     artifact = served(s)
     deployment = plan.deployment(OWNER, NS, s, artifact)
     template = deployment["spec"]["template"]
-    assert template["metadata"]["labels"][plan.LABEL_ARTIFACT] == artifact.hash
-    assert deployment["spec"]["selector"] == {"matchLabels": {plan.LABEL_SERVICE: "llama"}}
+    assert template["metadata"]["labels"][LABEL_ARTIFACT] == artifact.hash
+    assert deployment["spec"]["selector"] == {"matchLabels": {LABEL_SERVICE: "llama"}}
     c = container(deployment)
     assert arg(c["args"], "--artifact-hash") == artifact.hash
     assert {"name": "NEURONFLEET_ARTIFACT_HASH", "value": artifact.hash} in c["env"]
@@ -237,7 +238,7 @@ def test_serving_objects_are_owned_by_the_service_config_first() -> None:
         assert obj["metadata"]["ownerReferences"] == [OWNER.reference()]
         assert obj["metadata"]["namespace"] == NS
     service, pdb = objects[2], objects[3]
-    assert service["spec"]["selector"] == {plan.LABEL_SERVICE: "llama"}
+    assert service["spec"]["selector"] == {LABEL_SERVICE: "llama"}
     assert pdb["spec"]["maxUnavailable"] == 1
 
 

@@ -24,7 +24,8 @@ from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig, RigErr
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.demo.load import DROPPED, TIMEOUT
 from neuronfleet.devcluster.realnode.node import RealNode
-from neuronfleet.operator import plan, scaling
+from neuronfleet.engine.names import LABEL_ARTIFACT
+from neuronfleet.operator import scaling
 
 Obj = dict[str, Any]
 
@@ -79,7 +80,7 @@ class Timeline:
             waiting=self.rig.value(waiting),
             wanted=body["spec"].get("replicas"),
             ready=sum(pod_ready(p) for p in pods),
-            artifacts=tuple(sorted(p["metadata"]["labels"][plan.LABEL_ARTIFACT] for p in pods)),
+            artifacts=tuple(sorted(p["metadata"]["labels"][LABEL_ARTIFACT] for p in pods)),
         )
 
     def _run(self) -> None:

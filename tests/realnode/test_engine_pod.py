@@ -21,6 +21,7 @@ from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode, pinned_here
+from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.operator import api as nis_api
 from neuronfleet.operator import plan
 
@@ -153,7 +154,7 @@ def test_engine_pod_is_ready_only_once_the_engine_answers(
         what=f"engine pod {name} Ready",
         show=lambda found: (found.get("status", {}).get("containerStatuses"), log_tail(real_cluster, name)),
     )
-    models = fetch(real_node, f"http://{pod['status']['podIP']}:{plan.HTTP_PORT}/v1/models")
+    models = fetch(real_node, f"http://{pod['status']['podIP']}:{HTTP_PORT}/v1/models")
     assert models.returncode == 0, models.stderr
     assert [m["id"] for m in json.loads(models.stdout)["data"]] == ["neuronfleet/tiny"]
     # The engine runs as the image's non-root user, as the pod's security context demands.
@@ -169,7 +170,7 @@ def test_completion_through_the_service_returns_the_requested_tokens(
     ready_pod(api)
     document = {"model": "neuronfleet/tiny", "prompt": "The fleet", "max_tokens": MAX_TOKENS, "ignore_eos": True}
     # The ClusterIP, DNATed by kube-proxy's rules to the Ready pod.
-    answer = fetch(real_node, f"http://{service['spec']['clusterIP']}:{plan.HTTP_PORT}/v1/completions", document)
+    answer = fetch(real_node, f"http://{service['spec']['clusterIP']}:{HTTP_PORT}/v1/completions", document)
     assert answer.returncode == 0, answer.stderr
     completion = json.loads(answer.stdout)
     assert completion["usage"]["completion_tokens"] == MAX_TOKENS

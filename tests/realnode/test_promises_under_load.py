@@ -39,7 +39,7 @@ from harness.fleet import (
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.realnode.node import RealNode
-from neuronfleet.operator import plan
+from neuronfleet.engine.names import LABEL_ARTIFACT
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_the_operator_killed_mid_rollout_converges_without_duplicate_jobs(fleet:
         (job,) = fleet.wait(lambda: fleet.compile_jobs(new), f"the compile Job of {new}")
         # The rollout is in flight once a pod of the new revision exists: kill the operator then.
         fleet.wait(
-            lambda: any(p["metadata"]["labels"][plan.LABEL_ARTIFACT] == new for p in fleet.pods()),
+            lambda: any(p["metadata"]["labels"][LABEL_ARTIFACT] == new for p in fleet.pods()),
             f"a pod of revision {new}",
         )
         killed_at = time.time()
