@@ -37,6 +37,7 @@ from neuronfleet.engine.hardware import (
     largest_instance_type,
 )
 from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
+from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
@@ -201,7 +202,7 @@ def serve_command(
         bool, typer.Option("--compile-on-start", help="Compile a missing or incomplete artifact instead of refusing.")
     ] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = HTTP_PORT,
     drain_timeout: Annotated[
         int, typer.Option("--drain-timeout", min=0, help="Seconds in-flight requests have to finish after SIGTERM.")
     ] = 30,
