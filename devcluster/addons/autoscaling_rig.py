@@ -44,16 +44,14 @@ from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotRea
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode
+from neuronfleet.engine.names import HTTP_PORT_NAME, MANAGED_BY_LABEL, OPERATOR_NAME, SERVICE_METRIC_LABEL
 
 KEDA_NAMESPACE = "keda"
 ADAPTER_SERVICE = "keda-metrics-apiserver"
 EXTERNAL_METRICS = "v1beta1.external.metrics.k8s.io"
-#: The operator's serving pods carry this label (``MANAGED_BY`` in ``operator/plan.py``) and a port named ``http``.
-SERVING_POD_SELECTOR = "app.kubernetes.io/managed-by=neuronfleet-operator"
-SCRAPED_PORT = "http"
-#: The serving pods' ``neuronfleet.io/service`` label, as Prometheus spells it (as a target label, too):
-#: ``SERVICE_METRIC_LABEL`` in ``operator/scaling.py`` (devcluster never imports the operator).
-SERVICE_LABEL = "neuronfleet_io_service"
+#: The operator's serving pods carry this label, and serve their metrics on the port of this name.
+SERVING_POD_SELECTOR = f"{MANAGED_BY_LABEL}={OPERATOR_NAME}"
+SCRAPED_PORT = HTTP_PORT_NAME
 #: Short, so a test sees a changed metric within seconds.
 SCRAPE_INTERVAL = "2s"
 
@@ -106,7 +104,10 @@ def prometheus_config(kubeconfig: Path, pod_selector: str, port_name: str, inter
                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
                     # What the operator's ScaledObject queries select on, as the chart's PodMonitor names it.
-                    {"source_labels": [f"__meta_kubernetes_pod_label_{SERVICE_LABEL}"], "target_label": SERVICE_LABEL},
+                    {
+                        "source_labels": [f"__meta_kubernetes_pod_label_{SERVICE_METRIC_LABEL}"],
+                        "target_label": SERVICE_METRIC_LABEL,
+                    },
                 ],
             }
         ],

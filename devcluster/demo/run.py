@@ -42,6 +42,7 @@ from neuronfleet.devcluster.images import dockerfile
 from neuronfleet.devcluster.images.podman import free_bytes
 from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
 from neuronfleet.devcluster.realnode import node
+from neuronfleet.engine.names import ARTIFACT_KIND, GROUP, HTTP_PORT, SERVICE_KIND
 
 Obj = dict[str, Any]
 
@@ -56,11 +57,8 @@ READY_TIMEOUT = 600.0
 ENGINE_IMPORT_BYTES = 16 * 10**9
 #: How long each image's import takes, to say so before it starts.
 IMPORT_TIMES: dict[dockerfile.Target, str] = {"operator": "seconds", "engine": "4 to 7 min: it unpacks to 10 GB"}
-SERVICE_KIND, ARTIFACT_KIND = "NeuronInferenceService", "NeuronCompiledArtifact"
 #: The events that tell the story (``kubectl describe``): the operator's, on its two kinds.
 STORY_KINDS = frozenset({SERVICE_KIND, ARTIFACT_KIND})
-#: The engine's HTTP port, where its Service listens too.
-HTTP_PORT = 8000
 #: A verb the chart forgot shows up as a 403 in the operator's log, even where the operator carries on.
 REFUSED = re.compile(r"forbidden|\b403\b", re.IGNORECASE)
 
@@ -239,7 +237,7 @@ class Demo:
             )
         ok(installed, "helm install")
         crds = cluster.kubectl("get", "crd", "-o", "name").stdout.split()
-        names = [n.rsplit("/", 1)[-1] for n in crds if n.endswith(".neuronfleet.io")]
+        names = [n.rsplit("/", 1)[-1] for n in crds if n.endswith(f".{GROUP}")]
         self.say(f"chart installed: CRDs {', '.join(names)}, ServiceAccount, RBAC, operator Deployment")
 
     def _show_operator(self, cluster: LocalCluster, image: dockerfile.BuiltImage) -> None:

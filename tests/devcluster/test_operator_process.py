@@ -12,4 +12,4 @@ def test_the_resync_counter_it_reads_is_the_one_the_operator_exports() -> None:
 
 
 def test_the_demo_names_the_kinds_the_operator_serves() -> None:
-    assert (api.SERVICE_KIND.kind, api.ARTIFACT_KIND.kind) == (run.SERVICE_KIND, run.ARTIFACT_KIND)
+    assert {api.SERVICE_KIND.kind, api.ARTIFACT_KIND.kind} == run.STORY_KINDS

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.devcluster.addons.autoscaling_rig import SCRAPED_PORT, SERVICE_LABEL, AutoscalingRig
+from neuronfleet.devcluster.addons.autoscaling_rig import SCRAPED_PORT, AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import pinned_here
+from neuronfleet.engine.names import LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME, SERVICE_METRIC_LABEL
 
 Obj = dict[str, Any]
 METRIC = "rig_level"
@@ -51,7 +52,7 @@ IDLE = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.e
 #: Labels the operator puts on serving pods (``operator/plan.py``): the rig's Prometheus keeps these pods and
 #: names their service in label ``neuronfleet_io_service``, which the trigger's query selects on.
 SERVICE = "gauge"
-SERVING_LABELS = {"app.kubernetes.io/managed-by": "neuronfleet-operator", "neuronfleet.io/service": SERVICE}
+SERVING_LABELS = {MANAGED_BY_LABEL: OPERATOR_NAME, LABEL_SERVICE: SERVICE}
 
 
 def container(name: str, script: str, **extra: Any) -> Obj:
@@ -100,7 +101,7 @@ def scaled_object(name: str, namespace: str, prometheus_url: str) -> Obj:
                     "type": "prometheus",
                     "metadata": {
                         "serverAddress": prometheus_url,
-                        "query": f'max({METRIC}{{namespace="{namespace}",{SERVICE_LABEL}="{SERVICE}"}})',
+                        "query": f'max({METRIC}{{namespace="{namespace}",{SERVICE_METRIC_LABEL}="{SERVICE}"}})',
                         "threshold": "1",
                     },
                 }
@@ -213,7 +214,7 @@ def watch(
 
 def test_keda_scales_a_deployment_up_and_down_on_a_scraped_gauge(autoscaling_rig: AutoscalingRig, scene: Scene) -> None:
     begun = time.monotonic()
-    query = f'{METRIC}{{namespace="{scene.namespace}",{SERVICE_LABEL}="{SERVICE}"}}'
+    query = f'{METRIC}{{namespace="{scene.namespace}",{SERVICE_METRIC_LABEL}="{SERVICE}"}}'
     wait_for(lambda: autoscaling_rig.value(query), lambda v: v == 0, timeout=60, interval=1, what="the gauge scraped")
     wait_for(scene.workers_now, lambda now: now == (1, 1), timeout=60, what="one ready worker")
 
