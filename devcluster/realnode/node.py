@@ -40,6 +40,7 @@ from neuronfleet.devcluster.images import node_images, runc_norlimits
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord, stop
 from neuronfleet.devcluster.process.state import ClusterState
 from neuronfleet.devcluster.process.tools import KubeTools, NodeTools, ToolsMissingError
+from neuronfleet.devcluster.realnode.store import Containerd, NodeImageStore, OciImage, StoreError
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 
 #: The node's address: inside the fleet's node network, far above the KWOK nodes counting up from .1.
@@ -339,13 +340,20 @@ class RealNode:
             [str(self.tools.path("crictl")), f"--runtime-endpoint={endpoint}", *args], f"crictl {args[0]}", timeout
         )
 
-    def import_image(self, archive: Path) -> None:
-        """Load an OCI archive into the node's containerd, unpacked for its pods.
+    def import_image(self, image: OciImage) -> int:
+        """Make ``image`` runnable by the node's pods; how many layers had to be unpacked.
 
-        See :mod:`neuronfleet.devcluster.images` for the archives.
+        Nothing to do for an image that was in the node image store when the node started; otherwise
+        only the layers the node has no snapshot of are sent (see :mod:`.store`).
         """
-        # The engine's 4.6 GB archive unpacks to 10 GB: minutes on two busy cores.
-        self.ctr("images", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
+        scratch = self.paths.root / "imports"
+        scratch.mkdir(exist_ok=True)
+        try:
+            return Containerd(self.tools.path("ctr"), self.paths.containerd_socket).load(
+                image, scratch, timeout=IMPORT_TIMEOUT_S
+            )
+        except StoreError as error:
+            raise NodeError(str(error)) from None
 
     def in_netns(self, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside the node's network namespace (output captured, status not checked)."""
@@ -400,6 +408,14 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     node_tools = NodeTools.locate()
     paths = NodePaths.of(state.workdir)
     files = write_files(paths, layout, node_tools)
+    # The node's containerd starts with every image of the node image store: the pause and base images
+    # (built once and cached, see images/node_images.py), and whatever a caller unpacked there before.
+    store = NodeImageStore.default(node_tools.directory)
+    try:
+        store.prepare([OciImage.read(node_images.pause_image()), OciImage.read(node_images.base_image())])
+        store.clone_to(paths.containerd / "root")
+    except StoreError as error:
+        raise NodeError(str(error)) from None
     create_netns(netns)
 
     python = [sys.executable, "-P", "-m"]
@@ -446,9 +462,6 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     containerd = spawn("containerd", [*enter, str(node_tools.path("containerd")), f"--config={files.containerd}"], env)
     node = RealNode(state)
     wait("containerd to answer", containerd, lambda: _answers(node))
-    # Built once and cached (images/node_images.py); the base image is what the node's own pods run.
-    for archive in (node_images.pause_image(), node_images.base_image()):
-        node.import_image(archive)
 
     labels = ",".join(f"{key}={value}" for key, value in node_labels().items())
     spawn(

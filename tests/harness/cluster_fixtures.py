@@ -20,10 +20,12 @@ import yaml
 from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
-from neuronfleet.devcluster.images.dockerfile import BuiltImage, Target, build
+from neuronfleet.devcluster.images.dockerfile import TARGETS, BuiltImage, Target, build
+from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.process.waiting import WaitFor, wait_for
 from neuronfleet.devcluster.realnode import node
 from neuronfleet.devcluster.realnode.node import RealNode
+from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api
@@ -46,10 +48,13 @@ def real_cluster() -> Iterator[LocalCluster]:
 
     Started on first use, beside (never inside) the KWOK tests' ``cluster``, whose speed it leaves alone.
     The KWOK fleet has no trn2 node, so trn2.48xlarge pods land on the real node; inf2 services and compile
-    Jobs land on KWOK nodes. Its containerd holds the pause and base images
-    (``neuronfleet.devcluster.images.node_images``); :func:`node_image` imports the operator and engine images.
+    Jobs land on KWOK nodes. Its containerd starts with the pause and base images and the Dockerfile's
+    operator and engine images, unpacked into the node image store before it starts (minutes the first
+    time a build is seen, nothing after: :mod:`neuronfleet.devcluster.realnode.store`).
     """
     reap_orphans()
+    store = NodeImageStore.default(NodeTools.locate().directory)
+    store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}", flush=True))
     local = LocalCluster.start(
         f"pytest-real-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
     )
@@ -83,20 +88,24 @@ def autoscaling_rig(real_cluster: LocalCluster) -> Iterator[AutoscalingRig]:
         rig.stop()
 
 
-#: Imports an image built here into the real node's containerd (once per session) and returns it.
+#: An image built here, runnable on the real node (checked once per session), and returned.
 NodeImage = Callable[[Target], BuiltImage]
 
 
 @pytest.fixture(scope="session")
 def node_image(real_node: RealNode) -> NodeImage:
-    """:data:`NodeImage` for the real node: the operator or engine image, built (or up to date) and imported."""
+    """:data:`NodeImage` for the real node: the operator or engine image, built (or up to date) and imported.
+
+    Both were in the node's containerd from its start (:func:`real_cluster`); the import sends whatever a
+    rebuild during the session changed.
+    """
     imported: dict[Target, BuiltImage] = {}
 
     def load(target: Target) -> BuiltImage:
         if target not in imported:
             image = build(target)
-            print(f"==> importing the {target} image into {REAL_NODE}'s containerd", flush=True)
-            real_node.import_image(image.archive)
+            layers = real_node.import_image(OciImage.of(image))
+            print(f"==> the {target} image is in {REAL_NODE}'s containerd ({layers} layers sent)", flush=True)
             imported[target] = image
         return imported[target]
 
