@@ -13,15 +13,17 @@ import logging
 
 
 def route_logs() -> None:
-    """Log ``neuronfleet.*`` records through vLLM's handlers, at vLLM's level."""
+    """Log ``neuronfleet.*`` records as vLLM's own: through vLLM's handlers, at vLLM's level.
+
+    The ``neuronfleet`` logger hangs below vLLM's instead of copying its handlers: vLLM
+    configures its logging only after it loads plugins, and again in the engine core, so
+    copied handlers would be none (the API server) or those of an earlier configuration (an
+    engine core forked from the API server, which loads no plugins again).
+    """
     ours = logging.getLogger("neuronfleet")
-    vllm_logger = logging.getLogger("vllm")
-    if ours.handlers or not vllm_logger.handlers:
-        return
-    for handler in vllm_logger.handlers:
-        ours.addHandler(handler)
-    ours.setLevel(vllm_logger.level)
-    ours.propagate = False
+    ours.parent = logging.getLogger("vllm")
+    ours.setLevel(logging.NOTSET)
+    ours.propagate = True
 
 
 def register() -> None:
