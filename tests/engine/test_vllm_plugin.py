@@ -1,13 +1,16 @@
-"""The general plugin every vLLM process of the engine loads."""
+"""The general plugin every vLLM process of the engine loads: logs, forked children, metrics."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import socket
 from collections.abc import Iterator
 
 import pytest
 
-from neuronfleet.engine.serving.vllm_plugin import route_logs
+from neuronfleet.engine.serving.vllm_plugin import forget_parent_wakeup_fd, route_logs
 
 pytestmark = pytest.mark.vllm_matrix
 
@@ -50,3 +53,26 @@ def test_logs_go_through_the_handlers_vllm_configures_after_loading_plugins(
         executor.info("loaded")
         executor.warning("refused")
         assert collect.messages == (["loaded", "refused"] if level == logging.INFO else ["refused"])
+
+
+def test_a_forked_child_no_longer_wakes_the_parent_event_loop_with_its_signals() -> None:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    previous = signal.set_wakeup_fd(ours.fileno())
+    try:
+        pid = os.fork()
+        if pid == 0:
+            forget_parent_wakeup_fd()
+            signal.signal(signal.SIGUSR1, lambda *_: None)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # Nothing reached the parent's wake-up socket.
+        with pytest.raises(BlockingIOError):
+            theirs.recv(1)
+    finally:
+        signal.set_wakeup_fd(previous)
+        ours.close()
+        theirs.close()
