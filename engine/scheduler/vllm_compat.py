@@ -24,7 +24,11 @@ The same in both (read from the two wheels, and run by the scheduler suites on e
 ``schedule(throttle_prefills)``, ``_update_after_schedule`` (neither class overrides it),
 the ``SchedulerOutput`` fields read here, ``Request(...)``, ``RequestQueue``,
 ``get_max_concurrency_for_kv_cache_config``, the ``AsyncLLM.shutdown(timeout)`` that
-``drain_before_shutdown`` wraps, the plugin entry points and the executor interface.
+``drain_before_shutdown`` wraps, the plugin entry points and the executor interface; and
+what the simulated device's start-up relies on (``sim/platform.py``, ``serving/serve.py``):
+``Platform.pre_register_and_update`` (called before the model configuration),
+``ModelRegistry.register_model`` with a class and ``ModelRegistry.models[arch].load_model_cls()``,
+and ``vllm serve`` keeping a ``VLLM_WORKER_MULTIPROC_METHOD`` that is already set.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ NO_WARMUP_COMPILE_ENV = "VLLM_NEURON_DISABLE_WARMUP_COMPILE"
 CPU_COMPILE_ENVS = ("VLLM_NEURON_CPU_COMPILE", "NEURON_PLATFORM_TARGET_OVERRIDE")
 #: The hash of the compiled artifact being served; ``/ready`` and every response header report it.
 SERVED_ARTIFACT_ENV = "NEURONFLEET_SERVED_ARTIFACT"
+#: How vLLM starts its engine core process; ``vllm serve`` chooses spawn unless it is set.
+MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
 #: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.serving.readiness``), for ``VLLM_PLUGINS``.
@@ -157,6 +159,10 @@ def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, 
         # The model directory is local; nothing is downloaded.
         env["HF_HUB_OFFLINE"] = "1"
         env["TRANSFORMERS_OFFLINE"] = "1"
+        # The engine core is forked from the API server, which has imported torch, vLLM and the
+        # scheduler by then: spawned, it imports them all again (a quarter of a start-up on 2 cores).
+        # vLLM spawns for accelerators that cannot be forked once initialised; a host device can.
+        env.setdefault(MULTIPROC_METHOD_ENV, "fork")
     else:
         env.pop(DEVICE_ENV, None)
         # Inherited from a compile's environment, these would make the plugin compile for a target, not run.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: The architecture every shape's ``config.json`` names: vLLM's Llama model class.
+ARCHITECTURE = "LlamaForCausalLM"
 #: Vocabulary of the tiny test shape.
 TINY_VOCAB_SIZE = 1024
 #: Vocabulary of Llama 3.1 (config.json ``vocab_size``).
@@ -19,7 +21,7 @@ LLAMA_3_VOCAB_SIZE = 128256
 def tiny_llama_config(max_model_len: int) -> dict[str, Any]:
     """A 2-layer Llama small enough that vLLM builds its configuration in moments."""
     return {
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": [ARCHITECTURE],
         "model_type": "llama",
         "hidden_size": 64,
         "intermediate_size": 128,
@@ -79,7 +81,7 @@ class ModelShape:
             # The tiny shape's context is whatever the engine asks for.
             return tiny_llama_config(max_model_len)
         return {
-            "architectures": ["LlamaForCausalLM"],
+            "architectures": [ARCHITECTURE],
             "model_type": "llama",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,

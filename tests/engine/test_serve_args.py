@@ -11,6 +11,7 @@ import pytest
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.serving.serve import (
     CPU_COMPILE_ENVS,
+    MULTIPROC_METHOD_ENV,
     SERVED_ARTIFACT_ENV,
     ServeRequest,
     plugin_allowlist,
@@ -113,6 +114,17 @@ def test_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     mine = serve_environment(request(port=8125), {"PROMETHEUS_MULTIPROC_DIR": "/mine", "VLLM_PLUGINS": "a"})
     assert mine["PROMETHEUS_MULTIPROC_DIR"] == "/mine"
     assert mine["VLLM_PLUGINS"] == "a,neuronfleet_ready"
+
+
+def test_the_simulated_engine_core_is_forked_unless_the_user_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    # Forked, the engine core starts with the API server's imports instead of importing everything again.
+    assert serve_environment(request(port=8128), {})[MULTIPROC_METHOD_ENV] == "fork"
+    assert serve_environment(request(port=8129), {MULTIPROC_METHOD_ENV: "spawn"})[MULTIPROC_METHOD_ENV] == "spawn"
+    # On Neuron, vLLM and its plugin choose.
+    assert MULTIPROC_METHOD_ENV not in serve_environment(request(device="neuron", port=8130), {})
 
 
 def test_the_served_artifact_is_named_and_no_compile_switch_is_inherited(

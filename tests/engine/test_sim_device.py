@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
+from vllm.model_executor.models import ModelRegistry
 from vllm.sampling_params import SamplingParams
 
 from neuronfleet.engine.config import EngineConfig
@@ -20,7 +24,8 @@ from neuronfleet.engine.sim.device import (
     StepResult,
     sampled_token,
 )
-from neuronfleet.engine.sim.model_shapes import get_shape
+from neuronfleet.engine.sim.model_shapes import ARCHITECTURE, get_shape
+from neuronfleet.engine.sim.platform import SimNeuronPlatform
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
 from neuronfleet.engine.sim_settings import ClockMode
 
@@ -181,3 +186,20 @@ def test_sampled_tokens_are_words_of_the_vocabulary() -> None:
     tokens = {sampled_token(digest, position, 1024) for digest in range(50) for position in range(50)}
     assert min(tokens) >= FIRST_WORD_ID
     assert max(tokens) < 1024
+
+
+def test_the_platform_has_vllm_inspect_the_model_class_in_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM would import torch and itself again in a subprocess to inspect the class: 10 s on 2 cores."""
+
+    def no_subprocess(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"vLLM started a subprocess: {args}")
+
+    # No model information cached from an earlier run, and no process to compute it in.
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    SimNeuronPlatform.pre_register_and_update()
+    info = ModelRegistry.models[ARCHITECTURE].inspect_model_cls()
+    assert info.is_text_generation_model
+    assert not info.supports_multimodal
