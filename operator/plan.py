@@ -397,8 +397,13 @@ def serve_args(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> 
     ]
 
 
+#: How often the startup probe asks, by device: a Neuron replica loads for minutes, a simulated one
+#: answers within seconds and would otherwise wait up to a whole period more to become Ready.
+STARTUP_PROBE_PERIOD_S: dict[Device, int] = {"neuron": 10, "sim": 2}
+
+
 def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
-    period = 10
+    period = STARTUP_PROBE_PERIOD_S[spec.device]
     return {
         # Loading weights and NEFFs takes minutes: the startup probe holds the others off until then.
         "startupProbe": {

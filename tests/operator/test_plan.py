@@ -196,6 +196,14 @@ def test_deployment_surges_first_and_drains() -> None:
     assert pod["terminationGracePeriodSeconds"] == 15 + 90 + 15
     assert arg(c["args"], "--drain-timeout") == "90"
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
+    assert c["startupProbe"]["periodSeconds"] == 10
+
+
+def test_a_simulated_replica_is_probed_at_start_every_two_seconds_for_the_same_timeout() -> None:
+    s = spec(device="sim", rollout={"startupTimeoutSeconds": 1200})
+    c = container(plan.deployment(OWNER, NS, s, served(s)))
+    assert c["startupProbe"]["periodSeconds"] == 2
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
     assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
 
 
