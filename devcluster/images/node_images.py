@@ -42,7 +42,8 @@ BASE_ENV = (
 PAUSE_USER = "65535:65535"
 
 #: Bumped when the archive layout written here changes, so old cached archives are not reused.
-_FORMAT = "1"
+#: 2: the config has a history entry per layer (buildah's layered builds need one on their base image).
+_FORMAT = "2"
 _LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 
@@ -61,14 +62,22 @@ def content_key(*parts: str | bytes) -> str:
     return digest.hexdigest()[:16]
 
 
-def image_config(layer_digest: str, *, user: str, env: tuple[str, ...] = (), **process: Any) -> dict[str, Any]:
-    """An OCI image config with one layer (``layer_digest`` is its uncompressed sha256)."""
+def image_config(
+    layer_digest: str, *, user: str, env: tuple[str, ...] = (), created_by: str = "written by hand", **process: Any
+) -> dict[str, Any]:
+    """An OCI image config with one layer (``layer_digest`` is its uncompressed sha256), made by ``created_by``.
+
+    The history's one entry matters: buildah's layered builds (``--layers``) count an image's non-empty
+    history entries against its layers, and refuse a base image that has none ("history lists 1 non-empty
+    layers, but we have 2 layers on disk").
+    """
     config: dict[str, Any] = {"User": user, "Env": list(env), **process}
     return {
         "architecture": "amd64",
         "os": "linux",
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
+        "history": [{"created_by": created_by}],
     }
 
 
@@ -163,7 +172,8 @@ def pause_image(log: Callable[[str], None] = _print) -> Path:
             info.mode = 0o755
             with binary.open("rb") as stream:
                 layer.addfile(info, stream)
-        write_oci_archive(archive, PAUSE_IMAGE, rootfs, user=PAUSE_USER, Entrypoint=["/pause"])
+        made_by = f"gcc {' '.join(compile_flags)} pause.c"
+        write_oci_archive(archive, PAUSE_IMAGE, rootfs, user=PAUSE_USER, created_by=made_by, Entrypoint=["/pause"])
 
     return _cached("pause", key, build, log)
 
@@ -192,7 +202,10 @@ def base_image(log: Callable[[str], None] = _print) -> Path:
     def build(archive: Path, scratch: Path) -> None:
         rootfs = scratch / "rootfs.tar"
         _run(_base_argv(rootfs), "mmdebstrap of the base image", timeout=1800)
-        write_oci_archive(archive, BASE_IMAGE, rootfs, user=BASE_IMAGE_USER, env=BASE_ENV, Cmd=["python3"])
+        made_by = " ".join(_base_argv(Path("rootfs.tar")))
+        write_oci_archive(
+            archive, BASE_IMAGE, rootfs, user=BASE_IMAGE_USER, env=BASE_ENV, created_by=made_by, Cmd=["python3"]
+        )
 
     return _cached("base", key, build, log)
 

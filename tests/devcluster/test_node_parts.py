@@ -86,6 +86,8 @@ def test_oci_archive_names_the_image_and_matches_its_digests(tmp_path: Path) -> 
         config = json.loads(archive.extractfile(f"blobs/sha256/{manifest['config']['digest'][7:]}").read())  # type: ignore[union-attr]
         assert config["config"]["User"] == "1000:1000"
         assert config["rootfs"]["diff_ids"] == [manifest["layers"][0]["digest"]]
+        # One history entry per layer: buildah's layered builds refuse a base image without them.
+        assert len(config["history"]) == len(config["rootfs"]["diff_ids"])
         assert archive.getmember(f"blobs/sha256/{manifest['layers'][0]['digest'][7:]}").size == layer.stat().st_size
 
 
