@@ -15,8 +15,16 @@
 #
 # The environment sees the base image's packages (--system-site-packages), so the DLC's Neuron
 # packages stay importable. Builds run `uv sync --locked`: the images get exactly uv.lock.
+# Each image's environment is two layers: the dependencies, installed from the lock alone, then the
+# project, installed from its sources. A source change rebuilds only the project's small layer; the
+# dependencies' layer is reused as it is, with the same digest.
 # The engine's environment (about 10 GB: PyTorch and CUDA) is installed in its final stage, with uv
 # and the sources mounted from throwaway stages, so no build copies it from one stage to another.
+#
+# NEURONFLEET_LOCK_DIGEST and NEURONFLEET_SOURCES_DIGEST are for builders whose layer cache does not
+# hash what a RUN step mounts (buildah: `podman build --layers`, what `make images` runs): a digest of
+# the files each install reads (the lock stage's files; engine/ and operator/), declared just before
+# it, keys the step, so a change misses the cache. BuildKit hashes mounts itself: leave them unset.
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
 ARG ENGINE_BASE=${PYTHON_BASE}
@@ -36,21 +44,37 @@ FROM lock AS sources
 COPY engine /src/engine
 COPY operator /src/operator
 
-# ---- the operator: built in its own stage, the small environment copied out ----
+# ---- the operator: built in its own stages, the environment copied out as two layers ----
 
-FROM uv AS operator-build
+FROM uv AS operator-deps
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=/opt/neuronfleet
-WORKDIR /src
-# Dependencies first, so a source change does not reinstall them.
-COPY pyproject.toml uv.lock README.md ./
-COPY devcluster/pyproject.toml devcluster/
-RUN /opt/uv/bin/uv sync --locked --no-dev --extra operator --no-install-project
-COPY engine engine
-COPY operator operator
-RUN /opt/uv/bin/uv sync --locked --no-dev --extra operator --no-editable
+ARG UV_CACHE_DIR=/root/.cache/uv
+ARG NEURONFLEET_LOCK_DIGEST
+# Dependencies first, from the lock alone, so a source change does not reinstall them.
+RUN --mount=type=bind,from=lock,source=/src,target=/src \
+    --mount=type=cache,target=/root/.cache/uv \
+    /opt/uv/bin/uv sync --project /src --locked --no-dev --extra operator --no-install-project
+
+FROM operator-deps AS operator-build
+ARG UV_CACHE_DIR=/root/.cache/uv
+ARG NEURONFLEET_SOURCES_DIGEST
+WORKDIR /opt/neuronfleet
+# The project as a wheel (the mount is writable: the build writes beside the sources), then its own
+# files (package, metadata, scripts) set apart in /project for a layer of their own; the build fails
+# if the wheel installed anything else.
+RUN --mount=type=bind,from=sources,source=/src,target=/src,rw \
+    --mount=type=cache,target=/root/.cache/uv \
+    /opt/uv/bin/uv sync --project /src --locked --no-dev --extra operator --no-editable \
+    && ! grep -Ev '^(neuronfleet/|neuronfleet-[^/]+\.dist-info/|\.\./\.\./\.\./bin/neuronfleet-)' \
+        lib/python3*/site-packages/neuronfleet-*.dist-info/RECORD \
+    && mkdir /project \
+    && cp -a --parents bin/neuronfleet-* lib/python3*/site-packages/neuronfleet \
+        lib/python3*/site-packages/neuronfleet-*.dist-info /project/
 
 FROM ${PYTHON_BASE} AS operator
-COPY --from=operator-build /opt/neuronfleet /opt/neuronfleet
+# The dependencies, then the project: a source change replaces only the second, small layer.
+COPY --from=operator-deps /opt/neuronfleet /opt/neuronfleet
+COPY --from=operator-build /project/ /opt/neuronfleet/
 ENV PATH=/opt/neuronfleet/bin:${PATH} HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Numeric, so Kubernetes can check runAsNonRoot without reading /etc/passwd.
 USER 1000:1000
@@ -66,12 +90,14 @@ FROM ${ENGINE_BASE} AS engine
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=/opt/neuronfleet
 # Where uv keeps downloads: a cache mount here; a builder may point it at a mounted cache of its own.
 ARG UV_CACHE_DIR=/root/.cache/uv
+ARG NEURONFLEET_LOCK_DIGEST
 # Dependencies first, from the lock alone, so a source change does not reinstall them.
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=bind,from=lock,source=/src,target=/src \
     --mount=type=cache,target=/root/.cache/uv \
     /opt/uv/bin/uv venv --system-site-packages /opt/neuronfleet \
     && /opt/uv/bin/uv sync --project /src --locked --no-dev --extra engine --no-install-project
+ARG NEURONFLEET_SOURCES_DIGEST
 # The project as a wheel; the mount is writable because the build writes beside the sources (discarded).
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=bind,from=sources,source=/src,target=/src,rw \

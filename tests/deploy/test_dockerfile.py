@@ -112,9 +112,22 @@ def test_operator_final_stage_is_the_runtime_alone() -> None:
     found = stages()
     final = found["operator"]
     assert final.all("RUN") == [], "a final stage runs nothing: no package manager, no build tools"
-    assert final.all("COPY") == ["--from=operator-build /opt/neuronfleet /opt/neuronfleet"]
+    # The environment in two layers: the dependencies, then the project's own files, so a source change
+    # replaces only the second.
+    assert final.all("COPY") == [
+        "--from=operator-deps /opt/neuronfleet /opt/neuronfleet",
+        "--from=operator-build /project/ /opt/neuronfleet/",
+    ]
     numeric_non_root(final)
-    locked_syncs(found["operator-build"], "operator")
+    deps, build = found["operator-deps"], found["operator-build"]
+    assert build.base == "operator-deps", "the project is installed on the dependencies"
+    syncs = locked_syncs(Stage("operator-env", deps.base, deps.instructions + build.instructions), "operator")
+    assert len(syncs) == 2
+    assert "from=lock," in syncs[0], "dependencies from the lock alone first"
+    assert "--no-install-project" in syncs[0]
+    assert "from=sources," in syncs[-1]
+    assert deps.all("RUN") == syncs[:1]
+    assert [run for run in build.all("RUN") if "uv sync" in run] == syncs[1:]
 
 
 def test_engine_installs_in_place_with_uv_and_sources_only_mounted() -> None:
@@ -132,6 +145,26 @@ def test_engine_installs_in_place_with_uv_and_sources_only_mounted() -> None:
     assert found["lock"].all("RUN") == [], "the mounted stages only hold files"
     assert found["sources"].all("RUN") == []
     numeric_non_root(final)
+
+
+def test_each_install_is_keyed_by_a_digest_of_what_it_mounts() -> None:
+    """buildah's layer cache does not hash a RUN's mounts: the ARG declared just before each install keys it."""
+    found = stages()
+    keyed: list[str] = []
+    for stage in ("operator-deps", "operator-build", "engine"):
+        declared: list[str] = []
+        for keyword, args in found[stage].instructions:
+            if keyword == "ARG":
+                declared.append(args.split("=")[0])
+            elif keyword == "RUN" and "uv sync" in args:
+                lock = "--no-install-project" in args
+                wanted = "NEURONFLEET_LOCK_DIGEST" if lock else "NEURONFLEET_SOURCES_DIGEST"
+                assert declared[-1:] == [wanted], f"{stage}: {wanted} just before {args[:60]}"
+                assert ("from=lock," if lock else "from=sources,") in args
+                keyed.append(wanted)
+    assert keyed == ["NEURONFLEET_LOCK_DIGEST", "NEURONFLEET_SOURCES_DIGEST"] * 2
+    text = DOCKERFILE.read_text()
+    assert "BuildKit hashes mounts itself: leave them unset." in text, "the header says why they exist"
 
 
 def test_engine_base_image_is_a_build_argument() -> None:
