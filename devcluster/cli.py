@@ -256,7 +256,7 @@ def images_build(
         list[str] | None, typer.Option("--target", "-t", help="operator or engine (repeatable). Default: both.")
     ] = None,
 ) -> None:
-    """Build each image whose inputs changed; print each archive's path (for `ctr images import`)."""
+    """Build each image whose inputs changed; print each one's OCI layout reference (``oci:<dir>:<name>``)."""
     from neuronfleet.devcluster.images.dockerfile import TARGETS, ImageError, build
 
     chosen = target or list(TARGETS)
@@ -266,6 +266,7 @@ def images_build(
     for name in TARGETS:
         if name in chosen:
             try:
-                out.print(str(build(name).archive), markup=False)
+                image = build(name)
+                out.print(f"oci:{image.source}:{image.name}", markup=False)
             except ImageError as error:
                 fail(str(error), EXIT_FAILED)

@@ -1,1 +1,2 @@
-"""Images built on this machine as OCI archives: the Dockerfile's (with podman) and the node's pause and base."""
+"""Images built on this machine: the Dockerfile's (with podman, into an OCI image layout) and the node's
+pause and base (OCI archives)."""

@@ -1,9 +1,20 @@
-"""The images the Dockerfile builds, as OCI archives under the cache, rebuilt only when an input changes.
+"""The images the Dockerfile builds, in one OCI image layout under the cache, rebuilt only when an input changes.
 
-``build(target)`` runs ``podman build --target <target>`` on a local base image and commits the result
-straight into ``~/.cache/neuronfleet/images/<key>/<target>.oci.tar`` (for ``ctr images import``). The key hashes
-everything the image is made of: the Dockerfile, .dockerignore, pyproject.toml, uv.lock, README.md, the
-package sources and the base image. An archive whose key exists is reused as it is.
+``build(target)`` runs ``podman build --layers --target <target>`` on a local base image into podman's store
+``~/.cache/neuronfleet/images/store``, then saves the image, its layers as plain tars, into the OCI image
+layout directory ``~/.cache/neuronfleet/images/layout``, named ``localhost/neuronfleet/<target>:<key>`` there
+and in the store (``index.json``: ``io.containerd.image.name`` and ``org.opencontainers.image.ref.name``).
+Both persist across builds: the store is buildah's layer cache, and the layout writes only the blobs it lacks.
+
+Each image's environment is two layers (the Dockerfile's header says why): the dependencies, installed from
+the lock alone, and the project. A source change rebuilds only the project's small layer; the dependencies'
+layer comes from the layer cache with the same digest, so neither the layout nor an importer that holds it
+writes it again. buildah's cache does not hash what a ``RUN --mount`` reads, so each install is keyed by a
+digest of its inputs passed as a build argument (:func:`build_digests`).
+
+The key hashes everything the image is made of: the Dockerfile, .dockerignore, pyproject.toml, uv.lock,
+README.md, the package sources and the base image. An image whose key is in the layout is reused as it is;
+each target keeps only its newest image, in the layout and in the store.
 """
 
 from __future__ import annotations
@@ -12,10 +23,9 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-import tarfile
+import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +40,46 @@ TARGETS: tuple[Target, ...] = ("operator", "engine")
 #: Files and folders the build context sends (what .dockerignore lets through), relative to the checkout.
 INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "uv.lock", "README.md", "devcluster/pyproject.toml")
 INPUT_DIRS = ("engine", "operator")
+#: What the Dockerfile's ``lock`` stage holds, the one input of each dependency install.
+LOCK_FILES = ("pyproject.toml", "uv.lock", "README.md", "devcluster/pyproject.toml")
 
-#: Free space a build must find before it starts, the guard's 15 GB included: the engine's environment
-#: (about 10 GB) is held twice while buildah commits it (the container's copy and the layer's diff),
-#: beside the compressed layer and the archive it goes into (about 4 GB each).
-NEEDED_BYTES: dict[Target, int] = {"operator": 20 * 10**9, "engine": 40 * 10**9}
+#: The build arguments that key the Dockerfile's two installs (its header says why they exist).
+LOCK_DIGEST_ARG = "NEURONFLEET_LOCK_DIGEST"
+SOURCES_DIGEST_ARG = "NEURONFLEET_SOURCES_DIGEST"
+
+#: Under the image cache: podman's store (the layer cache) and the OCI image layout the images go into.
+STORE_DIR = "store"
+LAYOUT_DIR = "layout"
+
+#: Free space a build must find before it starts, the guard's 15 GB included. Installing the dependencies
+#: peaks while buildah commits that step to the store: the build container's copy of the environment,
+#: the store's new layer, and a gzip copy of it each for buildah and the store (for the engine: 9.9 GB
+#: twice and 4.6 GB twice, about 29 GB). The store and the layout then keep one plain copy each.
+NEEDED_BYTES: dict[Target, int] = {"operator": 16 * 10**9, "engine": 45 * 10**9}
+#: The same when the layout's image of that target was built from the same lock, base image and
+#: Dockerfile: the dependencies' layer comes from the cache, and only the project's small layer is new.
+NEEDED_BYTES_CACHED = 16 * 10**9
+
+#: The helper stages a target's next build reuses from the store: kept by a tag of their own, since no
+#: kept image descends from them (the engine mounts ``uv``; the operator copies from ``operator-deps``,
+#: which is built on ``uv``). The stages made from the sources are rebuilt anyway, and pruned.
+KEPT_STAGES: dict[Target, tuple[str, ...]] = {"operator": ("operator-deps",), "engine": ("uv",)}
+
+#: containerd names an imported image after the first of these annotations of its ``index.json`` entry.
+NAME_ANNOTATION = "io.containerd.image.name"
+REF_ANNOTATION = "org.opencontainers.image.ref.name"
+#: The key of what the image's dependencies' layer was built from (:func:`dependencies_key`).
+DEPENDENCIES_ANNOTATION = "io.neuronfleet.dependencies-key"
+REPOSITORY = "localhost/neuronfleet"
+#: The media types of documents that name other blobs (an image's manifest, an index of manifests).
+_MANIFEST_TYPES = frozenset(
+    {
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+    }
+)
 
 #: The uv download cache the builds reuse (mounted where the Dockerfile's UV_CACHE_DIR points): the one
 #: `make setup` filled, so uv's own UV_CACHE_DIR wins over its default.
@@ -85,6 +130,11 @@ def input_files(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def read_inputs(root: Path) -> dict[str, bytes]:
+    """Every input's bytes by its name (:func:`input_files`), read once for the key and the digests."""
+    return {str(path): (root / path).read_bytes() for path in input_files(root)}
+
+
 def file_digest(path: Path) -> str:
     """sha256 of a file's bytes."""
     digest = hashlib.sha256()
@@ -94,47 +144,94 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def image_key(target: str, files: Iterable[tuple[str, bytes]], base_key: str) -> str:
-    """A short content key over the target, the base image's key and each input's name and bytes."""
-    digest = hashlib.sha256(f"target={target}\nbase={base_key}\n".encode())
+def _files_digest(files: Iterable[tuple[str, bytes]], prefix: bytes = b"") -> str:
+    """sha256 over ``prefix`` and each file's name and bytes, in order."""
+    digest = hashlib.sha256(prefix)
     for name, data in files:
         digest.update(f"{name}\0{len(data)}\0".encode())
         digest.update(data)
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
+
+
+def image_key(target: str, files: Iterable[tuple[str, bytes]], base_key: str) -> str:
+    """A short content key over the target, the base image's key and each input's name and bytes."""
+    return _files_digest(files, f"target={target}\nbase={base_key}\n".encode())[:16]
 
 
 def checkout_key(target: str, root: Path, base_key: str) -> str:
     """:func:`image_key` over the checkout's inputs as they are on disk now."""
-    return image_key(target, ((str(p), (root / p).read_bytes()) for p in input_files(root)), base_key)
+    return image_key(target, read_inputs(root).items(), base_key)
+
+
+@dataclass(frozen=True)
+class BuildDigests:
+    """What each install of the Dockerfile reads, as the digests passed to it as build arguments."""
+
+    #: The lock stage's files: the dependency installs.
+    lock: str
+    #: The package sources (engine/, operator/): the project installs, built on the dependencies.
+    sources: str
+
+    def build_args(self) -> list[str]:
+        """``podman build`` arguments that pass the digests."""
+        return [f"--build-arg={LOCK_DIGEST_ARG}={self.lock}", f"--build-arg={SOURCES_DIGEST_ARG}={self.sources}"]
+
+
+def build_digests(inputs: Mapping[str, bytes]) -> BuildDigests:
+    """The digests of the lock's files and of the package sources among ``inputs`` (:func:`read_inputs`)."""
+    lock = [(name, inputs[name]) for name in LOCK_FILES]
+    sources = [(name, data) for name, data in sorted(inputs.items()) if Path(name).parts[0] in INPUT_DIRS]
+    return BuildDigests(_files_digest(lock), _files_digest(sources))
+
+
+def dependencies_key(target: str, inputs: Mapping[str, bytes], base_key: str) -> str:
+    """What a target's dependencies' layer is built from: the lock, the base image and the Dockerfile.
+
+    An image in the layout with the same key means the next build finds that layer in the cache (the free
+    space it needs is small); a Dockerfile edit counts as a change, to err on the side of space.
+    """
+    files = [(name, inputs[name]) for name in (*LOCK_FILES, "Dockerfile")]
+    return image_key(target, files, base_key)
 
 
 @dataclass(frozen=True)
 class BuiltImage:
-    """An image as an OCI archive, and the name it carries."""
+    """An image in an OCI image layout directory, and the name it has there (and in the build store)."""
 
     target: Target
     key: str
-    archive: Path
+    #: The OCI image layout directory that holds the image (beside the other target's).
+    source: Path
 
     @property
     def name(self) -> str:
-        """The reference the archive holds, e.g. ``localhost/neuronfleet/engine:<key>``."""
-        return f"localhost/neuronfleet/{self.target}:{self.key}"
+        """The image's name in the layout and the store, e.g. ``localhost/neuronfleet/engine:<key>``."""
+        return image_name(self.target, self.key)
 
 
-def build_args(target: Target, root: Path, base_name: str, destination: str) -> list[str]:
+def image_name(target: str, key: str) -> str:
+    """``localhost/neuronfleet/<target>:<key>``."""
+    return f"{REPOSITORY}/{target}:{key}"
+
+
+def build_args(target: str, root: Path, base_name: str, destination: str, digests: BuildDigests) -> list[str]:
     """``podman build`` arguments for ``target`` on ``base_name``, reusing the uv cache, into ``destination``."""
     args = [
         "build",
         "--pull=never",
         # Build containers share the host's network: the sandbox cannot give them their own.
         "--network=host",
-        # One commit per stage: intermediate layers of 10 GB would each be written again.
-        "--layers=false",
-        # gzip layers: the archive is about half the environment's size.
+        # Each step committed to the store and looked up there: unchanged steps are reused as they are.
+        "--layers=true",
+        # No build container left behind when a step fails.
+        "--force-rm",
+        # gzip while a step is committed: buildah and the store each hold a copy of the step's layer while
+        # it is committed to the store, less than half the engine's 10 GB install this way. (The layout gets
+        # plain tars: `podman save --uncompressed`.)
         "--disable-compression=false",
         f"--build-arg=PYTHON_BASE={base_name}",
         f"--build-arg=UV_CACHE_DIR={UV_CACHE_IN_BUILD}",
+        *digests.build_args(),
         f"--volume={UV_CACHE}:{UV_CACHE_IN_BUILD}",
         f"--target={target}",
         f"--tag={destination}",
@@ -158,20 +255,20 @@ def build(
     cache: Path | None = None,
     say: Callable[[str], None] = _say,
 ) -> BuiltImage:
-    """The archive of ``target`` for the checkout as it is: reused when its key exists, else built."""
+    """``target`` for the checkout as it is, in the layout: reused when its key is there, else built."""
     root = root or checkout()
     base = base or base_archive()
     cache = cache or cache_root()
-    key = checkout_key(target, root, file_digest(base))
-    image = BuiltImage(target, key, cache / key / f"{target}.oci.tar")
-    if not image.archive.is_file():
-        # One build of a target at a time: a second waits, then finds the first one's archive.
-        with exclusive(cache / f"build-{target}.lock"):
-            if not image.archive.is_file():
-                _build(image, root, base, cache, say)
-                prune(cache, target, keep=key)
+    inputs = read_inputs(root)
+    base_key = file_digest(base)
+    image = BuiltImage(target, image_key(target, inputs.items(), base_key), cache / LAYOUT_DIR)
+    if not holds(image.source, image.name):
+        # One build at a time (the targets share the store and the layout): a second waits, then finds the image.
+        with exclusive(cache / "build.lock"):
+            if not holds(image.source, image.name):
+                _build(image, Recipe(root, base, base_key, inputs), cache, say)
                 return image
-    say(f"{target} image {key} is up to date: {image.archive}")
+    say(f"{target} image {image.key} is up to date: {image.name} in {image.source}")
     return image
 
 
@@ -184,61 +281,266 @@ def exclusive(lock: Path) -> Iterator[None]:
         yield
 
 
-def _build(image: BuiltImage, root: Path, base: Path, cache: Path, say: Callable[[str], None]) -> None:
-    target = image.target
-    needed = NEEDED_BYTES[target]
+def build_store(cache: Path) -> Podman:
+    """podman on the builds' store under ``cache``, with the rlimits-stripping runtime."""
+    runtime = cache / "runc-norlimits"
+    # Written beside, then renamed over: a podman running the wrapper never reads half of it.
+    runc_norlimits.install(cache / f".runc-norlimits-{os.getpid()}").replace(runtime)
+    return Podman(cache / STORE_DIR, runtime)
+
+
+def stored(image: BuiltImage) -> Podman:
+    """The build store's podman, with ``image`` in it: a build leaves it there; a store emptied since gets
+    it from the layout again (the engine's 10 GB: minutes)."""
+    cache = image.source.parent
+    podman = build_store(cache)
+    if not podman.exists(image.name):
+        with exclusive(cache / "build.lock"):
+            if not podman.exists(image.name):
+                try:
+                    pulled = podman.run("pull", "--quiet", f"oci:{image.source}:{image.name}", timeout=3600)
+                    podman.run("tag", pulled.strip(), image.name)
+                except PodmanError as error:
+                    raise ImageError(str(error)) from error
+    return podman
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a build is made of: the checkout, the base image and the inputs read from the checkout."""
+
+    root: Path
+    base: Path
+    base_key: str
+    inputs: Mapping[str, bytes]
+
+
+def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], None]) -> None:
+    target, layout = image.target, image.source
+    dependencies = dependencies_key(target, recipe.inputs, recipe.base_key)
+    cached = dependencies in layout_annotations(layout, DEPENDENCIES_ANNOTATION)
+    needed = NEEDED_BYTES_CACHED if cached else NEEDED_BYTES[target]
     if free_bytes(cache) < needed:
         raise ImageError(
             f"building the {target} image needs {needed / 1e9:.0f} GB free under {cache}, "
             f"there are {free_bytes(cache) / 1e9:.1f} GB"
         )
-    podman = Podman(cache / f"build-{target}", runc_norlimits.install(cache / "runc-norlimits"))
+    podman = build_store(cache)
     started = time.monotonic()
-    say(f"building the {target} image {image.key} (podman, store in {podman.root})")
+    layers = "its dependencies' layer from the cache" if cached else "its dependencies installed"
+    say(f"building the {target} image {image.key}, {layers} (podman, store in {podman.root}, into {layout})")
+    blobs_before = set(_blobs(layout))
+    digests = build_digests(recipe.inputs)
     try:
-        podman.reset()
-        base_name = podman.load(base)
-        partial = image.archive.with_name(f"{target}.partial")
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        # Committed straight into the archive: the 10 GB layer is not stored a second time and then saved.
-        destination = f"oci-archive:{partial}:{image.name}"
-        podman.stream(build_args(target, root, base_name, destination), DiskGuard(cache))
-        partial.rename(image.archive)
+        _remove_build_containers(podman)
+        base_name = _base_in_store(podman, recipe.base, recipe.base_key)
+
+        def args(stage: str, destination: str) -> list[str]:
+            return build_args(stage, recipe.root, base_name, destination, digests)
+
+        podman.stream(args(target, image.name), DiskGuard(cache))
+        built_s = time.monotonic() - started
+        # Each helper stage the next build reuses, under a name of its own: every step from the cache (seconds).
+        for stage in KEPT_STAGES[target]:
+            podman.run(*args(stage, stage_tag(stage)), timeout=600)
+        saving = time.monotonic()
+        # Plain tars (their digests are the layers' own), and only the blobs the layout lacks are written.
+        podman.stream(
+            ["save", "--format=oci-dir", "--uncompressed", f"--output={layout}", image.name], DiskGuard(cache)
+        )
+        image_id = podman.run("image", "inspect", "--format={{.Id}}", image.name).strip()
+        name_in_layout(layout, f"sha256:{image_id}", image.name, {DEPENDENCIES_ANNOTATION: dependencies})
     except PodmanError as error:
-        shutil.rmtree(image.archive.parent, ignore_errors=True)
         raise ImageError(str(error)) from error
-    finally:
-        podman.reset()
-    size = image.archive.stat().st_size
-    say(f"{target} image built in {time.monotonic() - started:.0f} s: {size / 1e6:.0f} MB at {image.archive}")
+    layer_sizes = image_layer_sizes(layout, image.name)
+    new = sum(size for digest, size in layer_sizes.items() if digest not in blobs_before)
+    say(
+        f"{target} image built in {time.monotonic() - started:.0f} s (the build {built_s:.0f} s, into the layout"
+        f" {time.monotonic() - saving:.0f} s): {len(layer_sizes)} layers, {sum(layer_sizes.values()) / 1e6:.0f} MB,"
+        f" {new / 1e6:.0f} MB of them new; {image.name} in {layout}"
+    )
+    started = time.monotonic()
+    removed = prune_layout(layout, target, keep=image.name)
+    try:
+        prune_store(podman, target, keep=image.name, base_tag=base_tag(recipe.base_key))
+    except PodmanError as error:
+        raise ImageError(f"pruning the build store: {error}") from error
+    if removed:
+        say(f"pruned {', '.join(removed)} and what only they used in {time.monotonic() - started:.0f} s")
 
 
-def prune(cache: Path, target: Target, keep: str) -> list[Path]:
-    """Remove ``target``'s archives of other keys (only the newest build of each image is kept)."""
-    removed = []
-    for archive in cache.glob(f"*/{target}.oci.tar"):
-        if archive.parent.name != keep:
-            archive.unlink()
-            removed.append(archive)
-            if not any(archive.parent.iterdir()):
-                archive.parent.rmdir()
-    return removed
+def stage_tag(stage: str) -> str:
+    """The name that keeps a helper stage's image in the store (:data:`KEPT_STAGES`)."""
+    return f"{REPOSITORY}/build-stage:{stage}"
 
 
-def archive_config(archive: Path) -> dict[str, Any]:
-    """The image configuration (User, Env, Entrypoint, ...) an OCI archive holds, read without podman."""
-    with tarfile.open(archive) as tar:
+def base_tag(base_key: str) -> str:
+    """The base image's name in the store: its key in it, so a new base image is loaded, not mistaken."""
+    return f"{REPOSITORY}/build-base:{base_key[:16]}"
 
-        def blob(name: str) -> dict[str, Any]:
-            member = tar.extractfile(name)
-            if member is None:
-                raise ImageError(f"{archive} has no {name}")
-            document: dict[str, Any] = json.load(member)
-            return document
 
-        def by_digest(digest: str) -> dict[str, Any]:
-            return blob("blobs/" + digest.replace(":", "/", 1))
+def _base_in_store(podman: Podman, base: Path, base_key: str) -> str:
+    name = base_tag(base_key)
+    if not podman.exists(name):
+        podman.run("tag", podman.load(base), name)
+    return name
 
-        (manifest,) = blob("index.json")["manifests"]
-        config: dict[str, Any] = by_digest(by_digest(manifest["digest"])["config"]["digest"])
-        return config
+
+def _remove_build_containers(podman: Podman) -> None:
+    """Remove build containers a stopped build left behind (buildah's: podman knows them as external)."""
+    listed = json.loads(podman.run("ps", "--all", "--external", "--format=json") or "[]")
+    leftovers = [entry["Id"] for entry in listed if str(entry.get("State", "")).lower() == "storage"]
+    if leftovers:
+        podman.run("rm", "--force", *leftovers)
+
+
+def prune_store(podman: Podman, target: Target, keep: str, base_tag: str) -> None:
+    """Untag ``target``'s other images and other base images, then remove every image nothing kept uses.
+
+    What stays: the images named in the store (the newest of each target, the kept stages, the base
+    image) and the steps they descend from, among them the dependencies' install of the newest build.
+    """
+    listed = json.loads(podman.run("images", "--format=json") or "[]")
+    repository = keep.rsplit(":", 1)[0]
+    base_repository = base_tag.rsplit(":", 1)[0]
+    for entry in listed:
+        for name in entry.get("Names") or []:
+            if (name.startswith(f"{repository}:") and name != keep) or (
+                name.startswith(f"{base_repository}:") and name != base_tag
+            ):
+                podman.run("untag", entry["Id"], name)
+    # Dangling images (no name, no child), repeated until none is left: old builds' steps, stages made
+    # from sources.
+    podman.run("image", "prune", "--force", timeout=600)
+
+
+def layout_index(layout: Path) -> dict[str, Any]:
+    """The layout's ``index.json`` (empty when there is no layout yet)."""
+    try:
+        index: dict[str, Any] = json.loads((layout / "index.json").read_text())
+    except FileNotFoundError:
+        return {"schemaVersion": 2, "manifests": []}
+    return index
+
+
+def entry_name(entry: Mapping[str, Any]) -> str | None:
+    """An ``index.json`` entry's image name, as containerd reads it."""
+    annotations = entry.get("annotations") or {}
+    name: str | None = annotations.get(NAME_ANNOTATION) or annotations.get(REF_ANNOTATION)
+    return name
+
+
+def holds(layout: Path, name: str) -> bool:
+    """Whether the layout has an image called ``name`` (its manifest there too)."""
+    for entry in layout_index(layout)["manifests"]:
+        if entry_name(entry) == name:
+            return _blob(layout, entry["digest"]).is_file()
+    return False
+
+
+def layout_annotations(layout: Path, key: str) -> set[str]:
+    """The values of the annotation ``key`` over the layout's images."""
+    return {
+        value for entry in layout_index(layout)["manifests"] if (value := (entry.get("annotations") or {}).get(key))
+    }
+
+
+def _write_index(layout: Path, index: Mapping[str, Any]) -> None:
+    partial = layout / "index.json.partial"
+    partial.write_text(json.dumps(index))
+    partial.replace(layout / "index.json")
+
+
+def name_in_layout(layout: Path, config: str, name: str, annotations: Mapping[str, str]) -> None:
+    """Name the layout's image whose config is ``config`` (what ``podman save`` wrote, unnamed) ``name``,
+    as containerd and the OCI layout read it, with ``annotations`` beside."""
+    index = layout_index(layout)
+    found = [entry for entry in index["manifests"] if _config_digest(layout, entry) == config]
+    if not found:
+        raise ImageError(f"podman saved no image with the config {config} into {layout}")
+    for entry in found:
+        entry["annotations"] = {**(entry.get("annotations") or {}), NAME_ANNOTATION: name, REF_ANNOTATION: name}
+        entry["annotations"] |= annotations
+    _write_index(layout, index)
+
+
+def _config_digest(layout: Path, entry: Mapping[str, Any]) -> str | None:
+    """The config digest of an ``index.json`` entry's image manifest (None for anything else)."""
+    if entry.get("mediaType") not in _MANIFEST_TYPES or not _blob(layout, entry["digest"]).is_file():
+        return None
+    config: str | None = _read_blob(layout, entry["digest"]).get("config", {}).get("digest")
+    return config
+
+
+def _blob(layout: Path, digest: str) -> Path:
+    algorithm, _, hexdigest = digest.partition(":")
+    return layout / "blobs" / algorithm / hexdigest
+
+
+def _blobs(layout: Path) -> list[str]:
+    return [f"{path.parent.name}:{path.name}" for path in (layout / "blobs").glob("*/*") if path.is_file()]
+
+
+def _read_blob(layout: Path, digest: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(_blob(layout, digest).read_text())
+    return document
+
+
+def _referenced(layout: Path, descriptor: Mapping[str, Any]) -> set[str]:
+    """The digests a descriptor needs: itself, and a manifest's config and layers or an index's manifests."""
+    digest = descriptor["digest"]
+    if descriptor.get("mediaType") not in _MANIFEST_TYPES or not _blob(layout, digest).is_file():
+        return {digest}
+    document = _read_blob(layout, digest)
+    found = {digest, *(layer["digest"] for layer in document.get("layers", []))}
+    if "config" in document:
+        found.add(document["config"]["digest"])
+    for child in document.get("manifests", []):
+        found |= _referenced(layout, child)
+    return found
+
+
+def prune_layout(layout: Path, target: Target, keep: str) -> list[str]:
+    """Drop ``target``'s images other than ``keep`` from the layout, and every blob no image left uses.
+
+    Also removes the temporary files a stopped build left (containers/image writes ``oci-put-blob*``
+    beside ``index.json``). Returns the names of the images dropped.
+    """
+    index = layout_index(layout)
+    mine = re.compile(re.escape(keep.rsplit(":", 1)[0]) + ":")
+    # Unnamed entries too: a stopped build saved them and never named them.
+    dropped = [
+        e
+        for e in index["manifests"]
+        if not entry_name(e) or (mine.match(entry_name(e) or "") and entry_name(e) != keep)
+    ]
+    if dropped:
+        index["manifests"] = [entry for entry in index["manifests"] if entry not in dropped]
+        _write_index(layout, index)
+    used: set[str] = set()
+    for entry in index["manifests"]:
+        used |= _referenced(layout, entry)
+    for digest in _blobs(layout):
+        if digest not in used:
+            _blob(layout, digest).unlink()
+    for partial in layout.glob("oci-put-blob*"):
+        partial.unlink()
+    return [entry_name(entry) or entry["digest"] for entry in dropped]
+
+
+def image_manifest(layout: Path, name: str) -> dict[str, Any]:
+    """The manifest of the layout's image called ``name``."""
+    for entry in layout_index(layout)["manifests"]:
+        if entry_name(entry) == name:
+            return _read_blob(layout, entry["digest"])
+    raise ImageError(f"{layout} has no image {name}")
+
+
+def image_config(layout: Path, name: str) -> dict[str, Any]:
+    """The image configuration (User, Env, Entrypoint, ...) of the layout's image ``name``, read without podman."""
+    return _read_blob(layout, image_manifest(layout, name)["config"]["digest"])
+
+
+def image_layer_sizes(layout: Path, name: str) -> dict[str, int]:
+    """The layout's image ``name``: each layer's digest and size, in order."""
+    return {layer["digest"]: layer["size"] for layer in image_manifest(layout, name)["layers"]}

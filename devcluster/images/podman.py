@@ -2,7 +2,7 @@
 
 Every call goes through :class:`Podman`, so images never land in the system's store: the store and
 the temporary files (buildah writes a layer's diff there while committing it) live under one
-directory, the run root in a short one of its own, and a build empties them again when it is done.
+directory, the run root in a short one of its own.
 """
 
 from __future__ import annotations
@@ -144,9 +144,12 @@ class Podman:
             raise PodmanError(f"podman load {archive} named no image: {loaded.strip()}")
         return names[0].split(",")[0].strip()
 
-    def reset(self) -> None:
-        """Empty the store (images, containers, temporary files): nothing stays behind a build."""
-        if (self.root / "storage").exists():
-            self.run("system", "reset", "--force")
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-        shutil.rmtree(self.run_root, ignore_errors=True)
+    def exists(self, image: str) -> bool:
+        """Whether the store holds an image called (or with the ID) ``image``."""
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            self.argv("image", "exists", image), capture_output=True, text=True, timeout=60, env=self.env(), check=False
+        )
+        if done.returncode not in (0, 1):
+            raise PodmanError(f"podman image exists failed ({done.returncode}): {done.stderr.strip()}")
+        return done.returncode == 0

@@ -1,24 +1,24 @@
-"""A built image loaded into a private podman store, and commands run inside it."""
+"""A built image in the builds' podman store (where its build left it), and commands run inside it."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from neuronfleet.devcluster.images import runc_norlimits
-from neuronfleet.devcluster.images.dockerfile import BuiltImage
+from neuronfleet.devcluster.images.dockerfile import BuiltImage, stored
 from neuronfleet.devcluster.images.podman import Podman
 
 
 @dataclass(frozen=True)
 class RunnableImage:
-    """A built image loaded into a private podman store."""
+    """A built image and podman on the store that holds it."""
 
     image: BuiltImage
     podman: Podman
-    name: str
+
+    @property
+    def name(self) -> str:
+        return self.image.name
 
     def run(self, *args: str, entrypoint: str | None = None) -> subprocess.CompletedProcess[str]:
         """``podman run --rm`` of the image as it is configured (its user), output captured."""
@@ -37,10 +37,6 @@ class RunnableImage:
         return self.run("-c", code, entrypoint="python")
 
 
-def loaded(image: BuiltImage, store: Path) -> Iterator[RunnableImage]:
-    """The image loaded into a store at ``store``, emptied again afterwards."""
-    podman = Podman(store, runc_norlimits.install(store.parent / "runc-norlimits"))
-    try:
-        yield RunnableImage(image, podman, podman.load(image.archive))
-    finally:
-        podman.reset()
+def runnable(image: BuiltImage) -> RunnableImage:
+    """``image`` ready to run from the build store (copied in from its layout only if the store lost it)."""
+    return RunnableImage(image, stored(image))

@@ -8,7 +8,7 @@ import pytest
 from harness.image_runner import RunnableImage
 from harness.lockfile import closure, load_lock, locked_versions, normalize
 
-from neuronfleet.devcluster.images.dockerfile import archive_config
+from neuronfleet.devcluster.images.dockerfile import image_config
 
 #: The environment's own distributions (not the base image's), as ``{name: version}``.
 INSTALLED = (
@@ -49,7 +49,7 @@ def test_operator_image_has_kopf_and_no_vllm(operator_image: RunnableImage) -> N
 
 
 def test_runs_as_non_root(image: RunnableImage) -> None:
-    assert archive_config(image.image.archive)["config"]["User"] == "1000:1000"
+    assert image_config(image.image.source, image.name)["config"]["User"] == "1000:1000"
     ids = image.run("-c", "echo $(id -u):$(id -g)", entrypoint="sh")
     assert ids.returncode == 0, ids.stderr
     assert ids.stdout.strip() == "1000:1000"

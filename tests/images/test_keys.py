@@ -1,22 +1,39 @@
-"""What makes an image rebuild (its content key), what a build keeps, and the disk guard; no podman needed."""
+"""What makes an image rebuild (its content key and the digests that key its installs), what a build keeps
+in the layout, and the disk guard; no podman needed."""
 
 from __future__ import annotations
 
-import io
+import hashlib
 import json
+import re
 import subprocess
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from neuronfleet.devcluster.images.dockerfile import (
+    DEPENDENCIES_ANNOTATION,
     INPUT_FILES,
-    archive_config,
+    KEPT_STAGES,
+    LOCK_DIGEST_ARG,
+    NAME_ANNOTATION,
+    REF_ANNOTATION,
+    SOURCES_DIGEST_ARG,
+    build_args,
+    build_digests,
     checkout,
     checkout_key,
+    dependencies_key,
+    holds,
+    image_config,
     image_key,
+    image_layer_sizes,
     input_files,
-    prune,
+    layout_annotations,
+    layout_index,
+    name_in_layout,
+    prune_layout,
+    read_inputs,
 )
 from neuronfleet.devcluster.images.podman import DiskGuard, Podman
 
@@ -57,14 +74,18 @@ def test_inputs_are_what_the_build_context_sends(tmp_path: Path) -> None:
     }
 
 
-def test_a_source_edit_changes_the_key(tmp_path: Path) -> None:
-    root = tmp_path / "checkout"
+def fake_checkout(root: Path) -> Path:
     for name in INPUT_FILES:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(name)
     for folder in ("engine", "operator", "devcluster"):
         (root / folder / "__pycache__").mkdir(parents=True, exist_ok=True)
         (root / folder / "m.py").write_text("x = 1\n")
+    return root
+
+
+def test_a_source_edit_changes_the_key(tmp_path: Path) -> None:
+    root = fake_checkout(tmp_path / "checkout")
     before = checkout_key("engine", root, "base")
     (root / "engine" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
     assert checkout_key("engine", root, "base") == before, "bytecode is no input"
@@ -74,28 +95,147 @@ def test_a_source_edit_changes_the_key(tmp_path: Path) -> None:
     assert checkout_key("engine", root, "base") != before
 
 
-def test_prune_keeps_the_newest_build_of_that_target_alone(tmp_path: Path) -> None:
-    for key, target in [("old", "engine"), ("new", "engine"), ("op", "operator")]:
-        (tmp_path / key).mkdir()
-        (tmp_path / key / f"{target}.oci.tar").write_bytes(b"")
-    (tmp_path / "base-1.oci.tar").write_bytes(b"")
-    assert prune(tmp_path, "engine", keep="new") == [tmp_path / "old" / "engine.oci.tar"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["base-1.oci.tar", "new", "op"]
+def test_a_source_edit_changes_the_sources_digest_and_not_the_lock_digest(tmp_path: Path) -> None:
+    root = fake_checkout(tmp_path / "checkout")
+    before = build_digests(read_inputs(root))
+    (root / "engine" / "m.py").write_text("x = 1\n\n")
+    after_source = build_digests(read_inputs(root))
+    assert after_source.lock == before.lock, "the dependencies' install is reused"
+    assert after_source.sources != before.sources, "the project is installed again"
+    (root / "uv.lock").write_text("version = 2\n")
+    after_lock = build_digests(read_inputs(root))
+    assert after_lock.lock != after_source.lock
+    assert after_lock.sources == after_source.sources
+    # Every file the lock stage holds counts, and so does each source file's name.
+    for name in ("pyproject.toml", "README.md", "devcluster/pyproject.toml"):
+        (root / name).write_text(f"{name} edited")
+        assert build_digests(read_inputs(root)).lock != after_lock.lock, name
+    (root / "operator" / "m.py").rename(root / "operator" / "n.py")
+    assert build_digests(read_inputs(root)).sources != after_lock.sources
 
 
-def test_archive_config_reads_the_image_configuration(tmp_path: Path) -> None:
-    config = {"architecture": "amd64", "config": {"User": "1000:1000", "Entrypoint": ["x"]}}
-    blobs = {"sha256:c": config, "sha256:m": {"config": {"digest": "sha256:c"}, "layers": []}}
-    archive = tmp_path / "image.oci.tar"
-    with tarfile.open(archive, "w") as tar:
-        members: dict[str, object] = {"index.json": {"manifests": [{"digest": "sha256:m"}]}}
-        members |= {f"blobs/sha256/{d.split(':')[1]}": body for d, body in blobs.items()}
-        for name, body in members.items():
-            data = json.dumps(body).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    assert archive_config(archive) == config
+def test_the_digests_are_passed_as_the_build_arguments_the_dockerfile_declares(tmp_path: Path) -> None:
+    root = fake_checkout(tmp_path / "checkout")
+    digests = build_digests(read_inputs(root))
+    args = build_args("engine", root, "base", "localhost/x:1", digests)
+    assert f"--build-arg={LOCK_DIGEST_ARG}={digests.lock}" in args
+    assert f"--build-arg={SOURCES_DIGEST_ARG}={digests.sources}" in args
+    dockerfile = (checkout() / "Dockerfile").read_text()
+    for arg in (LOCK_DIGEST_ARG, SOURCES_DIGEST_ARG):
+        assert re.search(rf"^ARG {arg}$", dockerfile, re.MULTILINE), arg
+
+
+def test_the_kept_stages_are_stages_of_the_dockerfile() -> None:
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", (checkout() / "Dockerfile").read_text(), re.MULTILINE))
+    assert {stage for kept in KEPT_STAGES.values() for stage in kept} <= stages - {"operator", "engine"}
+
+
+def test_the_dependencies_key_ignores_the_sources(tmp_path: Path) -> None:
+    root = fake_checkout(tmp_path / "checkout")
+    before = dependencies_key("engine", read_inputs(root), "base")
+    (root / "engine" / "m.py").write_text("x = 3\n")
+    assert dependencies_key("engine", read_inputs(root), "base") == before
+    assert dependencies_key("operator", read_inputs(root), "base") != before
+    assert dependencies_key("engine", read_inputs(root), "base-2") != before
+    (root / "Dockerfile").write_text("FROM y\n")
+    assert dependencies_key("engine", read_inputs(root), "base") != before
+
+
+class Layout:
+    """A hand-made OCI image layout: JSON and byte blobs, images named in ``index.json``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "blobs" / "sha256").mkdir(parents=True)
+        (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+        self.index: dict[str, Any] = {"schemaVersion": 2, "manifests": []}
+        self.save()
+
+    def save(self) -> None:
+        (self.root / "index.json").write_text(json.dumps(self.index))
+
+    def blob(self, data: bytes) -> str:
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        (self.root / "blobs" / "sha256" / digest[7:]).write_bytes(data)
+        return digest
+
+    def image(self, name: str | None, layers: list[bytes], user: str = "1000:1000") -> dict[str, str]:
+        """Write an image of these layers; its manifest's and config's digests, and each layer's."""
+        config = self.blob(json.dumps({"config": {"User": user}, "rootfs": {"diff_ids": []}, "n": name}).encode())
+        digests = [self.blob(layer) for layer in layers]
+        described = [
+            {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest, "size": len(layer)}
+            for digest, layer in zip(digests, layers, strict=True)
+        ]
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": 1},
+            "layers": described,
+        }
+        digest = self.blob(json.dumps(manifest).encode())
+        entry: dict[str, Any] = {"mediaType": manifest["mediaType"], "digest": digest, "size": 1}
+        if name is not None:
+            entry["annotations"] = {REF_ANNOTATION: name, NAME_ANNOTATION: name}
+        self.index["manifests"].append(entry)
+        self.save()
+        return {"manifest": digest, "config": config, **{f"layer{i}": layer for i, layer in enumerate(digests)}}
+
+    def blobs(self) -> set[str]:
+        return {f"sha256:{path.name}" for path in (self.root / "blobs" / "sha256").iterdir()}
+
+
+def test_prune_keeps_the_newest_image_of_that_target_and_every_blob_it_shares(tmp_path: Path) -> None:
+    layout = Layout(tmp_path / "layout")
+    old = layout.image("localhost/neuronfleet/engine:old", [b"base", b"deps", b"project-1"])
+    new = layout.image("localhost/neuronfleet/engine:new", [b"base", b"deps", b"project-2"])
+    operator = layout.image("localhost/neuronfleet/operator:op", [b"base", b"operator-deps", b"operator"])
+    # An image a stopped build saved and never named, and a blob it was writing.
+    unnamed = layout.image(None, [b"half"])
+    (layout.root / "oci-put-blob12345").write_bytes(b"partial")
+    kept = layout.blobs() - {old["manifest"], old["config"], old["layer2"], *unnamed.values()}
+
+    dropped = prune_layout(layout.root, "engine", keep="localhost/neuronfleet/engine:new")
+
+    assert dropped == ["localhost/neuronfleet/engine:old", unnamed["manifest"]]
+    assert [entry["digest"] for entry in layout_index(layout.root)["manifests"]] == [
+        new["manifest"],
+        operator["manifest"],
+    ]
+    assert layout.blobs() == kept
+    assert new["layer1"] == old["layer1"] in kept, "the dependencies' layer both builds share stays"
+    assert not list(layout.root.glob("oci-put-blob*"))
+    assert prune_layout(layout.root, "engine", keep="localhost/neuronfleet/engine:new") == []
+    assert layout.blobs() == kept
+
+
+def test_an_image_saved_unnamed_is_named_for_containerd(tmp_path: Path) -> None:
+    layout = Layout(tmp_path / "layout")
+    other = layout.image("localhost/neuronfleet/operator:op", [b"a"])
+    saved = layout.image(None, [b"base", b"deps"])
+    name = "localhost/neuronfleet/engine:k1"
+    assert not holds(layout.root, name)
+
+    name_in_layout(layout.root, saved["config"], name, {DEPENDENCIES_ANNOTATION: "d1"})
+
+    entries = layout_index(layout.root)["manifests"]
+    assert entries[1]["annotations"] == {NAME_ANNOTATION: name, REF_ANNOTATION: name, DEPENDENCIES_ANNOTATION: "d1"}
+    assert entries[0]["digest"] == other["manifest"]
+    assert holds(layout.root, name)
+    assert layout_annotations(layout.root, DEPENDENCIES_ANNOTATION) == {"d1"}
+    assert image_layer_sizes(layout.root, name) == {saved["layer0"]: 4, saved["layer1"]: 4}
+    # Its manifest gone, the layout no longer holds it (the next build writes it again).
+    (layout.root / "blobs" / "sha256" / saved["manifest"][7:]).unlink()
+    assert not holds(layout.root, name)
+
+
+def test_image_config_reads_the_configuration_of_the_named_image(tmp_path: Path) -> None:
+    layout = Layout(tmp_path / "layout")
+    layout.image("localhost/neuronfleet/operator:op", [b"a"], user="1000:1000")
+    layout.image("localhost/neuronfleet/engine:k", [b"b"], user="0:0")
+    assert image_config(layout.root, "localhost/neuronfleet/operator:op")["config"]["User"] == "1000:1000"
+    assert image_config(layout.root, "localhost/neuronfleet/engine:k")["config"]["User"] == "0:0"
+    assert not holds(tmp_path / "nothing-here", "localhost/neuronfleet/engine:k")
 
 
 def test_disk_guard_stops_the_process_group_when_space_runs_low(tmp_path: Path) -> None:
