@@ -23,7 +23,7 @@
 #
 # NEURONFLEET_LOCK_DIGEST and NEURONFLEET_SOURCES_DIGEST are for builders whose layer cache does not
 # hash what a RUN step mounts (buildah: `podman build --layers`, what `make images` runs): a digest of
-# the files each install reads (the lock stage's files; engine/ and operator/), declared just before
+# the files each install reads (the lock stage's files; the sources stage's), declared just before
 # it, keys the step, so a change misses the cache. BuildKit hashes mounts itself: leave them unset.
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
@@ -36,11 +36,13 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir uv==0.13.8
 
 FROM ${PYTHON_BASE} AS lock
-COPY pyproject.toml uv.lock README.md /src/
+COPY pyproject.toml uv.lock /src/
 # The workspace's other member (the dev harness): uv reads its metadata; no image installs it.
 COPY devcluster/pyproject.toml /src/devcluster/
 
 FROM lock AS sources
+# Only building the project reads the readme (its metadata): an edit leaves the dependencies' layer.
+COPY README.md /src/
 COPY engine /src/engine
 COPY operator /src/operator
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -41,7 +42,9 @@ TARGETS: tuple[Target, ...] = ("operator", "engine")
 INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "uv.lock", "README.md", "devcluster/pyproject.toml")
 INPUT_DIRS = ("engine", "operator")
 #: What the Dockerfile's ``lock`` stage holds, the one input of each dependency install.
-LOCK_FILES = ("pyproject.toml", "uv.lock", "README.md", "devcluster/pyproject.toml")
+LOCK_FILES = ("pyproject.toml", "uv.lock", "devcluster/pyproject.toml")
+#: What its ``sources`` stage adds, the input of each project install (beside the lock's files).
+SOURCE_FILES = ("README.md",)
 
 #: The build arguments that key the Dockerfile's two installs (its header says why they exist).
 LOCK_DIGEST_ARG = "NEURONFLEET_LOCK_DIGEST"
@@ -169,7 +172,8 @@ class BuildDigests:
 
     #: The lock stage's files: the dependency installs.
     lock: str
-    #: The package sources (engine/, operator/): the project installs, built on the dependencies.
+    #: The sources stage's files (README.md, engine/, operator/): the project installs, built on the
+    #: dependencies (so the lock's files key them too).
     sources: str
 
     def build_args(self) -> list[str]:
@@ -178,9 +182,10 @@ class BuildDigests:
 
 
 def build_digests(inputs: Mapping[str, bytes]) -> BuildDigests:
-    """The digests of the lock's files and of the package sources among ``inputs`` (:func:`read_inputs`)."""
+    """The digests of the lock's files and of the sources among ``inputs`` (:func:`read_inputs`)."""
     lock = [(name, inputs[name]) for name in LOCK_FILES]
-    sources = [(name, data) for name, data in sorted(inputs.items()) if Path(name).parts[0] in INPUT_DIRS]
+    sources = [(name, inputs[name]) for name in SOURCE_FILES]
+    sources += [(name, data) for name, data in sorted(inputs.items()) if Path(name).parts[0] in INPUT_DIRS]
     return BuildDigests(_files_digest(lock), _files_digest(sources))
 
 
@@ -297,12 +302,24 @@ def stored(image: BuiltImage) -> Podman:
     if not podman.exists(image.name):
         with exclusive(cache / "build.lock"):
             if not podman.exists(image.name):
-                try:
-                    pulled = podman.run("pull", "--quiet", f"oci:{image.source}:{image.name}", timeout=3600)
-                    podman.run("tag", pulled.strip(), image.name)
-                except PodmanError as error:
-                    raise ImageError(str(error)) from error
+                _pull_from_layout(podman, image)
     return podman
+
+
+def _pull_from_layout(podman: Podman, image: BuiltImage) -> None:
+    # podman 4.3 names an image pulled from `oci:<dir>:<ref>` after <dir>, which must then make a valid
+    # reference (`.cache` does not): it reads the layout through a link with a plain name.
+    link = Path(tempfile.gettempdir()) / f"nf-layout-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    link.symlink_to(image.source)
+    try:
+        pulled = podman.run("pull", "--quiet", f"oci:{link}:{image.name}", timeout=3600).strip()
+        podman.run("tag", pulled, image.name)
+        podman.run("untag", pulled, f"localhost{link}")
+    except PodmanError as error:
+        raise ImageError(f"{image.name} from {image.source} into the build store: {error}") from error
+    finally:
+        link.unlink()
 
 
 @dataclass(frozen=True)

@@ -107,11 +107,16 @@ def test_a_source_edit_changes_the_sources_digest_and_not_the_lock_digest(tmp_pa
     assert after_lock.lock != after_source.lock
     assert after_lock.sources == after_source.sources
     # Every file the lock stage holds counts, and so does each source file's name.
-    for name in ("pyproject.toml", "README.md", "devcluster/pyproject.toml"):
+    for name in ("pyproject.toml", "devcluster/pyproject.toml"):
         (root / name).write_text(f"{name} edited")
         assert build_digests(read_inputs(root)).lock != after_lock.lock, name
+    edited = build_digests(read_inputs(root))
     (root / "operator" / "m.py").rename(root / "operator" / "n.py")
-    assert build_digests(read_inputs(root)).sources != after_lock.sources
+    assert build_digests(read_inputs(root)).sources != edited.sources
+    # The readme is the project's metadata, read only by its install: an edit leaves the dependencies.
+    (root / "README.md").write_text("a new readme")
+    assert build_digests(read_inputs(root)).lock == edited.lock
+    assert build_digests(read_inputs(root)).sources != edited.sources
 
 
 def test_the_digests_are_passed_as_the_build_arguments_the_dockerfile_declares(tmp_path: Path) -> None:
