@@ -31,9 +31,14 @@ ARG ENGINE_BASE=${PYTHON_BASE}
 
 # ---- throwaway stages: uv, the lock, the sources ----
 
-FROM ${PYTHON_BASE} AS uv
+FROM ${PYTHON_BASE} AS uv-install
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir uv==0.13.8
+
+# Copied, not installed here: buildah 1.28 (podman build --layers) has mounted this stage without the
+# files of its cached RUN ("couldn't find .../opt/uv"); a stage that RUN --mount reads ends in a COPY.
+FROM ${PYTHON_BASE} AS uv
+COPY --from=uv-install /opt/uv /opt/uv
 
 FROM ${PYTHON_BASE} AS lock
 COPY pyproject.toml uv.lock /src/

@@ -64,9 +64,13 @@ NEEDED_BYTES: dict[Target, int] = {"operator": 16 * 10**9, "engine": 45 * 10**9}
 NEEDED_BYTES_CACHED = 16 * 10**9
 
 #: The helper stages a target's next build reuses from the store: kept by a tag of their own, since no
-#: kept image descends from them (the engine mounts ``uv``; the operator copies from ``operator-deps``,
-#: which is built on ``uv``). The stages made from the sources are rebuilt anyway, and pruned.
-KEPT_STAGES: dict[Target, tuple[str, ...]] = {"operator": ("operator-deps",), "engine": ("uv",)}
+#: kept image descends from them (``uv`` copies from ``uv-install``; the engine mounts ``uv``; the operator
+#: copies from ``operator-deps``, which is built on ``uv``). Rebuilt, ``uv-install`` would install uv anew,
+#: and what is built on it would miss the cache. The stages made from the sources are rebuilt anyway.
+KEPT_STAGES: dict[Target, tuple[str, ...]] = {
+    "operator": ("uv-install", "operator-deps"),
+    "engine": ("uv-install", "uv"),
+}
 
 #: containerd names an imported image after the first of these annotations of its ``index.json`` entry.
 NAME_ANNOTATION = "io.containerd.image.name"
