@@ -19,15 +19,16 @@ each target keeps only its newest image, in the layout and in the store.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +73,8 @@ KEPT_STAGES: dict[Target, tuple[str, ...]] = {
     "engine": ("uv-install", "uv"),
 }
 
+#: The temporary directories buildah (a layer being committed) and the store (a blob being stored) make.
+_TEMPORARY_PREFIXES = ("buildah", "storage", "container_images_")
 #: containerd names an imported image after the first of these annotations of its ``index.json`` entry.
 NAME_ANNOTATION = "io.containerd.image.name"
 REF_ANNOTATION = "org.opencontainers.image.ref.name"
@@ -281,7 +284,7 @@ def build(
     return image
 
 
-@contextmanager
+@contextlib.contextmanager
 def exclusive(lock: Path) -> Iterator[None]:
     """Hold an exclusive lock on the file ``lock`` (created if missing)."""
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +356,7 @@ def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], 
     blobs_before = set(_blobs(layout))
     digests = build_digests(recipe.inputs)
     try:
-        _remove_build_containers(podman)
+        _clean_up_stopped_builds(podman)
         base_name = _base_in_store(podman, recipe.base, recipe.base_key)
 
         def args(stage: str, destination: str) -> list[str]:
@@ -372,6 +375,8 @@ def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], 
         image_id = podman.run("image", "inspect", "--format={{.Id}}", image.name).strip()
         name_in_layout(layout, f"sha256:{image_id}", image.name, {DEPENDENCIES_ANNOTATION: dependencies})
     except PodmanError as error:
+        with contextlib.suppress(PodmanError):
+            _clean_up_stopped_builds(podman)
         raise ImageError(str(error)) from error
     layer_sizes = image_layer_sizes(layout, image.name)
     new = sum(size for digest, size in layer_sizes.items() if digest not in blobs_before)
@@ -407,12 +412,28 @@ def _base_in_store(podman: Podman, base: Path, base_key: str) -> str:
     return name
 
 
-def _remove_build_containers(podman: Podman) -> None:
-    """Remove build containers a stopped build left behind (buildah's: podman knows them as external)."""
+def _clean_up_stopped_builds(podman: Podman) -> None:
+    """Remove what a stopped build left in the store (a build stopped by the disk guard leaves GBs): its
+    build containers (buildah's, external to podman) and the temporary blobs of the step it was committing.
+
+    Only while holding the build lock: no other build uses the store then.
+    """
     listed = json.loads(podman.run("ps", "--all", "--external", "--format=json") or "[]")
     leftovers = [entry["Id"] for entry in listed if str(entry.get("State", "")).lower() == "storage"]
     if leftovers:
         podman.run("rm", "--force", *leftovers)
+    for leftover in stale_temporaries(podman.tmpdir):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def stale_temporaries(tmpdir: Path) -> list[Path]:
+    """The temporary directories under a store's ``tmpdir`` that only a running build would use."""
+    if not tmpdir.is_dir():
+        return []
+    # Not buildah-cache: what RUN --mount=type=cache mounts lives there.
+    return sorted(
+        path for path in tmpdir.iterdir() if path.name != "buildah-cache" and path.name.startswith(_TEMPORARY_PREFIXES)
+    )
 
 
 def prune_store(podman: Podman, target: Target, keep: str, base_tag: str) -> None:

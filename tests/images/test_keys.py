@@ -34,6 +34,7 @@ from neuronfleet.devcluster.images.dockerfile import (
     name_in_layout,
     prune_layout,
     read_inputs,
+    stale_temporaries,
 )
 from neuronfleet.devcluster.images.podman import DiskGuard, Podman
 
@@ -241,6 +242,17 @@ def test_image_config_reads_the_configuration_of_the_named_image(tmp_path: Path)
     assert image_config(layout.root, "localhost/neuronfleet/operator:op")["config"]["User"] == "1000:1000"
     assert image_config(layout.root, "localhost/neuronfleet/engine:k")["config"]["User"] == "0:0"
     assert not holds(tmp_path / "nothing-here", "localhost/neuronfleet/engine:k")
+
+
+def test_a_stopped_build_leaves_no_temporary_blobs_but_the_cache_mounts_stay(tmp_path: Path) -> None:
+    for name in ("buildah3646064262", "storage3976748653", "container_images_storage_1", "buildah-cache", "other"):
+        (tmp_path / name).mkdir()
+    assert [path.name for path in stale_temporaries(tmp_path)] == [
+        "buildah3646064262",
+        "container_images_storage_1",
+        "storage3976748653",
+    ]
+    assert stale_temporaries(tmp_path / "missing") == []
 
 
 def test_disk_guard_stops_the_process_group_when_space_runs_low(tmp_path: Path) -> None:
