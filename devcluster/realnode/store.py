@@ -85,7 +85,7 @@ class OciImage:
     @classmethod
     def of(cls, image: BuiltImage) -> OciImage:
         """One of the Dockerfile's images, as built (see :mod:`neuronfleet.devcluster.images.dockerfile`)."""
-        return cls.read(image.archive)
+        return cls.read(image.source, image.name)
 
     @property
     def chain_ids(self) -> list[str]:
