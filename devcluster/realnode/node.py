@@ -40,7 +40,7 @@ from neuronfleet.devcluster.images import node_images, runc_norlimits
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord, stop
 from neuronfleet.devcluster.process.state import ClusterState
 from neuronfleet.devcluster.process.tools import KubeTools, NodeTools, ToolsMissingError
-from neuronfleet.devcluster.realnode.store import Containerd, NodeImageStore, OciImage, StoreError
+from neuronfleet.devcluster.realnode.store import UNPACK_CONFIG, Containerd, NodeImageStore, OciImage, StoreError
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 
 #: The node's address: inside the fleet's node network, far above the KWOK nodes counting up from .1.
@@ -258,13 +258,7 @@ state = "{c / "state"}"
     stream_server_address = '127.0.0.1'
     stream_server_port = '0'
 
-  # `ctr images import` unpacks only for the platforms listed here ("no unpack platforms defined").
-  [plugins.'io.containerd.transfer.v1.local']
-    [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
-      platform = 'linux/amd64'
-      snapshotter = 'overlayfs'
-      differ = 'walking'
-"""
+{UNPACK_CONFIG}"""
 
 
 def apiserver_endpoints() -> dict[str, Any]:

@@ -40,6 +40,16 @@ _REF_ANNOTATION = "org.opencontainers.image.ref.name"
 SNAPSHOTTER = "overlayfs"
 
 
+#: containerd's local transfer plugin, unpacking imports for the node's platform into the snapshotter
+#: its pods run from (without it: "no unpack platforms defined"); both containerds here use it.
+UNPACK_CONFIG = f"""  [plugins.'io.containerd.transfer.v1.local']
+    [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+      platform = 'linux/amd64'
+      snapshotter = '{SNAPSHOTTER}'
+      differ = 'walking'
+"""
+
+
 class StoreError(RuntimeError):
     """An image could not be read, or containerd refused it."""
 
@@ -261,12 +271,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
     deletion_threshold = 1
     startup_delay = "0s"
     schedule_delay = "0s"
-  [plugins.'io.containerd.transfer.v1.local']
-    [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
-      platform = 'linux/amd64'
-      snapshotter = '{SNAPSHOTTER}'
-      differ = 'walking'
-"""
+{UNPACK_CONFIG}"""
 
 
 @dataclass(frozen=True)
