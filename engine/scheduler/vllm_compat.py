@@ -24,8 +24,9 @@ The same in both (read from the two wheels, and run by the scheduler suites on e
 ``schedule(throttle_prefills)``, ``_update_after_schedule`` (neither class overrides it),
 the ``SchedulerOutput`` fields read here, ``Request(...)``, ``RequestQueue``,
 ``get_max_concurrency_for_kv_cache_config``, the ``AsyncLLM.shutdown(timeout)`` that
-``drain_before_shutdown`` wraps, the plugin entry points and the executor interface; and
-what the simulated device's start-up relies on (``sim/platform.py``, ``serving/serve.py``):
+``drain_before_shutdown`` wraps and the ``output_handler`` task it stops first, vLLM calling that
+shutdown twice (on a worker thread on SIGTERM, then on the event loop), the plugin entry points and
+the executor interface; and what the simulated device's start-up relies on (``sim/platform.py``, ``serving/serve.py``):
 ``Platform.pre_register_and_update`` (called before the model configuration),
 ``ModelRegistry.register_model`` with a class and ``ModelRegistry.models[arch].load_model_cls()``,
 and ``vllm serve`` keeping a ``VLLM_WORKER_MULTIPROC_METHOD`` that is already set.
@@ -33,7 +34,11 @@ and ``vllm serve`` keeping a ``VLLM_WORKER_MULTIPROC_METHOD`` that is already se
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -231,18 +236,61 @@ def padded_counts(output: Any) -> dict[str, int]:
     return padded
 
 
-def drain_before_shutdown(engine_client: Any, drain: Callable[[float], float]) -> None:
+def drain_before_shutdown(engine_client: Any, drain: Callable[[float], float], idle: Callable[[], bool]) -> None:
     """Make the API server's shutdown call ``drain(timeout)`` first, and leave vLLM the time it returns.
 
     On SIGTERM ``serve_http`` calls ``engine_client.shutdown(timeout=shutdown_timeout)`` on a worker
     thread, and ``AsyncLLM.shutdown`` closes the renderer's thread pool before it tells the engine core
     to drain: a request arriving in between fails with 500. The process manager's timeout is vLLM's
     drain deadline, so vLLM gets what ``drain`` left of it.
+
+    When the drain leaves nothing in flight (``idle()``), the output handler is stopped before vLLM's
+    shutdown: ``AsyncLLM.shutdown`` cancels it only after the engine core client's cleanup, which turns
+    the cancelled output socket task into an ``EngineDeadError`` that the handler, still reading, logs
+    at ERROR with a traceback ("AsyncLLM output_handler failed.") on a clean stop.
+
+    The drain runs once, off the event loop: vLLM calls ``shutdown`` again on the event loop when its
+    engine client's context exits (after the server stopped), where a drain would block the loop.
     """
     shutdown = engine_client.shutdown
+    drained = threading.Event()
 
     def drain_then_shutdown(timeout: float | None = None) -> None:
+        if drained.is_set() or _on_event_loop():
+            shutdown(timeout=timeout)
+            return
+        drained.set()
         left = drain(timeout or 0.0)
+        if idle():
+            _stop_output_handler(engine_client)
         shutdown(timeout=None if timeout is None else left)
 
     engine_client.shutdown = drain_then_shutdown
+
+
+#: Seconds to wait for the output handler to stop; past it, vLLM's shutdown runs anyway.
+_HANDLER_STOP_TIMEOUT_S = 5.0
+
+
+def _on_event_loop() -> bool:
+    """Whether this thread is running an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _stop_output_handler(engine_client: Any) -> None:
+    """Cancel ``AsyncLLM``'s output handler task (started on its first request) and wait for it to end."""
+    handler: asyncio.Task[None] | None = getattr(engine_client, "output_handler", None)
+    if handler is None or handler.done():
+        return
+
+    async def cancel() -> None:
+        handler.cancel()
+        await asyncio.wait([handler])
+
+    stopped = asyncio.run_coroutine_threadsafe(cancel(), handler.get_loop())
+    with contextlib.suppress(concurrent.futures.TimeoutError):
+        stopped.result(_HANDLER_STOP_TIMEOUT_S)

@@ -108,4 +108,5 @@ class ReadinessPlugin:
         """Record what is served, and drain through the gate before vLLM's shutdown."""
         state.neuronfleet_serving = describe(args)
         if engine_client is not None:
-            vllm_compat.drain_before_shutdown(engine_client, self.gate.drain)
+            gate = self.gate
+            vllm_compat.drain_before_shutdown(engine_client, gate.drain, lambda: gate.active == 0)

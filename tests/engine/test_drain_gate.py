@@ -1,6 +1,8 @@
-"""The drain gate on its own: admission, the wait for admitted requests, the 503 answer, the hook into vLLM's shutdown.
+"""The drain gate on its own: admission, the wait for admitted requests, the 503 answer.
 
-The whole drain, through vLLM's server and SIGTERM, is ``test_serve_drain.py``.
+Its hook into vLLM's shutdown is tested only through vLLM's real server, on both vLLM versions:
+the drain under load in ``test_serve_drain.py``, a stop with nothing in flight at the end of
+``test_serve_sim.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
 
 pytestmark = pytest.mark.vllm_matrix
@@ -86,29 +87,3 @@ def test_the_middleware_refuses_posts_with_503_and_retry_after_once_draining() -
         assert "draining" in refused.json()["error"]["message"]
         # Reads still work: health checks and metrics during the drain.
         assert client.get("/").text == "GET"
-
-
-class EngineClientStandIn:
-    """The one method of vLLM's engine client the hook wraps: records its calls."""
-
-    def __init__(self, calls: list[str]) -> None:
-        self.calls = calls
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        self.calls.append(f"shutdown {timeout}")
-
-
-def test_vllm_shutdown_runs_after_the_drain_with_the_time_it_left() -> None:
-    calls: list[str] = []
-    client = EngineClientStandIn(calls)
-
-    def drain(timeout: float) -> float:
-        calls.append(f"drain {timeout}")
-        return timeout - 12 if timeout else 0.0
-
-    vllm_compat.drain_before_shutdown(client, drain)
-    client.shutdown(timeout=60)
-    assert calls == ["drain 60", "shutdown 48"]
-    # vLLM's default timeout stays its own; the gate still closes first.
-    client.shutdown()
-    assert calls[2:] == ["drain 0.0", "shutdown None"]

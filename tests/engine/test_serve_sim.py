@@ -1,20 +1,24 @@
 """`neuronfleet-engine serve --device sim`: vLLM's real server, the Neuron scheduler, the simulated device.
 
-One server for the module, serving a tiny shape from an artifact compiled first.
+One server for the module, serving a tiny shape from an artifact compiled first; the module's
+last test stops it.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.engine_server import SCRIPTS, EngineServer, ServerPool, write_engine_config
+from harness.engine_server import SCRIPTS, EngineServer, ServerPool, error_lines, write_engine_config
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
+from neuronfleet.engine.serving.drain import CLOSE_CONNECTIONS_S
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
 
@@ -265,3 +269,30 @@ def test_serve_refuses_a_missing_artifact(run_cli: RunCli, tmp_path: Path) -> No
     assert result.returncode == 3
     assert result.stderr.startswith(f"error: no compiled artifact at {tmp_path}/")
     assert "run `neuronfleet-engine compile` first" in result.stderr
+
+
+#: ``serve --drain-timeout``'s default, the module's server's.
+DRAIN_TIMEOUT_S = 30
+#: A clean stop: SIGTERM to exit, nothing in flight (the drain gate's 5 s of closing connections included).
+CLEAN_STOP_S = 15
+
+
+# Last in the module: it stops the module's server (which the module's teardown would SIGTERM anyway).
+def test_sigterm_with_nothing_in_flight_exits_0_quickly_and_logs_no_error(
+    server: EngineServer, record_property: Callable[[str, object], None]
+) -> None:
+    # Served a request first, so vLLM's output handler runs (it starts on the first request): a stop
+    # used to end in its EngineDeadError traceback at ERROR.
+    assert completion(server, prompt(4), 2)["usage"]["completion_tokens"] == 2
+    offset = server.log_size()
+    signalled_at = time.monotonic()
+    exit_code = server.terminate(timeout=CLEAN_STOP_S)
+    stopped_in = time.monotonic() - signalled_at
+    record_property("clean_stop_s", round(stopped_in, 1))
+    output = server.output_since(offset)
+    assert exit_code == 0, output
+    assert not error_lines(output), output
+    # vLLM's own shutdown ran after the drain gate's, with what the gate left of the 30 s drain timeout.
+    left = re.search(r"\[shutdown\] MPClient: start timeout=([0-9.]+)s", output)
+    assert left is not None, output
+    assert DRAIN_TIMEOUT_S - CLEAN_STOP_S < float(left[1]) <= DRAIN_TIMEOUT_S - CLOSE_CONNECTIONS_S, output

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -24,6 +25,13 @@ from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotRea
 #: vLLM start-up on a small shared CPU machine: imports, engine core process, model directory.
 READY_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
+#: A line logged at ERROR level (vLLM's format and uvicorn's) or the first line of a traceback.
+ERROR_LINE = re.compile(r"\bERROR\b|Traceback")
+
+
+def error_lines(output: str) -> list[str]:
+    """The lines of a server's ``output`` that a clean stop must not have: ERROR level, or a traceback."""
+    return [line for line in output.splitlines() if ERROR_LINE.search(line)]
 
 
 def engine_env() -> dict[str, str]:
@@ -102,6 +110,16 @@ class EngineServer:
         response = self.request("/metrics")
         assert response.status == 200
         return parse_samples(response.body.decode())
+
+    def log_size(self) -> int:
+        """How many bytes of output the server has written so far (an offset for :meth:`output_since`)."""
+        return self.log.stat().st_size
+
+    def output_since(self, offset: int) -> str:
+        """The server's output from byte ``offset`` on."""
+        with self.log.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
 
     def log_tail(self, lines: int = 60) -> str:
         """The end of the server's output, for failure messages."""
