@@ -17,15 +17,28 @@ connection stays pinned to it (kube-proxy's NAT is per connection); answered
 with ``Connection: close``, the client's next request opens a new connection,
 which goes to another replica, instead of meeting the 503.
 
+Once the gate has drained, the listener closes (:func:`close_listeners`), before vLLM's
+own shutdown: left open, it would take connections nobody answers any more, and reset them
+when the process exits. It closes without resetting any: it first stops taking new
+connections (a refused or retried connect), then answers those already queued (503), then
+stops listening. So a client sees each request served, refused with 503, or its connection
+refused: never a reset.
+
 The gate is plain threading: requests are admitted on the server's event loop,
 the drain waits on the thread vLLM runs its shutdown in.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import os
+import socket
+import struct
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -145,3 +158,67 @@ class DrainGateMiddleware:
             await self.app(scope, receive, send_closing)
         finally:
             gate.release()
+
+
+#: Seconds a listener that takes no new connections still completes the handshakes it began
+#: (a round trip: microseconds on loopback, milliseconds across a network).
+HANDSHAKE_GRACE_S = 0.2
+#: Seconds at most to wait for the server to accept the connections queued on its listener.
+ACCEPT_QUEUE_WAIT_S = 2.0
+#: ``SO_ATTACH_FILTER`` (Linux ``<asm-generic/socket.h>``): a classic BPF program run on every packet a socket gets.
+SO_ATTACH_FILTER = 26
+#: From the TCP header (where a socket filter starts): drop a segment with SYN set and ACK not (a new
+#: connection's first), pass the rest (handshakes under way, data on accepted connections).
+_DROP_NEW_CONNECTIONS = (
+    (0x30, 0, 0, 13),  # ldb [13]: the flags
+    (0x54, 0, 0, 0x12),  # and #(SYN | ACK)
+    (0x15, 0, 1, 0x02),  # jeq #SYN: drop; else pass
+    (0x06, 0, 0, 0),  # ret #0: drop
+    (0x06, 0, 0, 0xFFFFFFFF),  # ret #-1: pass it whole
+)
+#: ``struct tcp_info``'s ``tcpi_unacked``: on a listener, the connections queued for ``accept``.
+_TCPI_UNACKED_OFFSET = 24
+
+
+def stop_taking_connections(listener: socket.socket) -> None:
+    """Drop new connections' SYNs on ``listener`` (Linux only): the client retries its connect a second later."""
+    program = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in _DROP_NEW_CONNECTIONS))
+    listener.setsockopt(
+        socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", len(_DROP_NEW_CONNECTIONS), ctypes.addressof(program))
+    )
+
+
+def accept_queue(listener: socket.socket) -> int:
+    """Connections established on ``listener`` and not accepted yet."""
+    info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_UNACKED_OFFSET + 4)
+    queued: int = struct.unpack_from("I", info, _TCPI_UNACKED_OFFSET)[0]
+    return queued
+
+
+async def close_listeners(servers: Sequence[asyncio.Server]) -> None:
+    """Stop ``servers`` listening without resetting a connection, each one answered or refused.
+
+    Closing a listener resets the connections queued on it, which their clients count as
+    established (a request sent, then ``Connection reset by peer``). So the listener first
+    drops new connections' SYNs and finishes the handshakes under way, the server accepts
+    and answers what is queued, and only then does it stop listening: a client retrying its
+    connect is refused. ``shutdown`` stops the socket listening whatever else holds it
+    (vLLM keeps its own handle until the process ends). Off Linux the listener just closes.
+    """
+    handles = [socket.socket(fileno=os.dup(sock.fileno())) for server in servers for sock in server.sockets]
+    listeners = [handle for handle in handles if handle.family in (socket.AF_INET, socket.AF_INET6)]
+    try:
+        if sys.platform == "linux":
+            for listener in listeners:
+                stop_taking_connections(listener)
+            await asyncio.sleep(HANDSHAKE_GRACE_S)
+            deadline = time.monotonic() + ACCEPT_QUEUE_WAIT_S
+            while any(map(accept_queue, listeners)) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        for server in servers:
+            server.close()
+        for listener in listeners:
+            listener.shutdown(socket.SHUT_RDWR)
+    finally:
+        for handle in handles:
+            handle.close()

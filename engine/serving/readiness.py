@@ -10,7 +10,8 @@ HTTP response carries the artifact's hash too, in ``X-Neuronfleet-Artifact``,
 so a client or gateway sees which revision answered each request.
 
 From SIGTERM on, ``/ready`` answers 503 and every answer closes its connection; a few seconds
-later new POSTs are refused with 503 and ``Retry-After`` (see ``neuronfleet.engine.serving.drain``).
+later new POSTs are refused with 503 and ``Retry-After``; once the requests admitted before have
+finished, the listener closes (see ``neuronfleet.engine.serving.drain``).
 
 Registered under vLLM's ``vllm.endpoint_plugins`` entry point group; vLLM
 loads endpoint plugins only when named in ``VLLM_PLUGINS``, which the serve
@@ -19,7 +20,9 @@ command sets (see ``neuronfleet.engine.serving.serve.plugin_allowlist``).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from argparse import Namespace
 from typing import Any
 
@@ -29,7 +32,7 @@ from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from neuronfleet.engine.scheduler import vllm_compat
-from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware, sending_header
+from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware, close_listeners, sending_header
 from neuronfleet.engine.serving.serve import READY_PLUGIN, SERVED_ARTIFACT_ENV
 from neuronfleet.engine.sim_settings import SETTINGS_KEY
 
@@ -105,8 +108,20 @@ class ReadinessPlugin:
             app.add_middleware(ArtifactHeaderMiddleware, artifact=artifact)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
-        """Record what is served, and drain through the gate before vLLM's shutdown."""
+        """Record what is served, and drain through the gate, then close the listener, before vLLM's shutdown."""
         state.neuronfleet_serving = describe(args)
         if engine_client is not None:
+            loop = asyncio.get_running_loop()
             gate = self.gate
-            vllm_compat.drain_before_shutdown(engine_client, gate.drain, lambda: gate.active == 0)
+
+            def drain(timeout: float) -> float:
+                left = gate.drain(timeout)
+                # vLLM's launcher keeps its uvicorn server in the app's state.
+                server = getattr(state, "server", None)
+                if server is not None:
+                    started = time.monotonic()
+                    asyncio.run_coroutine_threadsafe(close_listeners(server.servers), loop).result()
+                    left = max(0.0, left - (time.monotonic() - started))
+                return left
+
+            vllm_compat.drain_before_shutdown(engine_client, drain, lambda: gate.active == 0)

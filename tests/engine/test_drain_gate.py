@@ -1,4 +1,4 @@
-"""The drain gate on its own: admission, the wait for admitted requests, the 503 answer.
+"""The drain gate on its own: admission, the wait for admitted requests, the 503 answer; the listener's close.
 
 Its hook into vLLM's shutdown is tested only through vLLM's real server, on both vLLM versions:
 the drain under load in ``test_serve_drain.py``, a stop with nothing in flight at the end of
@@ -7,6 +7,9 @@ the drain under load in ``test_serve_drain.py``, a stop with nothing in flight a
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
 import threading
 import time
 
@@ -17,7 +20,13 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware
+from neuronfleet.engine.serving.drain import (
+    DrainGate,
+    DrainGateMiddleware,
+    accept_queue,
+    close_listeners,
+    stop_taking_connections,
+)
 
 pytestmark = pytest.mark.vllm_matrix
 
@@ -87,3 +96,39 @@ def test_the_middleware_refuses_posts_with_503_and_retry_after_once_draining() -
         assert "draining" in refused.json()["error"]["message"]
         # Reads still work: health checks and metrics during the drain.
         assert client.get("/").text == "GET"
+
+
+def test_a_listener_that_stops_taking_connections_still_serves_those_it_has() -> None:
+    with socket.create_server(("127.0.0.1", 0), backlog=8) as listener:
+        address = listener.getsockname()
+        with socket.create_connection(address) as established, socket.create_connection(address) as queued:
+            accepted, _ = listener.accept()
+            assert accept_queue(listener) == 1, "the second connection is established, not accepted yet"
+            stop_taking_connections(listener)
+            with socket.socket() as late:
+                late.settimeout(0.3)
+                # Its SYN is dropped: the connect is retried later (and refused once closed), never reset.
+                with pytest.raises(TimeoutError):
+                    late.connect(address)
+            established.sendall(b"a")
+            assert accepted.recv(1) == b"a"
+            second, _ = listener.accept()
+            queued.sendall(b"b")
+            assert second.recv(1) == b"b"
+            assert accept_queue(listener) == 0
+            accepted.close()
+            second.close()
+
+
+def test_closed_listeners_refuse_connections_though_another_handle_stays_open() -> None:
+    async def close_and_connect() -> None:
+        server = await asyncio.start_server(lambda _reader, writer: writer.close(), "127.0.0.1", 0)
+        address = server.sockets[0].getsockname()
+        # vLLM's launcher keeps its own handle on the listening socket until the process exits.
+        with socket.socket(fileno=os.dup(server.sockets[0].fileno())):
+            socket.create_connection(address).close()
+            await close_listeners([server])
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(address, timeout=5)
+
+    asyncio.run(close_and_connect())

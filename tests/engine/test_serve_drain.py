@@ -4,8 +4,11 @@ The simulated device stands for Llama 3.1 8B on one Inferentia2 chip with the
 real clock, so each decode step takes the cost model's ~27 ms and a 150-token
 reply is still streaming when the signal arrives. Meanwhile clients keep sending
 small requests, from before the signal until the server stops listening, and
-every outcome is checked: served in full, or refused with 503 and Retry-After.
-The server compiles its artifact on start (``--compile-on-start``) into an empty store.
+every outcome is checked: served in full, or refused with 503 and Retry-After;
+only once the last of them is served may a connection be refused (the listener
+is closed). The server compiles its artifact on start (``--compile-on-start``)
+into an empty store. It runs on both supported vLLM versions (``make compat``):
+the gate hooks into vLLM's shutdown, whose internals differ between them.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.engine_server import EngineServer, ServerPool, write_engine_config
+from harness.engine_server import EngineServer, ServerPool, error_lines, write_engine_config
 
 from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
+
+pytestmark = pytest.mark.vllm_matrix
 
 MODEL = "meta-llama/Llama-3.1-8B"
 MAX_TOKENS = 150
@@ -89,10 +94,15 @@ def test_the_simulated_decode_step_is_slow_enough_to_interrupt() -> None:
     assert 0.02 < cost.decode_seconds(1, 100) < 0.04
 
 
+#: What a refused connection says (``ECONNREFUSED``): the one transport error excused, once the listener is closed.
+CONNECTION_REFUSED = "Connection refused"
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What one request sent during the drain got: a response, or a connection error."""
+    """What one request sent during the drain got: a response (its body parsed if it is JSON), or a transport error."""
 
+    started_at: float
     ended_at: float
     status: int | None = None
     retry_after: str | None = None
@@ -111,11 +121,18 @@ class Outcome:
 
 
 class Burst:
-    """Threads that POST small completions, one new connection each, until the server stops listening."""
+    """Threads that POST small completions, one new connection each, until the server stops listening.
+
+    Every request sent is counted before it is sent and recorded once it ends, whatever it got; a worker
+    thread that fails for any other reason records its exception, so no outcome goes missing unseen.
+    """
 
     def __init__(self, server: EngineServer) -> None:
         self.server = server
+        self.lock = threading.Lock()
+        self.sent = 0
         self.outcomes: list[Outcome] = []
+        self.failures: list[BaseException] = []
         self.first_served = threading.Event()
         self.first_refusal = threading.Event()
         self.stop = threading.Event()
@@ -131,27 +148,42 @@ class Burst:
         for thread in self.threads:
             thread.join(60)
 
+    @property
+    def running(self) -> int:
+        """Worker threads still alive."""
+        return sum(thread.is_alive() for thread in self.threads)
+
     def _post_until_stopped(self) -> None:
-        body = {"model": MODEL, "prompt": "bada", "max_tokens": BURST_TOKENS}
-        # No keep-alive: every request is a new connection, as from many clients.
-        with httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
-            while not self.stop.is_set() and len(self.outcomes) < MAX_BURST:
-                outcome = self._post(client, body)
-                self.outcomes.append(outcome)
-                if outcome.error == "ConnectError":
-                    return  # the listener is closed: the server is exiting
+        try:
+            body = {"model": MODEL, "prompt": "bada", "max_tokens": BURST_TOKENS}
+            # No keep-alive: every request is a new connection, as from many clients.
+            with httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+                while not self.stop.is_set():
+                    with self.lock:
+                        if self.sent >= MAX_BURST:
+                            return
+                        self.sent += 1
+                    outcome = self._post(client, body)
+                    with self.lock:
+                        self.outcomes.append(outcome)
+                    if connection_refused(outcome):
+                        return  # the listener is closed: the server is exiting
+        except BaseException as error:  # reported by the test
+            with self.lock:
+                self.failures.append(error)
 
     def _post(self, client: httpx.Client, body: dict[str, Any]) -> Outcome:
+        started_at = time.monotonic()
         try:
             response = client.post(self.server.url("/v1/completions"), json=body)
         except httpx.TransportError as error:
-            return Outcome(time.monotonic(), error=type(error).__name__)
+            return Outcome(started_at, time.monotonic(), error=f"{type(error).__name__}: {error}")
         ended_at = time.monotonic()
         try:
             answer: Any = response.json()
         except ValueError:
             answer = response.text
-        outcome = Outcome(ended_at, response.status_code, response.headers.get("retry-after"), answer)
+        outcome = Outcome(started_at, ended_at, response.status_code, response.headers.get("retry-after"), answer)
         if served_in_full(outcome):
             self.first_served.set()
         elif refused_for_the_drain(outcome):
@@ -160,17 +192,35 @@ class Burst:
 
 
 def served_in_full(outcome: Outcome) -> bool:
-    """A request admitted before the drain began, run to its last token (not aborted)."""
+    """A 200 completion run to its last token (not aborted); any other body, malformed included, is not."""
+    if outcome.status != 200 or not isinstance(outcome.body, dict):
+        return False
+    choices, usage = outcome.body.get("choices"), outcome.body.get("usage")
     return (
-        outcome.status == 200
-        and outcome.body["choices"][0]["finish_reason"] == "length"
-        and outcome.body["usage"]["completion_tokens"] == BURST_TOKENS
+        isinstance(choices, list)
+        and len(choices) == 1
+        and isinstance(choices[0], dict)
+        and choices[0].get("finish_reason") == "length"
+        and isinstance(choices[0].get("text"), str)
+        and len(choices[0]["text"].split()) == BURST_TOKENS
+        and isinstance(usage, dict)
+        and usage.get("completion_tokens") == BURST_TOKENS
     )
 
 
 def refused_for_the_drain(outcome: Outcome) -> bool:
-    """503, ``Retry-After: 1``, and the reason."""
-    return outcome.status == 503 and outcome.retry_after == "1" and "draining" in str(outcome.body)
+    """503, ``Retry-After: 1``, and the reason in an OpenAI-style error body."""
+    if outcome.status != 503 or outcome.retry_after != "1" or not isinstance(outcome.body, dict):
+        return False
+    error = outcome.body.get("error")
+    return isinstance(error, dict) and error.get("code") == 503 and "draining" in str(error.get("message"))
+
+
+def connection_refused(outcome: Outcome) -> bool:
+    """No response because the connection was refused: nothing listens on the port any more."""
+    return (
+        outcome.error is not None and outcome.error.startswith("ConnectError") and CONNECTION_REFUSED in outcome.error
+    )
 
 
 def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
@@ -204,6 +254,7 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
     # Retry-After while the requests in flight drain.
     with Burst(server) as burst:
         assert burst.first_served.wait(60), f"no burst request served within 60 s:\n{server.log_tail()}"
+        log_at_signal = server.log_size()
         signalled_at = time.monotonic()
         server.process.send_signal(15)
         assert burst.first_refusal.wait(10), f"no request refused within 10 s of SIGTERM:\n{server.log_tail()}"
@@ -213,16 +264,31 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
         stream_ended_at = time.monotonic()
         assert not reader.is_alive(), "the stream did not end within 120 s of SIGTERM"
         exit_code = server.process.wait(90)
+    # Every request sent has its outcome recorded: no worker thread died or hung with one in hand.
+    assert burst.running == 0, "a burst thread still runs a minute after the server exited"
+    assert not burst.failures, f"a burst thread failed: {burst.failures[0]!r}"
     outcomes = burst.outcomes
+    assert burst.sent == len(outcomes), f"{burst.sent} requests sent, {len(outcomes)} outcomes recorded"
     counts = Counter(outcome.kind() for outcome in outcomes)
-    summary = f"{len(outcomes)} requests sent around the drain: {dict(counts)}"
+    # In flight at the signal: the stream, and the burst requests sent before it that ended after it.
+    in_flight = [o for o in outcomes if o.started_at < signalled_at < o.ended_at]
+    summary = (
+        f"{len(outcomes) + 1} requests sent around the drain, {len(in_flight) + 1} in flight at SIGTERM: "
+        f"the stream, and {dict(counts)}"
+    )
     record_property("drain_outcomes", summary)
-    # Once the last request in flight is done the server closes its listener: only then may a connection fail.
+    # For 5 s after the signal the gate still admits: whatever was sent before it is served in full.
+    early = [o for o in outcomes if o.started_at < signalled_at and not served_in_full(o)]
+    assert not early, f"{summary}; sent before SIGTERM and not served in full: {early[0]}"
+    # Once the last request in flight is done the server closes its listener: only then may a connection
+    # fail, and only by being refused (nothing listens any more).
     last_served_at = max([stream_ended_at, *(o.ended_at for o in outcomes if served_in_full(o))])
     unexpected = [
         o
         for o in outcomes
-        if not (served_in_full(o) or refused_for_the_drain(o) or (o.status is None and o.ended_at > last_served_at))
+        if not (
+            served_in_full(o) or refused_for_the_drain(o) or (connection_refused(o) and o.ended_at > last_served_at)
+        )
     ]
     assert not unexpected, f"{summary}; the first unexpected: {unexpected[0]}"
     assert sum(map(refused_for_the_drain, outcomes)) >= MIN_REFUSED, summary
@@ -234,3 +300,5 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
     # It was cut short of nothing: most of the reply streamed after the signal.
     assert stream_ended_at - signalled_at > 1.0
     assert exit_code == 0, server.log_tail()
+    # A drain is a clean stop: nothing at ERROR, no traceback (vLLM's output handler used to log one).
+    assert not error_lines(server.output_since(log_at_signal)), server.output_since(log_at_signal)
