@@ -233,12 +233,15 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
         "stream_options": {"include_usage": True},
     }
     events: list[dict[str, Any]] = []
+    #: When each event arrived, taken on the reader's thread (the test's thread may learn of the end later).
+    arrivals: list[float] = []
     first_token = threading.Event()
     failure: list[BaseException] = []
 
     def read_stream() -> None:
         try:
             for event in server.stream("/v1/completions", body):
+                arrivals.append(time.monotonic())
                 events.append(event)
                 first_token.set()
         except BaseException as error:  # reported by the test thread below
@@ -261,12 +264,13 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
         ready = server.request("/ready")
         assert (ready.status, ready.json()["reason"]) == (503, "draining")
         reader.join(120)
-        stream_ended_at = time.monotonic()
         assert not reader.is_alive(), "the stream did not end within 120 s of SIGTERM"
         exit_code = server.process.wait(90)
     # Every request sent has its outcome recorded: no worker thread died or hung with one in hand.
     assert burst.running == 0, "a burst thread still runs a minute after the server exited"
     assert not burst.failures, f"a burst thread failed: {burst.failures[0]!r}"
+    assert not failure, failure
+    stream_ended_at = arrivals[-1]
     outcomes = burst.outcomes
     assert burst.sent == len(outcomes), f"{burst.sent} requests sent, {len(outcomes)} outcomes recorded"
     counts = Counter(outcome.kind() for outcome in outcomes)
@@ -290,10 +294,12 @@ def test_sigterm_finishes_the_generation_in_flight_then_exits_0(
             served_in_full(o) or refused_for_the_drain(o) or (connection_refused(o) and o.ended_at > last_served_at)
         )
     ]
-    assert not unexpected, f"{summary}; the first unexpected: {unexpected[0]}"
+    assert not unexpected, (
+        f"{summary}; the first unexpected, {unexpected[0].ended_at - signalled_at:.3f} s after SIGTERM "
+        f"(the last served: {last_served_at - signalled_at:.3f} s): {unexpected[0]}"
+    )
     assert sum(map(refused_for_the_drain, outcomes)) >= MIN_REFUSED, summary
 
-    assert not failure, failure
     assert events[-1]["usage"]["completion_tokens"] == MAX_TOKENS
     text = "".join(choice["text"] for event in events for choice in event["choices"])
     assert len(text.split()) == MAX_TOKENS
