@@ -19,7 +19,11 @@ EXIT_INVALID = 2
 #: Exit status when a cluster could not be started or is not healthy.
 EXIT_FAILED = 1
 
-app = typer.Typer(help="neuronfleet developer tools.", no_args_is_help=True, pretty_exceptions_enable=False)
+# Help is shown as written, never read as rich markup (where `[/X]` is a closing tag that crashes `--help`).
+# The top-level app's mode is the one typer uses for every subcommand.
+app = typer.Typer(
+    help="neuronfleet developer tools.", no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None
+)
 cluster_app = typer.Typer(help="A local Kubernetes control plane with fake Neuron nodes (KWOK).", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 images_app = typer.Typer(help="The Dockerfile's images, built with podman into OCI archives.", no_args_is_help=True)

@@ -24,7 +24,13 @@ from neuronfleet.operator.reconcile import Reconciler
 #: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
 EXIT_INVALID = 2
 
-app = typer.Typer(help="The neuronfleet Kubernetes operator.", no_args_is_help=True, pretty_exceptions_enable=False)
+# Help is shown as written, never read as rich markup (where `[/X]` is a closing tag that crashes `--help`).
+app = typer.Typer(
+    help="The neuronfleet Kubernetes operator.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

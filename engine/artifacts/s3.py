@@ -41,7 +41,7 @@ from neuronfleet.engine.artifacts.store import (
     Manifest,
     StoreError,
     check_schema,
-    file_digest,
+    mismatch,
     write_manifest,
 )
 from neuronfleet.engine.identity import hash_document
@@ -170,7 +170,7 @@ def upload(local: Path, manifest: Manifest, location: S3Location, on_file: OnFil
     for done, entry in enumerate(manifest.files, start=1):
         present = remote_size_and_digest(s3, location, entry.path) == (entry.size, entry.sha256)
         if not present:
-            _put(s3, local / entry.path, location, entry)
+            _put(s3, local, location, entry)
             sent += 1
         if on_file is not None:
             on_file(entry, done, len(manifest.files), present)
@@ -186,9 +186,12 @@ def upload(local: Path, manifest: Manifest, location: S3Location, on_file: OnFil
     return sent
 
 
-def _put(s3: S3Client, path: Path, location: S3Location, entry: ArtifactFile) -> None:
-    if path.stat().st_size != entry.size or file_digest(path) != entry.sha256:
-        raise ArtifactError(f"{path} changed after it was compiled: compile the artifact again")
+def _put(s3: S3Client, local: Path, location: S3Location, entry: ArtifactFile) -> None:
+    path = local / entry.path
+    reason = mismatch(path, entry)
+    if reason is not None:
+        # Its manifest says complete: a compile would upload it again as it is, until it is deleted.
+        raise ArtifactError(f"{path} changed after it was compiled ({reason}): delete {local} and compile it again")
     try:
         metadata = {"Metadata": {SHA256_METADATA: entry.sha256}}
         s3.upload_file(str(path), location.bucket, location.key(entry.path), ExtraArgs=metadata)
@@ -212,7 +215,7 @@ def download(location: S3Location, local: Path, artifact_hash: str, on_file: OnF
     local.mkdir(parents=True, exist_ok=True)
     for done, entry in enumerate(manifest.files, start=1):
         path = local / entry.path
-        present = path.is_file() and path.stat().st_size == entry.size and file_digest(path) == entry.sha256
+        present = path.is_file() and mismatch(path, entry) is None
         if not present:
             _get(s3, location, entry, path)
         if on_file is not None:
@@ -222,6 +225,8 @@ def download(location: S3Location, local: Path, artifact_hash: str, on_file: OnF
 
 
 def _get(s3: S3Client, location: S3Location, entry: ArtifactFile, path: Path) -> None:
+    # A compile finds the manifest complete and uploads nothing: only one after a delete replaces the objects.
+    remedy = f"the artifact is damaged, delete {location.uri()} and compile it again"
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(handle)
@@ -230,16 +235,11 @@ def _get(s3: S3Client, location: S3Location, entry: ArtifactFile, path: Path) ->
             s3.download_file(location.bucket, location.key(entry.path), temporary)
         except (ClientError, BotoCoreError) as error:
             if _missing(error):
-                raise StoreError(
-                    f"{location.uri(entry.path)} is missing from the store: the artifact is damaged, compile it again"
-                ) from None
+                raise StoreError(f"{location.uri(entry.path)} is missing from the store: {remedy}") from None
             raise _read_failure(error, location, entry.path) from None
-        size = os.stat(temporary).st_size
-        if size != entry.size or file_digest(Path(temporary)) != entry.sha256:
-            raise StoreError(
-                f"{location.uri(entry.path)} is not the file the manifest lists ({size} bytes, "
-                f"expected {entry.size} with SHA-256 {entry.sha256[:12]}…): the artifact is damaged, compile it again"
-            )
+        reason = mismatch(Path(temporary), entry)
+        if reason is not None:
+            raise StoreError(f"{location.uri(entry.path)} is not the file the manifest lists ({reason}): {remedy}")
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

@@ -5,8 +5,9 @@ same function the operator uses) and lives in ``STORE/HASH/``. Its
 ``manifest.json`` lists one entry per compiled graph (each prefill token bucket,
 each decode batch bucket) with its shape, status and compile time, says
 whether the artifact is complete and, once it is, lists every file beside it
-(the compiled graphs) with its size and SHA-256, so a copy of the artifact
-(``neuronfleet.engine.artifacts.s3``) can be checked file by file. It is
+(the compiled graphs) with its size and SHA-256, so the artifact can be checked
+file by file before it is served, and a copy of it
+(``neuronfleet.engine.artifacts.s3``) as it is made. It is
 rewritten atomically after every bucket, so an interrupted compile resumes
 where it stopped, and a complete artifact is never compiled again.
 """
@@ -134,6 +135,33 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
+def mismatch(path: Path, entry: ArtifactFile) -> str | None:
+    """How the file at ``path`` differs from the one ``entry`` lists, or ``None`` when it is that file.
+
+    A file of the listed size is hashed too: a byte changed in place keeps the size.
+    """
+    size = path.stat().st_size
+    if size != entry.size:
+        return f"{size} bytes, expected {entry.size}"
+    digest = file_digest(path)
+    if digest != entry.sha256:
+        return f"SHA-256 {digest[:12]}…, expected {entry.sha256[:12]}…"
+    return None
+
+
+def check_files(directory: Path, manifest: Manifest) -> None:
+    """Refuse (:class:`StoreError`) the artifact when a file its manifest lists is missing or another file."""
+    # Compiling again cannot mend it: the manifest says complete, so only a fresh compile replaces the files.
+    remedy = f"the artifact is damaged, delete {directory} and compile it again"
+    for entry in manifest.files:
+        path = directory / entry.path
+        if not path.is_file():
+            raise StoreError(f"{path} is missing: {remedy}")
+        reason = mismatch(path, entry)
+        if reason is not None:
+            raise StoreError(f"{path} is not the file the manifest lists ({reason}): {remedy}")
+
+
 def artifact_files(directory: Path) -> list[ArtifactFile]:
     """Every file of the artifact in ``directory`` but its manifest, lock and temporary files, sorted."""
     found = []
@@ -258,8 +286,14 @@ def compile_artifact(
         return manifest, compiled
 
 
-def load_for_serving(directory: str | Path, prefill_buckets: Sequence[int], decode_buckets: Sequence[int]) -> Manifest:
-    """The complete artifact in ``directory`` whose graphs are exactly the buckets to serve."""
+def load_for_serving(
+    directory: str | Path, prefill_buckets: Sequence[int], decode_buckets: Sequence[int], *, verify_files: bool = True
+) -> Manifest:
+    """The complete artifact in ``directory`` whose graphs are exactly the buckets to serve.
+
+    With ``verify_files`` every file the manifest lists is read and its size and SHA-256 checked
+    (:func:`check_files`); a caller that has just checked them (an ``s3://`` download) passes ``False``.
+    """
     path = Path(directory)
     manifest = read_manifest(path)
     if manifest is None:
@@ -276,4 +310,6 @@ def load_for_serving(directory: str | Path, prefill_buckets: Sequence[int], deco
             f"the artifact at {path} was compiled for prefill buckets {compiled[0]} and decode buckets "
             f"{compiled[1]}, not the configured {list(prefill_buckets)} and {list(decode_buckets)}"
         )
+    if verify_files:
+        check_files(path, manifest)
     return manifest

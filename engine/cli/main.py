@@ -28,8 +28,14 @@ from neuronfleet.engine.cli.recommend import recommend_buckets
 from neuronfleet.engine.cli.serve import compile_command, serve_command
 from neuronfleet.engine.offline.scenarios import SCENARIOS
 
+# rich_markup_mode=None: help is shown as written. Typer's default reads it as rich markup, where
+# `s3://BUCKET[/PREFIX]` is a closing tag and `--help` crashed; no help text can do that again.
 app = typer.Typer(
-    cls=OneLineBadValues, help="The neuronfleet serving engine.", no_args_is_help=True, pretty_exceptions_enable=False
+    cls=OneLineBadValues,
+    help="The neuronfleet serving engine.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 buckets_app = typer.Typer(help="Validate and inspect compiled bucket sets.", no_args_is_help=True)
 app.add_typer(buckets_app, name="buckets")

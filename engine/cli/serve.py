@@ -278,7 +278,8 @@ def serving_artifact(
     try:
         try:
             directory = download_from_s3(store, cache, wanted) if remote else artifact_dir(store, wanted)
-            load_for_serving(directory, *buckets)
+            # A download checked every file's size and SHA-256 as it copied it; a local store's are checked here.
+            load_for_serving(directory, *buckets, verify_files=not remote)
         except ArtifactError as error:
             # Compiling cannot mend these: a damaged store, or an artifact to delete first.
             if not compile_on_start or isinstance(error, StoreError | OutdatedManifestError):

@@ -118,7 +118,10 @@ class SimNeuronWorker:
         self.kv_cache_config = kv_cache_config
         prefill_buckets, decode_buckets = self.engine_buckets
         if self.settings.artifact_dir is not None:
-            manifest = artifacts.load_for_serving(self.settings.artifact_dir, prefill_buckets, decode_buckets)
+            # `serve` checked every file before vLLM started: they are not read twice.
+            manifest = artifacts.load_for_serving(
+                self.settings.artifact_dir, prefill_buckets, decode_buckets, verify_files=False
+            )
             prefill_buckets, decode_buckets = manifest.compiled_buckets()
             logger.info("Loaded compiled artifact %s from %s", manifest.hash, self.settings.artifact_dir)
         else:

@@ -8,12 +8,14 @@ import re
 from pathlib import Path
 
 import pytest
+from harness.damage import flip_bytes
 
 from neuronfleet.engine.artifacts.store import (
     MANIFEST,
     ArtifactError,
     BucketEntry,
     OutdatedManifestError,
+    StoreError,
     artifact_dir,
     compile_artifact,
     load_for_serving,
@@ -137,6 +139,35 @@ def test_a_complete_manifest_lists_every_file_but_itself_its_lock_and_temporarie
     ]
     assert manifest.files[0].sha256 == hashlib.sha256(b"x").hexdigest()
     assert read_manifest(directory) == manifest
+
+
+def test_serving_checks_every_listed_file_by_size_and_sha256(tmp_path: Path) -> None:
+    directory = tmp_path / IDENTITY.hash()
+
+    def write_graph(entry: BucketEntry) -> float:
+        (directory / "neff").mkdir(parents=True, exist_ok=True)
+        (directory / "neff" / f"{entry.kind}-{entry.size}.neff").write_bytes(bytes(range(256)) * entry.size)
+        return 1.0
+
+    manifest, _ = compile_artifact(str(tmp_path), IDENTITY, write_graph)
+    assert load_for_serving(directory, PREFILL, DECODE) == manifest
+    remedy = f"the artifact is damaged, delete {directory} and compile it again"
+
+    graph = directory / "neff" / "prefill-512.neff"
+    flip_bytes(graph)
+    found, listed = hashlib.sha256(graph.read_bytes()).hexdigest(), manifest.files[-1].sha256
+    with pytest.raises(StoreError) as refused:
+        load_for_serving(directory, PREFILL, DECODE)
+    assert str(refused.value) == (
+        f"{graph} is not the file the manifest lists (SHA-256 {found[:12]}…, expected {listed[:12]}…): {remedy}"
+    )
+    # A caller that has just checked every file (an s3:// download) does not read them again.
+    assert load_for_serving(directory, PREFILL, DECODE, verify_files=False) == manifest
+
+    graph.unlink()
+    with pytest.raises(StoreError) as refused:
+        load_for_serving(directory, PREFILL, DECODE)
+    assert str(refused.value) == f"{graph} is missing: {remedy}"
 
 
 def test_a_manifest_of_schema_1_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.damage import flip_bytes
 from harness.engine_server import write_engine_config
 
 from neuronfleet.engine.config import EngineConfig
@@ -76,6 +78,28 @@ def test_serve_refuses_an_incomplete_artifact(run_cli: RunCli, tmp_path: Path) -
         f"error: the artifact at {tmp_path}/{expected_hash()} is incomplete (3 of 4 graphs compiled): "
         "finish it with `neuronfleet-engine compile`\n"
     )
+
+
+def test_serve_refuses_a_graph_changed_in_place_by_its_sha256(run_cli: RunCli, tmp_path: Path) -> None:
+    config = write_engine_config(tmp_path, **SETTINGS)
+    assert compile_sim(run_cli, config, tmp_path).returncode == 0
+    directory = tmp_path / expected_hash()
+    listed = json.loads((directory / "manifest.json").read_text())["files"][0]
+    graph = directory / listed["path"]
+    assert (listed["path"], listed["size"]) == ("neff/decode-1.neff", graph.stat().st_size)
+    flip_bytes(graph)
+    found = hashlib.sha256(graph.read_bytes()).hexdigest()
+    line = (
+        f"error: {graph} is not the file the manifest lists (SHA-256 {found[:12]}…, expected "
+        f"{listed['sha256'][:12]}…): the artifact is damaged, delete {directory} and compile it again\n"
+    )
+    serve = ["neuronfleet-engine", "serve", "-c", str(config), "--device", "sim", "--artifact-store", str(tmp_path)]
+    # Were the file accepted, vLLM would refuse this flag at once rather than serve until the timeout.
+    serve += ["--", "--not-a-vllm-flag"]
+    # Exit 2, a damaged store; compiling on start cannot mend it (the manifest says complete) and must not serve it.
+    for extra in ((), ("--compile-on-start",)):
+        result = run_cli(*serve, *extra)
+        assert (result.returncode, result.stderr) == (2, line)
 
 
 def test_serve_and_compile_refuse_a_manifest_of_schema_1(run_cli: RunCli, tmp_path: Path) -> None:

@@ -7,20 +7,23 @@ installed entry point, with the credentials in its environment; none may ever pr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
+from harness.damage import flip_bytes
 from harness.engine_server import SCRIPTS, EngineServer, ServerPool, engine_env, write_engine_config
 from harness.programs import run_program
 from harness.s3_fixtures import Bucket
 
 from neuronfleet.engine.artifacts.neuron_compile import compile_command
-from neuronfleet.engine.artifacts.s3 import S3Location, download
-from neuronfleet.engine.artifacts.store import ArtifactFile, StoreError, artifact_files, read_manifest
+from neuronfleet.engine.artifacts.s3 import S3Location, download, upload
+from neuronfleet.engine.artifacts.store import ArtifactError, ArtifactFile, StoreError, artifact_files, read_manifest
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
 
@@ -53,6 +56,8 @@ def compile_args(config: Path, store: str) -> list[str]:
 def serve_refusal(bucket: Bucket, config: Path, cache: Path) -> subprocess.CompletedProcess[str]:
     """``serve`` from the bucket's store, expected to stop before vLLM starts."""
     args = ["serve", "-c", str(config), "--device", "sim", "--artifact-store", bucket.store()]
+    # Should it not stop, vLLM refuses this flag at once rather than serve until the timeout.
+    args += ["--", "--not-a-vllm-flag"]
     return engine(bucket, *args, cache=cache)
 
 
@@ -187,9 +192,10 @@ def test_a_missing_object_gives_one_clear_line_and_exit_2(
     (remote / "neff" / "prefill-128.neff").unlink()
     result = serve_refusal(s3_bucket, config, tmp_path / "serve-cache")
     assert result.returncode == 2
-    uri = f"{s3_bucket.store()}/{artifact_hash(SETTINGS)}/neff/prefill-128.neff"
+    where = f"{s3_bucket.store()}/{artifact_hash(SETTINGS)}"
     assert error_lines(result.stderr) == [
-        f"error: {uri} is missing from the store: the artifact is damaged, compile it again"
+        f"error: {where}/neff/prefill-128.neff is missing from the store: the artifact is damaged, delete {where} "
+        "and compile it again"
     ]
     assert result.stderr.endswith(f"{error_lines(result.stderr)[0]}\n")
     # Nothing half-done is left to be taken as complete.
@@ -205,8 +211,44 @@ def test_a_truncated_object_is_refused(s3_bucket: Bucket, uploaded: tuple[Path, 
     (line,) = error_lines(result.stderr)
     assert line.startswith(
         f"error: {s3_bucket.store()}/{artifact_hash(SETTINGS)}/neff/decode-2.neff is not the file the manifest "
-        "lists (1000 bytes, expected 32768 with SHA-256 "
+        "lists (1000 bytes, expected 32768): the artifact is damaged, delete "
     )
+
+
+def test_an_object_changed_in_place_is_refused_by_its_sha256(
+    s3_bucket: Bucket, uploaded: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, remote = uploaded
+    graph = remote / "neff" / "prefill-256.neff"
+    listed = json.loads((remote / "manifest.json").read_text())["files"][3]
+    assert (listed["path"], listed["size"]) == ("neff/prefill-256.neff", graph.stat().st_size)
+    flip_bytes(graph)
+    found = hashlib.sha256(graph.read_bytes()).hexdigest()
+    result = serve_refusal(s3_bucket, config, tmp_path / "serve-cache")
+    assert result.returncode == 2
+    where = f"{s3_bucket.store()}/{artifact_hash(SETTINGS)}"
+    line = (
+        f"error: {where}/neff/prefill-256.neff is not the file the manifest lists (SHA-256 {found[:12]}…, "
+        f"expected {listed['sha256'][:12]}…): the artifact is damaged, delete {where} and compile it again"
+    )
+    assert result.stderr.endswith(f"\n{line}\n")
+    assert error_lines(result.stderr) == [line]
+    # Neither the damaged file nor a manifest is left in the local cache to be served later.
+    copy = tmp_path / "serve-cache" / artifact_hash(SETTINGS)
+    assert not (copy / "manifest.json").exists()
+    assert not (copy / "neff" / "prefill-256.neff").exists()
+
+    # The remedy the line gives works: once deleted, a compile uploads the artifact again, and it downloads whole.
+    shutil.rmtree(remote)
+    again = engine(s3_bucket, *compile_args(config, s3_bucket.store()), cache=tmp_path / "compile-cache")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("compiled 0 of 4 graphs, uploaded 4 of 4 files: ")
+    for key, value in s3_bucket.env.items():
+        monkeypatch.setenv(key, value)
+    location = S3Location.of(s3_bucket.store(), artifact_hash(SETTINGS))
+    downloaded = download(location, copy, artifact_hash(SETTINGS))
+    assert downloaded is not None
+    assert artifact_files(copy) == downloaded.files
 
 
 @pytest.mark.parametrize(
@@ -298,19 +340,33 @@ def test_a_download_resumes_and_fetches_only_what_is_missing_or_wrong(
     assert fetched == [(f.path, False) for f in first.files]
     assert read_manifest(local) == first
 
-    # As a killed download leaves it: no manifest yet, one file short, one half-written.
+    # As a killed download leaves it: no manifest yet, one file short, one half-written; and one changed in place.
     (local / "manifest.json").unlink()
     (local / "neff" / "decode-1.neff").unlink()
     (local / "neff" / "prefill-256.neff").write_bytes(b"partial")
+    flip_bytes(local / "neff" / "decode-2.neff")
     fetched.clear()
     assert download(location, local, expected, record) == first
     assert fetched == [
         ("neff/decode-1.neff", False),
-        ("neff/decode-2.neff", True),
+        ("neff/decode-2.neff", False),
         ("neff/prefill-128.neff", True),
         ("neff/prefill-256.neff", False),
     ]
     assert artifact_files(local) == first.files
+
+    # A local copy changed in place since it was compiled is never uploaded.
+    graph = local / "neff" / "prefill-128.neff"
+    flip_bytes(graph)
+    elsewhere = S3Location.of(s3_bucket.store("elsewhere"), expected)
+    with pytest.raises(ArtifactError) as refused:
+        upload(local, first, elsewhere)
+    found, listed = hashlib.sha256(graph.read_bytes()).hexdigest(), first.files[2].sha256
+    assert str(refused.value) == (
+        f"{graph} changed after it was compiled (SHA-256 {found[:12]}…, expected {listed[:12]}…): delete {local} "
+        "and compile it again"
+    )
+    assert not (s3_bucket.path / "elsewhere" / expected / "neff" / "prefill-128.neff").exists()
 
 
 def test_store_locations() -> None:
