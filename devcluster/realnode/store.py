@@ -102,13 +102,17 @@ class OciImage:
         """Each layer's snapshot key, bottom layer first."""
         return chain_ids(self.config["rootfs"]["diff_ids"])
 
-    def write_thin(self, destination: Path, present: set[str]) -> int:
-        """An archive of this image alone without the layers whose snapshot is in ``present``; layers kept."""
-        layers = [
-            layer["digest"]
+    def layers_missing(self, present: set[str]) -> list[dict[str, Any]]:
+        """The manifest's layer entries whose snapshot is not in ``present``, bottom layer first."""
+        return [
+            layer
             for layer, chain_id in zip(self.manifest["layers"], self.chain_ids, strict=True)
             if chain_id not in present
         ]
+
+    def write_thin(self, destination: Path, present: set[str]) -> int:
+        """An archive of this image alone without the layers whose snapshot is in ``present``; layers kept."""
+        layers = [layer["digest"] for layer in self.layers_missing(present)]
         with _opened(self.source) as layout, tarfile.open(destination, "w") as thin:
             entry = {
                 "mediaType": self.manifest.get("mediaType", "application/vnd.oci.image.manifest.v1+json"),
@@ -322,7 +326,7 @@ class NodeImageStore:
             for image in images:
                 if held.get(image.name) == image.manifest_digest:
                     continue
-                _check_room(self.directory, image)
+                _check_room(self.directory, image, ctr.snapshots())
                 started = time.monotonic()
                 layers = ctr.load(image, Path(scratch), discard_layers=True)
                 ctr.collected(self.root, [layer["digest"] for layer in image.manifest["layers"]])
@@ -375,9 +379,9 @@ class NodeImageStore:
 _UNPACK_FACTOR = 3
 
 
-def _check_room(directory: Path, image: OciImage) -> None:
-    """Refuse, before unpacking, an image the disk has no room for."""
-    needed = _UNPACK_FACTOR * sum(layer["size"] for layer in image.manifest["layers"])
+def _check_room(directory: Path, image: OciImage, present: set[str]) -> None:
+    """Refuse, before unpacking, an image the disk has no room for (the layers already unpacked cost nothing)."""
+    needed = _UNPACK_FACTOR * sum(layer["size"] for layer in image.layers_missing(present))
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise StoreError(

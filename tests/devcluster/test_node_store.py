@@ -94,6 +94,15 @@ def test_a_thin_archive_leaves_out_the_layers_present(tmp_path: Path) -> None:
     assert OciImage.read(tmp_path / "thin.tar").manifest == image.manifest
 
 
+def test_only_the_layers_not_unpacked_need_room(tmp_path: Path) -> None:
+    """A rebuild that changes the top layer needs room for that layer, not for the whole image again."""
+    base, top = layer({"base": b"1" * 4096}), layer({"top": b"2"})
+    image = write_image(tmp_path / "image.tar", f"{REPOSITORY}:one", [base, top])
+    assert [entry["size"] for entry in image.layers_missing(set())] == [len(base), len(top)]
+    assert [entry["size"] for entry in image.layers_missing({image.chain_ids[0]})] == [len(top)]
+    assert image.layers_missing(set(image.chain_ids)) == []
+
+
 def test_reading_a_layout_names_its_image(tmp_path: Path) -> None:
     image = write_image(tmp_path / "image.tar", f"{REPOSITORY}:one", [layer({"f": b"x"})])
     with tarfile.open(tmp_path / "image.tar") as archive:
