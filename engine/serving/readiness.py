@@ -7,9 +7,7 @@ artifact; before that, connections are refused. So ``/ready`` (like vLLM's
 engine is healthy and 503 once it is not, with what it serves:
 ``{"status": "ready", "model": ..., "device": "sim", "artifact": HASH}``. Every
 HTTP response carries the artifact's hash too, in ``X-Neuronfleet-Artifact``,
-so a client or gateway sees which revision answered each request, and the host's
-name in ``X-Neuronfleet-Replica`` (in a pod, the pod's name), so it sees which
-replica did.
+so a client or gateway sees which revision answered each request.
 
 From SIGTERM on, ``/ready`` answers 503 and every answer closes its connection; a few seconds
 later new POSTs are refused with 503 and ``Retry-After`` (see ``neuronfleet.engine.serving.drain``).
@@ -22,7 +20,6 @@ command sets (see ``neuronfleet.engine.serving.serve.plugin_allowlist``).
 from __future__ import annotations
 
 import os
-import socket
 from argparse import Namespace
 from typing import Any
 
@@ -38,8 +35,6 @@ from neuronfleet.engine.sim_settings import SETTINGS_KEY
 
 #: The response header naming the compiled artifact that served the request.
 ARTIFACT_HEADER = "x-neuronfleet-artifact"
-#: The response header naming the replica that served the request: the host name, a pod's name in Kubernetes.
-REPLICA_HEADER = "x-neuronfleet-replica"
 
 
 def served_artifact() -> str | None:
@@ -58,12 +53,12 @@ def describe(args: Namespace) -> dict[str, Any]:
     }
 
 
-class HeaderMiddleware:
-    """ASGI middleware: every HTTP response carries one fixed header (what served it)."""
+class ArtifactHeaderMiddleware:
+    """ASGI middleware: every HTTP response names the artifact that served it."""
 
-    def __init__(self, app: ASGIApp, name: str, value: str) -> None:
+    def __init__(self, app: ASGIApp, artifact: str) -> None:
         self.app = app
-        self.header = (name.encode(), value.encode())
+        self.header = (ARTIFACT_HEADER.encode(), artifact.encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, adding the header to its response's start."""
@@ -104,11 +99,10 @@ class ReadinessPlugin:
 
         app.include_router(router)
         app.add_middleware(DrainGateMiddleware, gate=gate)
-        # Added last, so outermost: the drain gate's 503s name the replica and the artifact too.
-        app.add_middleware(HeaderMiddleware, name=REPLICA_HEADER, value=socket.gethostname())
         artifact = served_artifact()
         if artifact is not None:
-            app.add_middleware(HeaderMiddleware, name=ARTIFACT_HEADER, value=artifact)
+            # Added last, so outermost: the drain gate's 503s name the artifact too.
+            app.add_middleware(ArtifactHeaderMiddleware, artifact=artifact)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         """Record what is served, and drain through the gate before vLLM's shutdown."""

@@ -6,7 +6,6 @@ One server for the module, serving a tiny shape from an artifact compiled first.
 from __future__ import annotations
 
 import itertools
-import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from harness.engine_server import SCRIPTS, EngineServer, ServerPool, write_engine_config
 
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
-from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER, REPLICA_HEADER
+from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
 
 # pydantic and yaml only, so it imports in the vLLM 0.29 venv of `make compat` too.
@@ -98,15 +97,13 @@ def test_models_and_health(server: EngineServer) -> None:
     assert models["data"][0]["max_model_len"] == ENGINE["max_model_len"]
 
 
-def test_every_response_names_the_artifact_and_the_replica_that_served_it(server: EngineServer) -> None:
+def test_every_response_names_the_artifact_that_served_it(server: EngineServer) -> None:
     answered = server.post("/v1/completions", {"model": MODEL, "prompt": prompt(4), "max_tokens": 2})
     assert answered.status == 200, answered.body
     refused = server.post("/v1/completions", {"model": MODEL, "prompt": prompt(4), "max_tokens": 0})
     assert refused.status == 400, refused.body
     for response in (answered, refused, server.request("/health")):
         assert response.headers[ARTIFACT_HEADER] == server.extra["artifact"]
-        # The host's name: in a pod, the pod's.
-        assert response.headers[REPLICA_HEADER] == socket.gethostname()
 
 
 def test_completion_returns_max_tokens_deterministically(server: EngineServer) -> None:
