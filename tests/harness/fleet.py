@@ -29,7 +29,7 @@ from neuronfleet.devcluster.demo import operator_release
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode, pinned_here
 from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT
-from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER, REPLICA_HEADER
+from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
@@ -59,8 +59,8 @@ GAUGES = (RUNNING_GAUGE_PREFIX, WAITING_GAUGE_PREFIX)
 PROMPT_TOKENS_PREFIX = "vllm:prompt_tokens_total{"
 #: The model every service serves unless a test asks for another (the tiny simulated shape).
 TINY_MODEL = "hf://neuronfleet/tiny"
-#: Response headers each load records besides the artifact: the replica, and the drain's signs.
-RECORDED_HEADERS = (REPLICA_HEADER, "connection", "retry-after")
+#: Response headers each load records besides the artifact: the drain's signs.
+RECORDED_HEADERS = ("connection", "retry-after")
 #: A pod's start on two shared cores (vLLM on CPU), with room for two at once.
 POD_TIMEOUT_S = 600
 
