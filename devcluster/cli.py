@@ -187,6 +187,10 @@ def load(
     header: Annotated[
         str | None, typer.Option("--header", help="Count the successful responses by this response header.")
     ] = None,
+    record_header: Annotated[
+        list[str] | None,
+        typer.Option("--record-header", help="Also record this response header in --outcomes (repeatable)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one line of JSON.")] = False,
     outcomes: Annotated[
         Path | None,
@@ -209,7 +213,7 @@ def load(
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
-        plan = LoadPlan(url, rate, duration, body, timeout, max_in_flight, header)
+        plan = LoadPlan(url, rate, duration, body, timeout, max_in_flight, header, tuple(record_header or ()))
     except ValueError as error:
         fail(str(error))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -25,7 +25,9 @@ import httpx
 
 #: The outcome of a request that got no HTTP status: sent but answered by nobody in time.
 TIMEOUT = "timeout"
-#: Sent, but the connection failed (refused, reset, closed early).
+#: Not delivered: the connection was refused (or the address unreachable), so no server saw the request.
+REFUSED = "refused"
+#: Sent, but the connection failed after it was made (reset, closed early).
 TRANSPORT_ERROR = "transport error"
 #: Not sent: max_in_flight requests were already waiting.
 DROPPED = "dropped"
@@ -43,6 +45,8 @@ class LoadPlan:
     max_in_flight: int = 256
     #: A response header to record per request (for example which revision served it).
     record_header: str | None = None
+    #: More response headers to record per request (for example which replica served it), not counted.
+    also_record: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.duration_s <= 0 or self.timeout_s <= 0 or self.max_in_flight < 1:
@@ -61,9 +65,13 @@ class Outcome:
     index: int
     sent_at_s: float
     latency_s: float
-    #: "200", "503", ..., or TIMEOUT, TRANSPORT_ERROR, DROPPED.
+    #: "200", "503", ..., or TIMEOUT, REFUSED, TRANSPORT_ERROR, DROPPED.
     result: str
     header: str | None = None
+    #: The values of the plan's ``also_record`` headers the response carried.
+    recorded: dict[str, str] = field(default_factory=dict)
+    #: A 2xx answer's ``usage.completion_tokens`` (None when its body has none).
+    tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -147,10 +155,25 @@ async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float
         response = await client.post(plan.url, json=plan.body)
     except httpx.TimeoutException:
         return Outcome(index, due, time.monotonic() - began, TIMEOUT)
+    except httpx.ConnectError:
+        return Outcome(index, due, time.monotonic() - began, REFUSED)
     except httpx.HTTPError:
         return Outcome(index, due, time.monotonic() - began, TRANSPORT_ERROR)
+    latency = time.monotonic() - began
     header = response.headers.get(plan.record_header) if plan.record_header else None
-    return Outcome(index, due, time.monotonic() - began, str(response.status_code), header)
+    recorded = {name: response.headers[name] for name in plan.also_record if name in response.headers}
+    return Outcome(index, due, latency, str(response.status_code), header, recorded, completion_tokens(response))
+
+
+def completion_tokens(response: httpx.Response) -> int | None:
+    """The completion tokens a 2xx answer's body reports (``usage.completion_tokens``); None without them."""
+    if not response.is_success:
+        return None
+    try:
+        tokens = response.json()["usage"]["completion_tokens"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return tokens if isinstance(tokens, int) else None
 
 
 async def run_load(

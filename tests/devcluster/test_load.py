@@ -19,8 +19,8 @@ import pytest
 
 from neuronfleet.devcluster.demo.load import (
     DROPPED,
+    REFUSED,
     TIMEOUT,
-    TRANSPORT_ERROR,
     LoadPlan,
     LoadReport,
     percentile,
@@ -32,7 +32,7 @@ BODY = {"model": "m", "prompt": "p", "max_tokens": 1}
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Answers POSTs as the body asks: ``{"status": 503}`` or ``{"delay": 0.5}``; records each body."""
+    """Answers POSTs as the body asks (``{"status": 503}``, ``{"delay": 0.5}``) with its tokens; records each body."""
 
     server: Server
 
@@ -41,13 +41,15 @@ class Handler(BaseHTTPRequestHandler):
         self.server.bodies.append(asked)
         time.sleep(asked.get("delay", 0))
         status = asked.get("status", 200)
+        body = json.dumps({"usage": {"completion_tokens": asked["max_tokens"]}}).encode()
         # A client that timed out has hung up: nothing to answer.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.send_response(status)
             self.send_header("X-Served-By", "replica-a")
-            self.send_header("Content-Length", "2")
+            self.send_header("X-Zone", "zone-1")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(b"{}")
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet."""
@@ -101,10 +103,17 @@ def test_plan_refuses_what_cannot_run() -> None:
 
 
 def test_every_request_is_sent_and_counted_by_status(server: Server) -> None:
-    ok = load(LoadPlan(server.url, rate=20, duration_s=0.5, body=BODY, record_header="X-Served-By"))
+    ok = load(
+        LoadPlan(
+            server.url, rate=20, duration_s=0.5, body=BODY, record_header="X-Served-By", also_record=("X-Zone", "X-No")
+        )
+    )
     refused = load(LoadPlan(server.url, rate=20, duration_s=0.25, body={**BODY, "status": 503}))
     assert (ok.sent, ok.succeeded, ok.failures) == (10, 10, {})
     assert ok.headers() == {"replica-a": 10}
+    # The other headers asked for, as far as the response carried them, and each 2xx answer's tokens.
+    assert {(o.recorded["X-Zone"], len(o.recorded), o.tokens) for o in ok.outcomes} == {("zone-1", 1, 1)}
+    assert {o.tokens for o in refused.outcomes} == {None}
     assert [o.index for o in ok.outcomes] == list(range(10))
     assert (refused.sent, refused.succeeded, refused.failures) == (5, 0, {"503": 5})
     assert len(server.bodies) == 15
@@ -125,7 +134,7 @@ def test_timeouts_refusals_and_drops_are_failures_of_their_own(server: Server) -
     refused = load(LoadPlan(f"http://127.0.0.1:{closed}/", rate=10, duration_s=0.2, body=BODY))
     slow = load(LoadPlan(server.url, rate=10, duration_s=0.2, body={**BODY, "delay": 2}, timeout_s=0.3))
     bounded = load(LoadPlan(server.url, rate=20, duration_s=0.25, body={**BODY, "delay": 1}, max_in_flight=1))
-    assert refused.failures == {TRANSPORT_ERROR: 2}
+    assert refused.failures == {REFUSED: 2}
     assert slow.failures == {TIMEOUT: 2}
     # One request waits a second; the four due meanwhile are not sent.
     assert (bounded.sent, bounded.succeeded, bounded.failures) == (1, 1, {DROPPED: 4})
@@ -157,7 +166,7 @@ def test_the_command_prints_the_summary_and_fails_on_any_failure(server: Server)
         check=False,
     )
     assert failing.returncode == 1
-    assert rows(failing.stdout)["failed: transport error"] == "2"
+    assert rows(failing.stdout)["failed: refused"] == "2"
     assert rows(failing.stdout)["latency"] == "p50 -  p90 -  p99 -  max -"
 
 
@@ -191,7 +200,7 @@ def test_sigterm_stops_the_command_which_reports_and_writes_every_outcome(server
     outcomes = tmp_path / "outcomes.jsonl"
     command = [str(SCRIPTS / "neuronfleet-dev"), "load", server.url, "--rate", "20", "--duration", "600"]
     running = subprocess.Popen(
-        [*command, "--json", "--header", "X-Served-By", "--outcomes", str(outcomes)],
+        [*command, "--json", "--header", "X-Served-By", "--record-header", "X-Zone", "--outcomes", str(outcomes)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -213,3 +222,5 @@ def test_sigterm_stops_the_command_which_reports_and_writes_every_outcome(server
     # One line per request, written as each ended.
     assert sorted(line["index"] for line in lines) == list(range(summary["sent"]))
     assert {line["header"] for line in lines} == {"replica-a"}
+    # The command's default --max-tokens, as the server's usage reports it.
+    assert {(line["recorded"]["X-Zone"], line["tokens"]) for line in lines} == {("zone-1", 16)}

@@ -30,6 +30,7 @@ from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode, pinned_here
 from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
+from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
 
@@ -40,12 +41,26 @@ BUCKET = "neff-store"
 KEYS, WRONG_KEYS = "neff-keys", "neff-keys-revoked"
 #: Requests per second through the Service, and the tokens each asks for (about a second on two cores).
 RATE, MAX_TOKENS = 3.0, 24
-#: Tokens of each completion in the drain test: most of a second each, so some are running at the deletion.
-DRAIN_TOKENS = 200
+#: Tokens of each completion in the drain test: with the Llama 3.1 8B shape on trn2.48xlarge (about 31 ms
+#: a token on the simulated clock), about 8 s each, longer than the preStop sleep (5 s) with room to spare.
+DRAIN_TOKENS = 240
+#: A model the simulated device runs as Llama 3.1 8B: slow enough on its clock for generations that outlive a
+#: preStop sleep within the services' max_model_len (256).
+LLAMA_8B_MODEL = "hf://neuronfleet/llama-3.1-8b"
 #: How long the load goes on once a rollout is over: every answer then must come from the new revision.
 AFTER_S = 10.0
 #: vLLM's gauge of the requests an engine runs, as a labelled sample line starts.
 RUNNING_GAUGE_PREFIX = "vllm:num_requests_running{"
+#: vLLM's gauge of the requests an engine holds waiting, as a labelled sample line starts.
+WAITING_GAUGE_PREFIX = "vllm:num_requests_waiting{"
+#: Both gauges: the requests an engine holds.
+GAUGES = (RUNNING_GAUGE_PREFIX, WAITING_GAUGE_PREFIX)
+#: vLLM's counter of prompt tokens prefilled: it rises when an engine starts a request.
+PROMPT_TOKENS_PREFIX = "vllm:prompt_tokens_total{"
+#: The model every service serves unless a test asks for another (the tiny simulated shape).
+TINY_MODEL = "hf://neuronfleet/tiny"
+#: Response headers each load records besides the artifact: the drain's signs.
+RECORDED_HEADERS = ("connection", "retry-after")
 #: A pod's start on two shared cores (vLLM on CPU), with room for two at once.
 POD_TIMEOUT_S = 600
 
@@ -58,8 +73,9 @@ def service_manifest(
     secret: str = KEYS,
     autoscaling: Obj | None = None,
     max_num_seqs: int = 4,
+    model: str = TINY_MODEL,
 ) -> Obj:
-    """The service, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
+    """The service of ``model``, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
 
     Two replicas, or ``autoscaling`` in their place.
     """
@@ -69,7 +85,7 @@ def service_manifest(
         "kind": SERVICE_KIND.kind,
         "metadata": {"name": NAME},
         "spec": {
-            "model": {"uri": "hf://neuronfleet/tiny", "revision": "main"},
+            "model": {"uri": model, "revision": "main"},
             "instanceType": "trn2.48xlarge",
             "device": "sim",
             "image": image,
@@ -186,7 +202,17 @@ class Fleet:
         workdir = self.workdir / f"load-{name}"
         workdir.mkdir()
         url = f"http://{cluster_ip}:{HTTP_PORT}/v1/completions"
-        return NodeLoad(self.node.netns, url, workdir, rate=rate, max_tokens=max_tokens, header=ARTIFACT_HEADER)
+        model = served_name(self.manifest["spec"]["model"]["uri"])
+        return NodeLoad(
+            self.node.netns,
+            url,
+            workdir,
+            rate=rate,
+            max_tokens=max_tokens,
+            header=ARTIFACT_HEADER,
+            model=model,
+            record=RECORDED_HEADERS,
+        )
 
     def running_requests(self, pod: Obj) -> float:
         """Requests the pod's engine is running now (vLLM's gauge, read from the node)."""
@@ -196,6 +222,59 @@ class Fleet:
         assert scraped.returncode == 0, scraped.stderr
         samples = [line.split()[-1] for line in scraped.stdout.splitlines() if line.startswith(RUNNING_GAUGE_PREFIX)]
         return sum(map(float, samples))
+
+    def next_request_started(self, pod: Obj, timeout: float = 60) -> None:
+        """Return as soon as the pod's engine starts a request (its prompt-token counter rises)."""
+        started = self.node.in_netns(["python3", "-I", "-c", watching(pod, timeout)], timeout=timeout + 30)
+        assert started.returncode == 0, f"no request started on {pod['metadata']['name']}: {started.stderr}"
+
+    def in_service(self, pod_name: str) -> bool:
+        """Whether the Service sends to the pod: a ready endpoint of its EndpointSlices names it."""
+        slices = self.get("endpointslices", "", f"--selector=kubernetes.io/service-name={NAME}")["items"]
+        return any(
+            (endpoint.get("targetRef") or {}).get("name") == pod_name and endpoint["conditions"].get("ready")
+            for found in slices
+            for endpoint in found.get("endpoints") or []
+        )
+
+    def complete_on(self, pod: Obj, max_tokens: int = MAX_TOKENS) -> Obj:
+        """One completion sent straight to the pod (not through the Service), from the node; its body."""
+        url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/v1/completions"
+        model = served_name(self.manifest["spec"]["model"]["uri"])
+        body = json.dumps({"model": model, "prompt": "The fleet", "max_tokens": max_tokens}).encode()
+        script = (
+            "import urllib.request\n"
+            "headers = {'Content-Type': 'application/json'}\n"
+            f"request = urllib.request.Request({url!r}, data={body!r}, headers=headers)\n"
+            "print(urllib.request.urlopen(request, timeout=60).read().decode())\n"
+        )
+        answered = self.node.in_netns(["python3", "-I", "-c", script], timeout=90)
+        assert answered.returncode == 0, answered.stderr
+        return dict(json.loads(answered.stdout))
+
+    def container_pid(self, pod: Obj) -> int:
+        """The node's PID of the main process of the pod's (first) container, from the node's containerd."""
+        container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+        return int(json.loads(self.node.crictl("inspect", container_id))["info"]["pid"])
+
+    def kill_engine(self, pod: Obj, timeout: float = 60) -> tuple[float, float]:
+        """SIGKILL the pod's engine (its container's main process) as a request starts on it.
+
+        From one process on the node, a moment apart: the engine's metrics show a request started, then
+        the kill. Returns when it was killed (Unix seconds), and how many requests the engine was running
+        or holding waiting in those last metrics (vLLM's gauges).
+        """
+        pid = self.container_pid(pod)
+        script = watching(pod, timeout) + (
+            "import os, signal\n"
+            f"os.kill({pid}, signal.SIGKILL)\n"
+            "killed_at = time.time()\n"
+            f"print(killed_at, total(text, {GAUGES!r}))\n"
+        )
+        killed = self.node.in_netns(["python3", "-I", "-c", script], timeout=timeout + 30)
+        assert killed.returncode == 0, killed.stderr
+        killed_at, held = killed.stdout.split()
+        return float(killed_at), float(held)
 
     def compile_jobs(self, artifact_hash: str) -> list[Obj]:
         """The compile Jobs of one artifact."""
@@ -218,6 +297,26 @@ class Fleet:
         pods = [p for p in json.loads(found.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
         assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
         return dict(pods[0])
+
+
+def watching(pod: Obj, timeout: float) -> str:
+    """A script, run on the node, that polls the pod's engine metrics until a request starts on it.
+
+    It ends with ``text``, the metrics in which the engine's prompt-token counter rose, and ``total``.
+    """
+    url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
+    return (
+        "import time, urllib.request\n"
+        "def total(text, prefixes):\n"
+        "    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefixes))\n"
+        f"scrape = lambda: urllib.request.urlopen({url!r}, timeout=5).read().decode()\n"
+        f"text, deadline = scrape(), time.monotonic() + {timeout}\n"
+        f"first = total(text, {PROMPT_TOKENS_PREFIX!r})\n"
+        f"while total(text, {PROMPT_TOKENS_PREFIX!r}) <= first:\n"
+        "    assert time.monotonic() < deadline, 'no request started'\n"
+        "    time.sleep(0.05)\n"
+        "    text = scrape()\n"
+    )
 
 
 def pod_ready(pod: Obj) -> bool:
@@ -259,8 +358,9 @@ def started(
     prometheus: str | None = None,
     autoscaling: Obj | None = None,
     max_num_seqs: int = 4,
+    model: str = TINY_MODEL,
 ) -> Iterator[Fleet]:
-    """The service Ready (two replicas, or ``autoscaling``'s minimum), rolled out by the in-cluster operator.
+    """The service of ``model`` Ready (two replicas, or ``autoscaling``'s minimum), rolled out by the operator.
 
     A ``prometheus`` URL installs the operator with autoscaling on, its ScaledObjects querying it.
     """
@@ -297,7 +397,7 @@ def started(
         create_secret(real_cluster, namespace, KEYS, keys.access_key, keys.secret_key)
         create_secret(real_cluster, namespace, WRONG_KEYS, keys.access_key, f"revoked-{keys.secret_key[::-1]}")
         manifest = service_manifest(
-            engine.name, s3.endpoint, [128, 256], autoscaling=autoscaling, max_num_seqs=max_num_seqs
+            engine.name, s3.endpoint, [128, 256], autoscaling=autoscaling, max_num_seqs=max_num_seqs, model=model
         )
         service = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
         service.apply(manifest)

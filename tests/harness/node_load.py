@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -32,6 +33,10 @@ class Answer:
     latency_s: float
     result: str
     header: str | None
+    #: The other headers the load recorded (by the name it was given), as far as the response carried them.
+    recorded: Mapping[str, str] = field(default_factory=dict)
+    #: A 2xx answer's completion tokens, from its body.
+    tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -77,7 +82,18 @@ class LoadResult:
 class NodeLoad:
     """The load tool sending completions to ``url`` from network namespace ``netns`` until :meth:`stop`."""
 
-    def __init__(self, netns: str, url: str, workdir: Path, *, rate: float, max_tokens: int, header: str) -> None:
+    def __init__(
+        self,
+        netns: str,
+        url: str,
+        workdir: Path,
+        *,
+        rate: float,
+        max_tokens: int,
+        header: str,
+        model: str,
+        record: Sequence[str] = (),
+    ) -> None:
         self.outcomes = workdir / "outcomes.jsonl"
         self.argv = [
             "ip",
@@ -92,6 +108,8 @@ class NodeLoad:
             f"--max-tokens={max_tokens}",
             "--timeout=60",
             f"--header={header}",
+            f"--model={model}",
+            *(f"--record-header={name}" for name in record),
             f"--outcomes={self.outcomes}",
             "--json",
         ]
@@ -125,7 +143,7 @@ class NodeLoad:
         started = float(summary["started_at"])
         outcomes = sorted(map(json.loads, self.outcomes.read_text().splitlines()), key=lambda o: int(o["index"]))
         answers = [
-            Answer(started + o["sent_at_s"], o["latency_s"], o["result"], o["header"])
+            Answer(started + o["sent_at_s"], o["latency_s"], o["result"], o["header"], o["recorded"], o["tokens"])
             for o in outcomes
             if o["result"] != DROPPED
         ]

@@ -1,11 +1,13 @@
-"""The operator's promises, kept on real pods under load: rollout, failed compile, drain, operator restart, scale.
+"""The operator's promises, kept on real pods under load: rollout, failed compile, crashes, drain, scale.
 
 One ``device: sim`` service with two replicas on the real node, rolled out by the operator running
 in-cluster from its image (installed by the chart), its artifacts in an ``s3://`` store: a real S3
 server inside the node's network namespace, which compile pods upload to and serving pods download
-from. Each test sends completions through the Service's ClusterIP for its whole length (the open-loop
-load tool, from the node's network namespace) and checks every response: its status, and the
-``X-Neuronfleet-Artifact`` header that says which revision answered.
+from. The model is simulated as Llama 3.1 8B (about 31 ms a token on trn2.48xlarge's clock), so a
+drain can meet generations longer than the preStop sleep. Each test sends completions through the
+Service's ClusterIP for its whole length (the open-loop load tool, from the node's network namespace)
+and checks every response: its status, the ``X-Neuronfleet-Artifact`` header that says which revision
+answered, and the drain's signs (``Connection: close``, ``Retry-After``).
 
 The service and its helpers are :mod:`harness.fleet`. The tests run in order and share the service:
 each leaves it Ready with two replicas.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -24,11 +28,14 @@ from harness.fleet import (
     AFTER_S,
     BUCKET,
     DRAIN_TOKENS,
+    LLAMA_8B_MODEL,
+    MAX_TOKENS,
     NAME,
     POD_TIMEOUT_S,
     RATE,
     WRONG_KEYS,
     Fleet,
+    Obj,
     identity_hash,
     pod_ready,
     ready_condition,
@@ -38,8 +45,17 @@ from harness.fleet import (
 
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
-from neuronfleet.engine.names import LABEL_ARTIFACT
+
+#: Long generations a second: two replicas run them with room, one alone just keeps up.
+DRAIN_RATE = 0.5
+
+
+def restarts(pod: Obj) -> int:
+    """How often the pod's (first) container was restarted."""
+    return int(pod["status"]["containerStatuses"][0]["restartCount"])
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +63,9 @@ def fleet(
     real_cluster: LocalCluster, real_node: RealNode, node_image: NodeImage, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fleet]:
     """The service Ready with two replicas, rolled out by the in-cluster operator, artifacts in S3 on the node."""
-    with started(real_cluster, real_node, node_image, tmp_path_factory.mktemp("fleet")) as service:
+    with started(
+        real_cluster, real_node, node_image, tmp_path_factory.mktemp("fleet"), model=LLAMA_8B_MODEL
+    ) as service:
         yield service
 
 
@@ -121,33 +139,34 @@ def test_a_failed_compile_blocks_while_the_old_pods_keep_serving(fleet: Fleet) -
     fleet.wait(lambda: fleet.rolled_out_to(serving), f"{NAME} Ready again on {serving}")
 
 
-def test_the_operator_killed_mid_rollout_converges_without_duplicate_jobs(fleet: Fleet) -> None:
+def test_the_operator_killed_mid_compile_converges_without_duplicate_jobs(fleet: Fleet) -> None:
     changed = fleet.with_buckets([32, 256])
     new = identity_hash(changed)
-    killed = fleet.operator_pod()
+    operator = fleet.operator_pod()
+    pid = fleet.container_pid(operator)
     with fleet.load("operator-killed") as load:
         fleet.apply(changed)
-        (job,) = fleet.wait(lambda: fleet.compile_jobs(new), f"the compile Job of {new}")
-        # The rollout is in flight once a pod of the new revision exists: kill the operator then.
-        fleet.wait(
-            lambda: any(p["metadata"]["labels"][LABEL_ARTIFACT] == new for p in fleet.pods()),
-            f"a pod of revision {new}",
-        )
+        (job,) = wait_for(lambda: fleet.compile_jobs(new), timeout=120, interval=0.2, what=f"the compile Job of {new}")
+        # A crash, not a delete: SIGKILL to the operator's process, as soon as its compile Job exists.
         killed_at = time.time()
-        fleet.cluster.kubectl(
-            "delete", "pod", killed["metadata"]["name"], "--namespace", fleet.operator_namespace, "--wait=false"
-        )
+        os.kill(pid, signal.SIGKILL)
+        # Mid-compile: the Job, made before the kill, had not finished after it.
+        compiling = fleet.get("job", job["metadata"]["name"])["status"]
         restarted = fleet.wait(
-            lambda: (p := fleet.operator_pod())["metadata"]["uid"] != killed["metadata"]["uid"] and pod_ready(p) and p,
-            "the operator restarted by its Deployment",
+            lambda: restarts(p := fleet.operator_pod()) > restarts(operator) and pod_ready(p) and p,
+            "the operator's container restarted",
         )
         done_at = fleet.wait(
             lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
         )
         time.sleep(AFTER_S)
         result = load.stop()
-    report("operator killed mid-rollout", result, killed=killed_at, rolled_out=done_at)
-    assert killed_at < done_at
+    report("operator killed mid-compile", result, killed=killed_at, rolled_out=done_at)
+    assert not compiling.get("succeeded"), compiling
+    assert not compiling.get("failed"), compiling
+    # The same pod, its container restarted once by the kubelet, on the real node.
+    assert restarted["metadata"]["uid"] == operator["metadata"]["uid"]
+    assert restarts(restarted) == restarts(operator) + 1
     assert restarted["spec"]["nodeName"] == REAL_NODE
     assert result.failed == {}, result.summary
     assert {a.header for a in result.sent_between(done_at)} == {new}
@@ -158,30 +177,89 @@ def test_the_operator_killed_mid_rollout_converges_without_duplicate_jobs(fleet:
     assert not after["status"].get("failed")
 
 
-def test_a_deleted_pod_finishes_its_requests_and_none_fails(fleet: Fleet) -> None:
+def test_a_deleted_pod_finishes_the_requests_running_on_it_and_none_fails(fleet: Fleet) -> None:
     serving = fleet.status()["currentRevision"]
     victim = fleet.pods()[0]
     name = victim["metadata"]["name"]
     grace = victim["spec"]["terminationGracePeriodSeconds"]
-    # Longer completions, more often, so that some are on the pod when it is deleted.
-    with fleet.load("drain", rate=2 * RATE, max_tokens=DRAIN_TOKENS) as load:
-        fleet.wait(lambda: fleet.running_requests(victim) > 0, f"a request running on {name}", timeout=60)
+    pre_stop = victim["spec"]["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    # Generations of about 8 s: one that starts as the pod is deleted still runs when SIGTERM comes, preStop later.
+    with fleet.load("drain", rate=DRAIN_RATE, max_tokens=DRAIN_TOKENS) as load:
+        fleet.next_request_started(victim)
         deleted_at = time.time()
         fleet.kubectl("delete", "pod", name, "--wait=false")
         fleet.wait(lambda: name not in {p["metadata"]["name"] for p in fleet.pods()}, f"pod {name} gone", grace + 30)
         gone_at = time.time()
         time.sleep(AFTER_S)
         result = load.stop()
-    report("drain", result, deleted=deleted_at, gone=gone_at)
-    # Requests were on the way when the pod was deleted, and every one was answered; none got a 503:
-    # the preStop sleep keeps the pod serving until the Service no longer sends it anything new.
-    in_flight = result.in_flight_at(deleted_at)
-    assert in_flight, "no request was in flight at the deletion"
-    assert all(a.ok for a in in_flight)
-    assert result.failed == {}, result.summary
-    assert result.sent_between(deleted_at, gone_at), "nothing was sent during the drain"
+    # Only a pod whose drain began (at SIGTERM) closes the connection of each answer, and only the deleted
+    # pod drains. Sent before SIGTERM could come (the preStop sleep runs first) and answered so: these ran
+    # on the deleted pod when it got SIGTERM.
+    closing = [a for a in result.answers if a.recorded.get("connection") == "close"]
+    at_sigterm = [a for a in closing if a.sent_at < deleted_at + pre_stop]
+    at_deletion = [a for a in at_sigterm if a.sent_at <= deleted_at]
+    report("drain", result, deleted=deleted_at, pre_stop_over=deleted_at + pre_stop, gone=gone_at)
+    print(
+        f"    on {name}: {len(at_deletion)} in flight at the deletion and {len(at_sigterm)} at SIGTERM, "
+        f"{len(closing)} answered while it drained; {len(result.in_flight_at(deleted_at))} in flight at the "
+        "deletion on all replicas",
+        flush=True,
+    )
+    assert at_deletion, f"no request in flight at the deletion was still running on {name} at SIGTERM"
+    assert all(a.done_at > deleted_at + pre_stop for a in at_sigterm)
+    # Each served in full, or refused by the draining pod with 503 and Retry-After; nothing else fails.
+    for answer in result.answers:
+        if answer.ok:
+            assert answer.tokens == DRAIN_TOKENS, answer
+        else:
+            assert answer.result == "503", answer
+            assert {"retry-after", "connection"} <= set(answer.recorded), answer
+    assert all(a.ok for a in at_sigterm)
+    # The Service sent the rest to a pod that was not draining while the deleted one drained.
+    during = [a for a in result.sent_between(deleted_at + pre_stop, gone_at) if a not in closing]
+    assert during, "nothing was sent elsewhere during the drain"
     assert {a.header for a in result.answers} == {serving}
     fleet.wait(lambda: fleet.rolled_out_to(serving), "the replacement pod Ready")
+
+
+def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(fleet: Fleet) -> None:
+    serving = fleet.status()["currentRevision"]
+    victim = fleet.pods()[0]
+    name = victim["metadata"]["name"]
+    with fleet.load("engine-killed") as load:
+        killed_at, held = fleet.kill_engine(victim)
+        out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
+        back = fleet.wait(
+            lambda: restarts(p := fleet.get("pod", name)) == restarts(victim) + 1 and pod_ready(p) and p,
+            f"{name} restarted and Ready again",
+        )
+        back_at = fleet.wait(lambda: fleet.in_service(name) and time.time(), f"{name} back in the Service")
+        time.sleep(AFTER_S)
+        result = load.stop()
+    in_flight = result.in_flight_at(killed_at)
+    lost = [a for a in in_flight if not a.ok]
+    # Sent after the kill to the dead pod, before readiness took it out of the Service's endpoints.
+    routed_to_it = [a for a in result.answers if not a.ok and a not in lost]
+    report("engine killed", result, killed=killed_at, out_of_service=out_at, back_in_service=back_at)
+    print(
+        f"    on {name}: {held:g} held by its engine at the kill, {len(in_flight)} in flight on all replicas, "
+        f"{len(lost)} of them lost; {len(routed_to_it)} sent to it after the kill failed",
+        flush=True,
+    )
+    # The requests the killed engine held failed, cut off with their connection; no more than it held.
+    assert 0 < len(lost) <= held
+    assert {a.result for a in lost} == {TRANSPORT_ERROR}
+    # Every other failure was sent to the dead pod before the Service dropped it: refused, or cut off on
+    # a kept-alive connection; never an answer.
+    for answer in routed_to_it:
+        assert killed_at < answer.sent_at < out_at, answer
+        assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
+    # Readiness took the pod out of the Service; the same pod, its container restarted, serves again.
+    assert killed_at < out_at < back_at
+    assert back["metadata"]["uid"] == victim["metadata"]["uid"]
+    assert fleet.complete_on(back)["usage"]["completion_tokens"] == MAX_TOKENS
+    assert {a.header for a in result.answers if a.ok} == {serving}
+    fleet.wait(lambda: fleet.rolled_out_to(serving), f"{NAME} Ready on {serving}")
 
 
 def test_kubectl_scale_moves_the_replicas_under_load(fleet: Fleet) -> None:
