@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import socket
 import struct
@@ -42,6 +43,8 @@ from collections.abc import Callable, Sequence
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
 
 #: Seconds a client is asked to wait before retrying a request refused while draining.
 DRAINING_RETRY_AFTER_S = 1
@@ -209,8 +212,13 @@ async def close_listeners(servers: Sequence[asyncio.Server]) -> None:
     listeners = [handle for handle in handles if handle.family in (socket.AF_INET, socket.AF_INET6)]
     try:
         if sys.platform == "linux":
-            for listener in listeners:
-                stop_taking_connections(listener)
+            try:
+                for listener in listeners:
+                    stop_taking_connections(listener)
+            except PermissionError:
+                # A container's seccomp profile may refuse socket filters: then a connection made in the
+                # moment between the queue emptying and the close is reset, as without this function.
+                logger.info("draining: no socket filter allowed here; the listener closes once its queue is empty")
             await asyncio.sleep(HANDSHAKE_GRACE_S)
             deadline = time.monotonic() + ACCEPT_QUEUE_WAIT_S
             while any(map(accept_queue, listeners)) and time.monotonic() < deadline:

@@ -21,6 +21,7 @@ command sets (see ``neuronfleet.engine.serving.serve.plugin_allowlist``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from argparse import Namespace
@@ -32,9 +33,21 @@ from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from neuronfleet.engine.scheduler import vllm_compat
-from neuronfleet.engine.serving.drain import DrainGate, DrainGateMiddleware, close_listeners, sending_header
+from neuronfleet.engine.serving.drain import (
+    ACCEPT_QUEUE_WAIT_S,
+    HANDSHAKE_GRACE_S,
+    DrainGate,
+    DrainGateMiddleware,
+    close_listeners,
+    sending_header,
+)
 from neuronfleet.engine.serving.serve import READY_PLUGIN, SERVED_ARTIFACT_ENV
 from neuronfleet.engine.sim_settings import SETTINGS_KEY
+
+logger = logging.getLogger(__name__)
+
+#: Seconds the listener's close may take (its waits, and a margin) before vLLM's shutdown goes on without it.
+LISTENER_CLOSE_TIMEOUT_S = HANDSHAKE_GRACE_S + ACCEPT_QUEUE_WAIT_S + 1.0
 
 #: The response header naming the compiled artifact that served the request.
 ARTIFACT_HEADER = "x-neuronfleet-artifact"
@@ -120,7 +133,12 @@ class ReadinessPlugin:
                 server = getattr(state, "server", None)
                 if server is not None:
                     started = time.monotonic()
-                    asyncio.run_coroutine_threadsafe(close_listeners(server.servers), loop).result()
+                    closed = asyncio.run_coroutine_threadsafe(close_listeners(server.servers), loop)
+                    try:
+                        closed.result(LISTENER_CLOSE_TIMEOUT_S)
+                    except Exception as error:  # the close only tidies up: vLLM's shutdown must run all the same
+                        closed.cancel()
+                        logger.warning("draining: the listener did not close cleanly (%r); shutting down", error)
                     left = max(0.0, left - (time.monotonic() - started))
                 return left
 
