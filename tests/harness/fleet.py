@@ -214,15 +214,6 @@ class Fleet:
             record=RECORDED_HEADERS,
         )
 
-    def running_requests(self, pod: Obj) -> float:
-        """Requests the pod's engine is running now (vLLM's gauge, read from the node)."""
-        url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
-        script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
-        scraped = self.node.in_netns(["python3", "-I", "-c", script])
-        assert scraped.returncode == 0, scraped.stderr
-        samples = [line.split()[-1] for line in scraped.stdout.splitlines() if line.startswith(RUNNING_GAUGE_PREFIX)]
-        return sum(map(float, samples))
-
     def next_request_started(self, pod: Obj, timeout: float = 60) -> None:
         """Return as soon as the pod's engine starts a request (its prompt-token counter rises)."""
         started = self.node.in_netns(["python3", "-I", "-c", watching(pod, timeout)], timeout=timeout + 30)
