@@ -45,7 +45,7 @@ class LoadPlan:
     max_in_flight: int = 256
     #: A response header to record per request (for example which revision served it).
     record_header: str | None = None
-    #: More response headers to record per request (for example which replica served it), not counted.
+    #: More response headers to record per request (for example a drain's Connection and Retry-After), not counted.
     also_record: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
