@@ -17,8 +17,6 @@ COMPAT_VENV := $(COMPAT)/.venv
 # Only the system Python: nothing may be downloaded from outside the package registries.
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON ?= python3.11
-# `operator/` in the working directory must never shadow the standard library's `operator`.
-export PYTHONSAFEPATH := 1
 export HF_HUB_OFFLINE := 1
 # tools/kube/build.sh builds under it, and the tests find the binaries through the same script.
 export NEURONFLEET_CACHE := $(CACHE)

@@ -27,8 +27,7 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
             [str(SCRIPTS / program), *args],
             timeout=120,
             cwd=cwd,
-            # vLLM inspects models in a `python -m` child: it must not import `operator/` from the cwd.
-            env={"PATH": str(SCRIPTS), "COLUMNS": "120", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1", "PYTHONSAFEPATH": "1"},
+            env={"PATH": str(SCRIPTS), "COLUMNS": "120", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"},
         )
 
     return run

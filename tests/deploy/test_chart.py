@@ -236,7 +236,7 @@ def test_operator_metrics_are_served_on_a_named_port_and_scraped_by_their_own_mo
 
 
 #: What the engine exports: vLLM's own series (the names its server publishes) and the Neuron
-#: scheduler's, which the serving branch's engine/scheduler/metrics.py writes (prometheus_client adds _total).
+#: scheduler's, which neuronfleet.engine.scheduler.metrics writes (prometheus_client adds _total).
 VLLM_METRICS = {
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -254,7 +254,7 @@ NEURONFLEET_METRICS = {
     "neuronfleet:decode_padding_seqs_total",
     "neuronfleet:kv_admission_deferrals_total",
 }
-#: The operator's own series (operator/metrics.py).
+#: The operator's own series (operator/src/neuronfleet/operator/metrics.py).
 OPERATOR_METRICS = {
     "neuronfleet_operator_reconciles_total",
     "neuronfleet_operator_reconcile_duration_seconds_bucket",

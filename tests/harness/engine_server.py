@@ -38,7 +38,7 @@ def engine_env() -> dict[str, str]:
     """The environment a user's shell would give the engine: no network for models."""
     keep = ("PATH", "HOME", "XDG_CACHE_HOME", "TMPDIR", "LANG")
     env = {key: os.environ[key] for key in keep if key in os.environ}
-    env.update({"HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "PYTHONSAFEPATH": "1"})
+    env.update({"HF_HUB_OFFLINE": "1", "NO_COLOR": "1"})
     return env
 
 

@@ -49,7 +49,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("", {GAUGE_PORT}), Handler).serve_forever()
 """
 IDLE = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(86400)"
-#: Labels the operator puts on serving pods (``operator/plan.py``): the rig's Prometheus keeps these pods and
+#: Labels the operator puts on serving pods (``neuronfleet.operator.plan``): the rig's Prometheus keeps these pods and
 #: names their service in label ``neuronfleet_io_service``, which the trigger's query selects on.
 SERVICE = "gauge"
 SERVING_LABELS = {MANAGED_BY_LABEL: OPERATOR_NAME, LABEL_SERVICE: SERVICE}

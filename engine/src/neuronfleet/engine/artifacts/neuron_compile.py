@@ -40,7 +40,6 @@ def compile_command(model: str, engine: EngineConfig, target: str, neff_dir: Pat
         "NEURON_LIBTORCH_REMOTE_CACHE": str(neff_dir),
         # A compile must compile: an inherited "cache miss is fatal" (serving's setting) would stop it.
         "VLLM_NEURON_DISABLE_WARMUP_COMPILE": "0",
-        "PYTHONSAFEPATH": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
     return argv, env

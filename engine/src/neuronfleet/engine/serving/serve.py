@@ -141,8 +141,6 @@ def metrics_dir(port: int) -> Path:
 def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, str]:
     """The environment ``vllm serve`` runs in."""
     env = dict(base)
-    # ./operator must never shadow the standard library, whatever the working directory.
-    env["PYTHONSAFEPATH"] = "1"
     # No usage reports leave the host.
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
