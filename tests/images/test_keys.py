@@ -106,7 +106,8 @@ def test_a_source_edit_changes_the_sources_digest_and_not_the_lock_digest(tmp_pa
     (root / "uv.lock").write_text("version = 2\n")
     after_lock = build_digests(read_inputs(root))
     assert after_lock.lock != after_source.lock
-    assert after_lock.sources == after_source.sources
+    # The project's install reads the lock stage's files too (uv sync --locked).
+    assert after_lock.sources != after_source.sources
     # Every file the lock stage holds counts, and so does each source file's name.
     for name in ("pyproject.toml", "devcluster/pyproject.toml"):
         (root / name).write_text(f"{name} edited")
@@ -118,6 +119,27 @@ def test_a_source_edit_changes_the_sources_digest_and_not_the_lock_digest(tmp_pa
     (root / "README.md").write_text("a new readme")
     assert build_digests(read_inputs(root)).lock == edited.lock
     assert build_digests(read_inputs(root)).sources != edited.sources
+
+
+def test_only_what_uv_resolves_from_keys_the_dependencies(tmp_path: Path) -> None:
+    root = fake_checkout(tmp_path / "checkout")
+    project = '[project]\nname = "p"\ndependencies = ["a"]\n\n[tool.uv]\ndefault-groups = ["dev"]\n'
+    (root / "pyproject.toml").write_text(project + "\n[tool.ruff]\nline-length = 120\n")
+    before = build_digests(read_inputs(root))
+    deps_before = dependencies_key("engine", read_inputs(root), "base")
+    # A linter's table or the packages' folders: the project is installed again, the dependencies are not.
+    (root / "pyproject.toml").write_text(
+        project + '\n[tool.ruff]\nline-length = 100\n\n[tool.setuptools]\npackage-dir = { "p" = "src/p" }\n'
+    )
+    edited = build_digests(read_inputs(root))
+    assert edited.lock == before.lock
+    assert dependencies_key("engine", read_inputs(root), "base") == deps_before
+    assert edited.sources != before.sources
+    # What uv reads: the project's dependencies and uv's own table.
+    for changed in (project.replace('["a"]', '["a", "b"]'), project.replace('"dev"', '"docs"')):
+        (root / "pyproject.toml").write_text(changed)
+        assert build_digests(read_inputs(root)).lock != before.lock
+        assert dependencies_key("engine", read_inputs(root), "base") != deps_before
 
 
 def test_the_digests_are_passed_as_the_build_arguments_the_dockerfile_declares(tmp_path: Path) -> None:

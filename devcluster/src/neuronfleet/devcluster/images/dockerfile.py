@@ -10,7 +10,9 @@ Each image's environment is two layers (the Dockerfile's header says why): the d
 the lock alone, and the project. A source change rebuilds only the project's small layer; the dependencies'
 layer comes from the layer cache with the same digest, so neither the layout nor an importer that holds it
 writes it again. buildah's cache does not hash what a ``RUN --mount`` reads, so each install is keyed by a
-digest of its inputs passed as a build argument (:func:`build_digests`).
+digest of its inputs passed as a build argument (:func:`build_digests`). The dependencies' digest reads only
+what a dependency install depends on (:func:`dependency_view`): an edit to a linter's table in pyproject.toml
+reinstalls the project, not the engine's 10 GB of dependencies.
 
 The key hashes everything the image is made of: the Dockerfile, .dockerignore, pyproject.toml, uv.lock,
 README.md, the package sources and the base image. An image whose key is in the layout is reused as it is;
@@ -28,6 +30,7 @@ import re
 import shutil
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,10 +180,10 @@ def checkout_key(target: str, root: Path, base_key: str) -> str:
 class BuildDigests:
     """What each install of the Dockerfile reads, as the digests passed to it as build arguments."""
 
-    #: The lock stage's files: the dependency installs.
+    #: The lock stage's files as a dependency install reads them (:func:`dependency_view`).
     lock: str
-    #: The sources stage's files (README.md, engine/, operator/): the project installs, built on the
-    #: dependencies (so the lock's files key them too).
+    #: The sources stage's files (README.md, engine/, operator/) and every byte of the lock's: the project
+    #: installs.
     sources: str
 
     def build_args(self) -> list[str]:
@@ -188,12 +191,35 @@ class BuildDigests:
         return [f"--build-arg={LOCK_DIGEST_ARG}={self.lock}", f"--build-arg={SOURCES_DIGEST_ARG}={self.sources}"]
 
 
+def dependency_view(name: str, data: bytes) -> bytes:
+    """What a dependency install (``uv sync --locked --no-install-project``) reads of a lock stage file.
+
+    Of a pyproject.toml: every table but ``[tool.*]``, except ``[tool.uv]``, which uv reads. The linters'
+    and setuptools' tables (package-dir) shape only the project's install, which the sources digest keys.
+    Anything else, or a pyproject.toml that does not parse, counts byte for byte.
+    """
+    if Path(name).name != "pyproject.toml":
+        return data
+    try:
+        project = tomllib.loads(data.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return data
+    tool = project.pop("tool", {})
+    if "uv" in tool:
+        project["tool"] = {"uv": tool["uv"]}
+    return json.dumps(project, sort_keys=True).encode()
+
+
+def _dependency_files(inputs: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
+    return [(name, dependency_view(name, inputs[name])) for name in LOCK_FILES]
+
+
 def build_digests(inputs: Mapping[str, bytes]) -> BuildDigests:
     """The digests of the lock's files and of the sources among ``inputs`` (:func:`read_inputs`)."""
-    lock = [(name, inputs[name]) for name in LOCK_FILES]
-    sources = [(name, inputs[name]) for name in SOURCE_FILES]
+    # The project's install also reads every byte of the lock stage's files (package-dir, entry points).
+    sources = [(name, inputs[name]) for name in (*LOCK_FILES, *SOURCE_FILES)]
     sources += [(name, data) for name, data in sorted(inputs.items()) if Path(name).parts[0] in INPUT_DIRS]
-    return BuildDigests(_files_digest(lock), _files_digest(sources))
+    return BuildDigests(_files_digest(_dependency_files(inputs)), _files_digest(sources))
 
 
 def dependencies_key(target: str, inputs: Mapping[str, bytes], base_key: str) -> str:
@@ -202,8 +228,7 @@ def dependencies_key(target: str, inputs: Mapping[str, bytes], base_key: str) ->
     An image in the layout with the same key means the next build finds that layer in the cache (the free
     space it needs is small); a Dockerfile edit counts as a change, to err on the side of space.
     """
-    files = [(name, inputs[name]) for name in (*LOCK_FILES, "Dockerfile")]
-    return image_key(target, files, base_key)
+    return image_key(target, [*_dependency_files(inputs), ("Dockerfile", inputs["Dockerfile"])], base_key)
 
 
 @dataclass(frozen=True)
