@@ -18,7 +18,7 @@ from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
-from neuronfleet.operator.reconcile import Reconciler
+from neuronfleet.operator.reconcilers import Manager
 
 # The operator's fixtures (`api`, `operator`, `services`), for the modules that run it alone.
 pytest_plugins = ["harness.operator_fixtures"]
@@ -495,7 +495,7 @@ def test_an_event_handler_retries_a_refused_request_without_waiting_for_a_resync
 def test_the_reconciler_keeps_no_lock_for_objects_it_is_not_reconciling(
     services: Services, api: Kube, namespace: str
 ) -> None:
-    reconciler = Reconciler(api, lambda body, event: None)
+    reconciler = Manager(api, lambda body, event: None)
     names = ["a", "b", "c"]
     for name in names:
         services.create(name, spec(replicas=1))

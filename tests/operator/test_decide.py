@@ -16,6 +16,7 @@ from neuronfleet.operator.decide import (
     ServiceStatusInput,
     decide,
     invalid_status,
+    rollout,
     service_status,
     unschedulable_messages,
 )
@@ -231,3 +232,10 @@ def test_unschedulable_messages_come_from_the_scheduler() -> None:
         },
     ]
     assert unschedulable_messages(pods) == ("pod a unschedulable: 0/5 nodes",)
+
+
+def test_the_rollout_is_decided_on_the_artifact_and_whether_a_deployment_exists() -> None:
+    assert rollout(NEW, None) is Serve.TARGET
+    assert rollout(NEW, deployment(OLD)) is Serve.TARGET
+    assert rollout(artifact("Compiling"), deployment(OLD)) is Serve.KEEP
+    assert rollout(artifact("Failed"), None) is Serve.NOTHING

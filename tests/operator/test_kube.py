@@ -29,7 +29,7 @@ from neuronfleet.operator.kube import (
     EventRecorder,
     Kube,
 )
-from neuronfleet.operator.reconcile import Reconciler
+from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.status import Event
 
 TOKEN = "s3cr3t-token"
@@ -135,7 +135,7 @@ def test_the_event_recorder_survives_an_unreachable_server(closed_port: int, cap
 
 
 def test_a_resync_that_cannot_list_fails_as_an_api_error_and_is_counted(closed_port: int) -> None:
-    reconciler = Reconciler(client_for(closed_port), lambda body, event: None)
+    reconciler = Manager(client_for(closed_port), lambda body, event: None)
     with pytest.raises(ApiError) as caught:
         reconciler.resync(["ns"])
     assert caught.value.reason == CONNECTION_FAILED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from neuronfleet.operator.reconcile import KeyedLocks
+from neuronfleet.operator.reconcilers import KeyedLocks
 
 A, B = ("service", "ns", "a"), ("service", "ns", "b")
 

@@ -8,7 +8,7 @@ import kopf
 import pytest
 
 from neuronfleet.operator.kube import NO_RESPONSE, TIMEOUT, ApiError
-from neuronfleet.operator.reconcile import RetryLater
+from neuronfleet.operator.reconcilers import RetryLater
 from neuronfleet.operator.retries import (
     API_ERROR_SECONDS,
     RETRY_LATER_SECONDS,

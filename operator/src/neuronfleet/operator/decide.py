@@ -7,6 +7,11 @@ The rules:
   serving) and only its replica count follows the spec.
 - Artifacts a service no longer needs are released only when its Deployment is
   fully rolled out, so pods of the old revision never lose their artifact.
+
+A service's reconcile asks two questions, each once: :func:`rollout`, on the
+Deployment it read, says what to apply; :func:`decide`, on the Deployment as it
+stands once that is applied (it may have finished rolling out since the read),
+says what to release and which revision is current, for the status.
 """
 
 from __future__ import annotations
@@ -62,15 +67,13 @@ class DeploymentView:
     available: int
 
     @classmethod
-    def of(cls, body: Obj) -> DeploymentView:
-        """From a Deployment read from the API server."""
+    def of(cls, body: Obj, config_volume: str) -> DeploymentView:
+        """From a Deployment read from the API server, whose pods mount their engine ConfigMap as ``config_volume``."""
         status = body.get("status") or {}
         template = body["spec"]["template"]
         labels = template["metadata"].get("labels") or {}
         volumes = template["spec"].get("volumes") or []
-        configmaps = [
-            v["configMap"]["name"] for v in volumes if v.get("name") == plan.CONFIG_VOLUME and "configMap" in v
-        ]
+        configmaps = [v["configMap"]["name"] for v in volumes if v.get("name") == config_volume and "configMap" in v]
         return cls(
             artifact_hash=labels.get(LABEL_ARTIFACT),
             configmap=configmaps[0] if configmaps else None,
@@ -118,14 +121,18 @@ class Decision:
     current_revision: str | None
 
 
-def decide(target: ArtifactView, deployment: DeploymentView | None, current_revision: str | None) -> Decision:
-    """Serve the target when it is Ready, else keep what serves; release only after a finished rollout."""
+def rollout(target: ArtifactView, deployment: DeploymentView | None) -> Serve:
+    """Serve the target when it is Ready, else keep what serves."""
     if target.phase == "Ready":
-        serve = Serve.TARGET
-    elif deployment is not None:
-        serve = Serve.KEEP
-    else:
-        serve = Serve.NOTHING
+        return Serve.TARGET
+    if deployment is not None:
+        return Serve.KEEP
+    return Serve.NOTHING
+
+
+def decide(target: ArtifactView, deployment: DeploymentView | None, current_revision: str | None) -> Decision:
+    """The rollout (:func:`rollout`), and what to keep: release only after a finished rollout."""
+    serve = rollout(target, deployment)
     if deployment is None:
         return Decision(serve, frozenset({target.hash}), frozenset(), None)
     in_use = frozenset({deployment.configmap} if deployment.configmap else ())

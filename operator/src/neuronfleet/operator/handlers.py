@@ -1,10 +1,10 @@
-"""Kopf wiring: which changes wake which reconciler. No logic lives here.
+"""Kopf wiring: which changes wake which reconciler (``neuronfleet.operator.reconcilers``). No logic lives here.
 
-- A service's spec (create, update, resume after a restart) -> reconcile it.
-- An artifact's creation or resume -> run its compile Job; its deletion -> its services.
+- A service's spec (create, update, resume after a restart) -> the service reconciler.
+- An artifact's creation or resume -> the artifact reconciler (its compile Job); its deletion -> its services.
 - A compile Job's events -> its artifact, then its services when the artifact's status changed.
 - A serving Deployment's events, and a serving pod the scheduler cannot place -> its service.
-- A service's deletion -> drop its claims on artifacts (the garbage collector would, later).
+- A service's deletion -> its claims on artifacts dropped (the garbage collector would, later).
 - A periodic resync reconciles everything, behind the watches.
 
 Status writes never wake a handler: services and artifacts are reconciled on
@@ -27,7 +27,7 @@ import kopf
 from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import api
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
-from neuronfleet.operator.reconcile import Reconciler
+from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.retries import Retries, or_temporary_error
 
 Obj = dict[str, Any]
@@ -60,10 +60,8 @@ def _is_unschedulable(body: kopf.Body, **_: Any) -> bool:
     )
 
 
-def build_registry(
-    reconciler: Reconciler, namespaces: Sequence[str] | None, resync_seconds: float
-) -> kopf.OperatorRegistry:
-    """A kopf registry whose handlers drive ``reconciler``."""
+def build_registry(manager: Manager, namespaces: Sequence[str] | None, resync_seconds: float) -> kopf.OperatorRegistry:
+    """A kopf registry whose handlers drive ``manager``'s reconcilers."""
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {"last_resync": None}
     retries = Retries()
@@ -73,7 +71,7 @@ def build_registry(
         return await asyncio.get_running_loop().run_in_executor(state["executor"], functools.partial(call, *args))
 
     async def reconcile_service(namespace: str, name: str) -> None:
-        reconcile = functools.partial(in_worker, reconciler.reconcile_service, namespace, name)
+        reconcile = functools.partial(in_worker, manager.reconcile_service, namespace, name)
         await retries.run(("service", namespace, name), reconcile)
 
     async def reconcile_services(namespace: str, names: Sequence[str]) -> None:
@@ -83,7 +81,7 @@ def build_registry(
 
     async def reconcile_artifact(namespace: str, name: str) -> None:
         async def run() -> None:
-            await reconcile_services(namespace, await in_worker(reconciler.reconcile_artifact, namespace, name))
+            await reconcile_services(namespace, await in_worker(manager.reconcile_artifact, namespace, name))
 
         await retries.run(("artifact", namespace, name), run)
 
@@ -103,10 +101,11 @@ def build_registry(
         state["resync"] = asyncio.create_task(resync_forever())
 
     async def resync_forever() -> None:
+        # Every resync_seconds -> reconcile every artifact, then every service.
         while True:
             await asyncio.sleep(resync_seconds)
             try:
-                count = await asyncio.to_thread(reconciler.resync, namespaces)
+                count = await asyncio.to_thread(manager.resync, namespaces)
             except Exception:  # the loop must outlive any one failure; the next pass retries
                 log.exception("resync failed")
             else:
@@ -135,45 +134,52 @@ def build_registry(
     @kopf.on.create(GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
     @kopf.on.update(GROUP, api.VERSION, SERVICES_NIS.plural, field="spec", registry=registry)
     async def service_spec(name: str, namespace: str | None, **_: Any) -> None:
-        await or_temporary_error(in_worker(reconciler.reconcile_service, _namespaced(namespace), name))
+        """A service created, its spec updated, or resumed after a restart -> reconcile the service."""
+        await or_temporary_error(in_worker(manager.reconcile_service, _namespaced(namespace), name))
 
     @kopf.on.resume(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
     @kopf.on.create(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
     async def artifact_created(name: str, namespace: str | None, **_: Any) -> None:
+        """An artifact created or resumed -> reconcile the artifact, then its services if its status changed."""
         namespace = _namespaced(namespace)
-        services = await or_temporary_error(in_worker(reconciler.reconcile_artifact, namespace, name))
+        services = await or_temporary_error(in_worker(manager.reconcile_artifact, namespace, name))
         await reconcile_services(namespace, services)
 
     # Event handlers: kopf only logs what they raise, so they retry through `retries`.
 
     @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=lambda type, **_: type == "DELETED", registry=registry)
     async def service_deleted(body: kopf.Body, **_: Any) -> None:
+        """A service deleted -> drop its claims on artifacts (delete those nobody else uses)."""
         # Its children go with it (owner references); its artifacts go now if nobody else uses them.
         service = dict(body)
-        forget = functools.partial(in_worker, reconciler.forget_service, service)
+        forget = functools.partial(in_worker, manager.forget_service, service)
         await retries.run(("deleted service", service["metadata"]["uid"]), forget)
 
     @kopf.on.event(GROUP, api.VERSION, ARTIFACTS.plural, when=lambda type, **_: type == "DELETED", registry=registry)
     async def artifact_deleted(body: kopf.Body, **_: Any) -> None:
+        """An artifact deleted -> forget it, and reconcile its owner services."""
         # Services that still want it create it again (the store keeps compiled files).
         artifact = dict(body)
-        services = await in_worker(reconciler.forget_artifact, artifact)
+        services = await in_worker(manager.forget_artifact, artifact)
         await reconcile_services(artifact["metadata"]["namespace"], services)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_ARTIFACT: kopf.PRESENT}, registry=registry)
     async def compile_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        """A compile Job's event -> reconcile its artifact, then its services if the artifact's status changed."""
         artifact = _owner_name(dict(body), ARTIFACTS.kind)
         if artifact is not None:
             await reconcile_artifact(_namespaced(namespace), artifact)
 
     @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT}, registry=registry)
     async def serving_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        """A serving Deployment's event -> reconcile its service."""
         service = _owner_name(dict(body), SERVICES_NIS.kind)
         if service is not None:
             await reconcile_service(_namespaced(namespace), service)
 
     @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=_is_unschedulable, registry=registry)
     async def unschedulable_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        """A serving pod the scheduler cannot place -> reconcile its service."""
         await reconcile_service(_namespaced(namespace), labels[LABEL_SERVICE])
 
     return registry

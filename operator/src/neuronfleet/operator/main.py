@@ -19,7 +19,7 @@ from neuronfleet.operator import crdgen
 from neuronfleet.operator.handlers import build_registry
 from neuronfleet.operator.kube import EventRecorder, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
-from neuronfleet.operator.reconcile import Reconciler
+from neuronfleet.operator.reconcilers import Manager
 
 #: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
 EXIT_INVALID = 2
@@ -86,7 +86,7 @@ async def operate(
 ) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal, in the main thread)."""
     kube = Kube(kubernetes.client.ApiClient(configuration))
-    reconciler = Reconciler(kube, EventRecorder(kube), metrics, prometheus)
+    reconciler = Manager(kube, EventRecorder(kube), metrics, prometheus)
     registry = build_registry(reconciler, namespaces, resync_seconds)
 
     @kopf.on.login(registry=registry)

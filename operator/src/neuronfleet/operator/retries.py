@@ -20,7 +20,7 @@ from typing import TypeVar
 import kopf
 
 from neuronfleet.operator.kube import ApiError
-from neuronfleet.operator.reconcile import RetryLater
+from neuronfleet.operator.reconcilers import RetryLater
 
 #: Seconds before a reconcile that found the cluster mid-change runs again.
 RETRY_LATER_SECONDS = 2.0

@@ -1,0 +1,92 @@
+"""Pure planning: a spec in, the Kubernetes objects it wants out.
+
+Nothing here talks to the API server. Every object is built whole, with a
+deterministic name, so applying it twice changes nothing and a restarted
+operator builds the same objects again.
+
+- ``shared``: owners, names, labels, the engine file, the artifact store, security contexts.
+- ``compiling``: a service's artifact; the artifact's ConfigMap and compile Job.
+- ``serving``: a service's engine ConfigMap, Deployment, Service and PodDisruptionBudget (a :class:`ServingPlan`).
+"""
+
+from neuronfleet.operator.plan.compiling import (
+    artifact,
+    artifact_configmap,
+    artifact_name,
+    compile_args,
+    compile_job,
+    compile_job_name,
+)
+from neuronfleet.operator.plan.serving import (
+    SIM_CPU,
+    SIM_MEMORY,
+    STARTUP_PROBE_PERIOD_S,
+    ServedArtifact,
+    ServingPlan,
+    deployment,
+    disruption_budget,
+    engine_configmap,
+    serve_args,
+    service,
+    serving_objects,
+    serving_plan,
+)
+from neuronfleet.operator.plan.shared import (
+    CACHE_MOUNT,
+    CONFIG_DIR,
+    CONFIG_VOLUME,
+    ENGINE_FILE,
+    MANAGED_BY,
+    RUN_AS,
+    STORE_MOUNT,
+    Owner,
+    StoreAccess,
+    artifact_labels,
+    engine_configmap_name,
+    engine_yaml,
+    served_engine,
+    service_labels,
+    serving_labels,
+    store_access,
+    store_location,
+    store_path,
+)
+
+__all__ = [
+    "CACHE_MOUNT",
+    "CONFIG_DIR",
+    "CONFIG_VOLUME",
+    "ENGINE_FILE",
+    "MANAGED_BY",
+    "RUN_AS",
+    "SIM_CPU",
+    "SIM_MEMORY",
+    "STARTUP_PROBE_PERIOD_S",
+    "STORE_MOUNT",
+    "Owner",
+    "ServedArtifact",
+    "ServingPlan",
+    "StoreAccess",
+    "artifact",
+    "artifact_configmap",
+    "artifact_labels",
+    "artifact_name",
+    "compile_args",
+    "compile_job",
+    "compile_job_name",
+    "deployment",
+    "disruption_budget",
+    "engine_configmap",
+    "engine_configmap_name",
+    "engine_yaml",
+    "serve_args",
+    "served_engine",
+    "service",
+    "service_labels",
+    "serving_labels",
+    "serving_objects",
+    "serving_plan",
+    "store_access",
+    "store_location",
+    "store_path",
+]

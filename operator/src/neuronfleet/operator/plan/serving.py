@@ -1,0 +1,271 @@
+"""The serving side of the plan: a service's engine ConfigMap, Deployment, Service and PodDisruptionBudget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
+from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT
+from neuronfleet.engine.sim_settings import Device
+from neuronfleet.operator import api
+from neuronfleet.operator.plan.shared import (
+    CONFIG_DIR,
+    ENGINE_COMMAND,
+    ENGINE_FILE,
+    MANAGED_BY,
+    Obj,
+    Owner,
+    container_security,
+    device_args,
+    engine_config_volume,
+    engine_configmap_name,
+    engine_yaml,
+    env_from,
+    pod_metadata,
+    pod_security,
+    service_account,
+    service_labels,
+    serving_labels,
+    store_access,
+    store_path,
+)
+
+#: What a replica on the simulated device asks for when resources.cpu and resources.memory are unset:
+#: vLLM's API server and engine core with a small model, on CPU.
+SIM_CPU = "2"
+SIM_MEMORY = "6Gi"
+
+
+@dataclass(frozen=True)
+class ServedArtifact:
+    """The artifact serving pods load: its hash and the store it was compiled into."""
+
+    name: str
+    hash: str
+    store: api.CompileSettings
+
+
+def engine_configmap(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, artifact_hash: str) -> Obj:
+    """The engine configuration serving pods mount."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owner.child_metadata(
+            engine_configmap_name(owner.name, spec.engine),
+            namespace,
+            {**service_labels(owner.name), LABEL_ARTIFACT: artifact_hash, **MANAGED_BY},
+        ),
+        "data": {ENGINE_FILE: engine_yaml(spec.engine)},
+    }
+
+
+def serve_args(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> list[str]:
+    """The engine's serve command, pinned to one artifact; on the simulated device, the instance's cost model."""
+    device = device_args(spec.device)
+    if spec.device == "sim":
+        device += ["--instance-type", spec.instance_type]
+    return [
+        "serve",
+        "--config",
+        f"{CONFIG_DIR}/{ENGINE_FILE}",
+        "--model",
+        spec.model.uri,
+        "--revision",
+        spec.model.revision,
+        "--artifact-store",
+        store_path(served.store),
+        "--artifact-hash",
+        served.hash,
+        "--port",
+        str(HTTP_PORT),
+        "--drain-timeout",
+        str(spec.drain.drain_timeout_seconds),
+        *device,
+    ]
+
+
+#: How often the startup probe asks, by device: a Neuron replica loads for minutes, a simulated one
+#: answers within seconds and would otherwise wait up to a whole period more to become Ready.
+STARTUP_PROBE_PERIOD_S: dict[Device, int] = {"neuron": 10, "sim": 2}
+
+
+def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
+    period = STARTUP_PROBE_PERIOD_S[spec.device]
+    return {
+        # Loading weights and NEFFs takes minutes: the startup probe holds the others off until then.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": -(-spec.rollout.startup_timeout_seconds // period),
+        },
+        # Model-aware readiness: the model is listed only once it is loaded.
+        "readinessProbe": {
+            "httpGet": {"path": "/v1/models", "port": HTTP_PORT_NAME},
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
+            "periodSeconds": 15,
+            "timeoutSeconds": 5,
+            "failureThreshold": 4,
+        },
+    }
+
+
+def _resources(spec: api.NeuronInferenceServiceSpec) -> Obj:
+    """A replica's requests and limits: Neuron devices, or on the simulated device CPU and memory."""
+    requests: Obj = {}
+    limits: Obj = {}
+    cpu, memory = spec.resources.cpu, spec.resources.memory
+    if spec.device == "neuron":
+        requests[NEURON_DEVICE_RESOURCE] = limits[NEURON_DEVICE_RESOURCE] = str(spec.neuron_devices)
+    else:
+        cpu, memory = cpu or SIM_CPU, memory or SIM_MEMORY
+    if cpu is not None:
+        requests["cpu"] = cpu
+    if memory is not None:
+        requests["memory"] = limits["memory"] = memory
+    return {"requests": requests, "limits": limits}
+
+
+def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
+    """Neuron replicas go to the instance type's nodes, tolerating their taint; simulated ones where the user says."""
+    selector = dict(spec.node_selector)
+    tolerations = [t.model_dump(mode="json", exclude_none=True) for t in spec.tolerations]
+    if spec.device == "neuron":
+        selector[INSTANCE_TYPE_LABEL] = spec.instance_type
+        tolerations.insert(0, {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+    placement: Obj = {}
+    if selector:
+        placement["nodeSelector"] = selector
+    if tolerations:
+        placement["tolerations"] = tolerations
+    return placement
+
+
+def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> Obj:
+    """The serving Deployment: Neuron nodes, pinned to one artifact, surge-first, draining on stop."""
+    config_volume, config_mount = engine_config_volume(engine_configmap_name(owner.name, spec.engine))
+    # Who the pods are is the service's business; where the artifact is, the artifact's.
+    who = served.store.model_copy(
+        update={
+            "service_account_name": spec.compile.service_account_name or served.store.service_account_name,
+            "s3": spec.compile.s3 or served.store.s3,
+        }
+    )
+    access = store_access(who, read_only=True)
+    container: Obj = {
+        "name": "engine",
+        "image": spec.image,
+        "command": [ENGINE_COMMAND],
+        "args": serve_args(spec, served),
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "NEURONFLEET_ARTIFACT_HASH", "value": served.hash},
+            *access.env,
+        ],
+        **env_from(access),
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        **_probes(spec),
+        "securityContext": container_security(),
+        "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if spec.drain.pre_stop_seconds:
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": spec.drain.pre_stop_seconds}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
+        "spec": {
+            "replicas": spec.desired_replicas,
+            "selector": {"matchLabels": service_labels(owner.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxSurge": spec.rollout.max_surge,
+                    "maxUnavailable": spec.rollout.max_unavailable,
+                },
+            },
+            "progressDeadlineSeconds": spec.rollout.startup_timeout_seconds + 600,
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": pod_metadata(serving_labels(owner.name, served.hash), spec.pod_annotations),
+                "spec": {
+                    **_placement(spec),
+                    "terminationGracePeriodSeconds": spec.drain.grace_seconds,
+                    **service_account(who),
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security(),
+                    "containers": [container],
+                    "volumes": [config_volume, *access.volumes, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def service(owner: Owner, namespace: str) -> Obj:
+    """The Service in front of the ready serving pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
+        "spec": {
+            "selector": service_labels(owner.name),
+            "ports": [{"name": HTTP_PORT_NAME, "port": HTTP_PORT, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+
+
+def disruption_budget(owner: Owner, namespace: str) -> Obj:
+    """Voluntary evictions (node drains) take one replica at a time; stuck unready pods never block them."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": service_labels(owner.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """Everything a service serves with, by name."""
+
+    configmap: Obj
+    deployment: Obj
+    service: Obj
+    disruption_budget: Obj
+
+    @property
+    def configmap_name(self) -> str:
+        """The engine ConfigMap the Deployment's pods mount: kept while they run."""
+        return str(self.configmap["metadata"]["name"])
+
+
+def serving_plan(
+    owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact
+) -> ServingPlan:
+    """What a service serves ``served`` with."""
+    return ServingPlan(
+        configmap=engine_configmap(owner, namespace, spec, served.hash),
+        deployment=deployment(owner, namespace, spec, served),
+        service=service(owner, namespace),
+        disruption_budget=disruption_budget(owner, namespace),
+    )
+
+
+def serving_objects(
+    owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact
+) -> list[Obj]:
+    """Everything a service serves with, in apply order (the config before the pods that mount it), for whoever
+    applies them all alike: the bench, tests."""
+    planned = serving_plan(owner, namespace, spec, served)
+    return [planned.configmap, planned.deployment, planned.service, planned.disruption_budget]

@@ -1,0 +1,128 @@
+"""A service's claims: on the artifacts it needs (their owner references) and on its engine ConfigMaps.
+
+Services share an artifact by each owning it; an artifact no service owns any more is
+deleted (its files stay in the store, so compiling the same identity again finds them).
+Each step observes the objects, decides from what it read, then acts, and a write that
+raced another service's (409) is read again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
+from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, CONFLICT, NOT_FOUND, ApiError, Kube
+from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater
+from neuronfleet.operator.status import Event, Reason
+
+log = logging.getLogger(__name__)
+
+#: Optimistic-concurrency retries for ownerReference updates racing another service.
+CONFLICT_RETRIES = 5
+
+
+class ArtifactClaims:
+    """Claims artifacts for services and releases what they no longer need."""
+
+    def __init__(self, kube: Kube, emit: Emit) -> None:
+        self.kube = kube
+        self.emit = emit
+
+    def claim(self, service: Obj, desired: Obj) -> Obj:
+        """The artifact, created or with this service added to its owners (services share it)."""
+        namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+        uid = service["metadata"]["uid"]
+        for _ in range(CONFLICT_RETRIES):
+            existing = self.kube.get(ARTIFACTS, namespace, name)
+            if existing is None:
+                try:
+                    created = self.kube.create(desired)
+                except ApiError as error:
+                    if error.status == CONFLICT:
+                        continue
+                    raise
+                self.emit(service, Event("Normal", Reason.ARTIFACT_CREATED, f"created {name} to compile"))
+                return created
+            if existing["metadata"].get("deletionTimestamp"):
+                raise RetryLater(f"{name} is being deleted")
+            refs = existing["metadata"].get("ownerReferences") or []
+            if any(ref.get("uid") == uid for ref in refs):
+                return existing
+            patch = {
+                "metadata": {
+                    "resourceVersion": existing["metadata"]["resourceVersion"],
+                    "ownerReferences": [*refs, *desired["metadata"]["ownerReferences"]],
+                }
+            }
+            try:
+                shared = self.kube.merge_patch(ARTIFACTS, namespace, name, patch)
+            except ApiError as error:
+                if error.status == CONFLICT:
+                    continue
+                raise
+            self.emit(service, Event("Normal", Reason.ARTIFACT_SHARED, f"using existing artifact {name}"))
+            return shared
+        raise RetryLater(f"{name} kept changing under concurrent updates")
+
+    def release(
+        self, service: Obj, keep: frozenset[str], keep_configmaps: Collection[str], *, deleted: bool = False
+    ) -> None:
+        """Drop this service's claim on artifacts (and engine ConfigMaps) it no longer needs.
+
+        ``keep``: the artifact hashes it still needs; ``keep_configmaps``: the ConfigMaps its pods still mount.
+        A ``deleted`` service posts no events and leaves its ConfigMaps to the garbage collector.
+        """
+        meta = service["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        for artifact in self.kube.list(ARTIFACTS, namespace):
+            remaining = _owners_left(artifact, uid, keep)
+            if remaining is None:
+                continue
+            art_meta = artifact["metadata"]
+            try:
+                if remaining:
+                    patch = {"metadata": {"resourceVersion": art_meta["resourceVersion"], "ownerReferences": remaining}}
+                    self.kube.merge_patch(ARTIFACTS, namespace, art_meta["name"], patch)
+                    event = Event("Normal", Reason.ARTIFACT_RELEASED, f"no longer uses {art_meta['name']}")
+                else:
+                    self._delete_unowned(artifact)
+                    event = Event("Normal", Reason.ARTIFACT_DELETED, f"deleted {art_meta['name']}: no service uses it")
+                if not deleted:
+                    self.emit(service, event)
+            except ApiError as error:
+                if error.status == NOT_FOUND:
+                    continue  # the garbage collector deleted it first: nothing left to release
+                if error.status != CONFLICT:
+                    raise
+                log.info(
+                    "artifact %s/%s changed while releasing it; the next pass retries", namespace, art_meta["name"]
+                )
+        if deleted:
+            return
+        for configmap in self.kube.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}={name}"):
+            if configmap["metadata"]["name"] not in keep_configmaps:
+                self.kube.delete(CONFIGMAPS, namespace, configmap["metadata"]["name"])
+
+    def _delete_unowned(self, artifact: Obj) -> None:
+        # The precondition fails (409) if another service claimed it meanwhile.
+        meta = artifact["metadata"]
+        self.kube.request(
+            "DELETE",
+            ARTIFACTS.path(meta["namespace"], meta["name"]),
+            body={
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Background",
+                "preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]},
+            },
+        )
+
+
+def _owners_left(artifact: Obj, uid: str, keep: frozenset[str]) -> list[Obj] | None:
+    """The owner references an artifact keeps once service ``uid`` lets go; ``None``: it keeps its claim."""
+    meta = artifact["metadata"]
+    refs = meta.get("ownerReferences") or []
+    if (meta.get("labels") or {}).get(LABEL_ARTIFACT) in keep or all(r.get("uid") != uid for r in refs):
+        return None
+    return [r for r in refs if r.get("uid") != uid]

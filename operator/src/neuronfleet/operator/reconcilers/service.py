@@ -1,0 +1,123 @@
+"""The service reconciler: observe a service and what it owns, decide, act, write its status.
+
+A pass reads the service, claims the artifact its spec needs and reads its
+Deployment (observe); decides the rollout on that (decide); applies the serving
+objects, or only the replica count while the new artifact compiles (act); then,
+on the Deployment as applied, decides what to release and what the status says,
+and acts on that: the autoscaler's objects, the claims it lets go, the status.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from neuronfleet.engine.names import LABEL_SERVICE
+from neuronfleet.operator import api, decide, plan
+from neuronfleet.operator.kube import DEPLOYMENTS, PODS, SERVICES_NIS, Kube
+from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
+from neuronfleet.operator.reconcilers.claims import ArtifactClaims
+from neuronfleet.operator.reconcilers.common import Obj, RetryLater, previous_status
+from neuronfleet.operator.reconcilers.locks import KeyedLocks
+from neuronfleet.operator.reconcilers.status_writer import StatusWriter
+from neuronfleet.operator.status import Reason, now
+
+
+def _deployment_view(body: Obj | None) -> decide.DeploymentView | None:
+    return decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
+
+
+class ServiceReconciler:
+    """Reconciles NeuronInferenceServices; safe to call from many threads."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        status: StatusWriter,
+        claims: ArtifactClaims,
+        autoscaler: Autoscaler,
+        locks: KeyedLocks,
+        metrics: OperatorMetrics,
+    ) -> None:
+        self.kube = kube
+        self.status = status
+        self.claims = claims
+        self.autoscaler = autoscaler
+        self.locks = locks
+        self.metrics = metrics
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
+        with self.locks.held(("service", namespace, name)), self.metrics.reconciling(SERVICES_NIS.kind, (RetryLater,)):
+            body = self.kube.get(SERVICES_NIS, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                self.metrics.forget(SERVICES_NIS.kind, namespace, name)
+                return
+            self._reconcile(body)
+
+    def forget(self, service: Obj) -> None:
+        """A deleted service's claims on artifacts, dropped now (the garbage collector would, later)."""
+        meta = service["metadata"]
+        with self.locks.held(("service", meta["namespace"], meta["name"])):
+            # Under the lock: a reconcile that read it before the delete has written its phase by now.
+            self.metrics.forget(SERVICES_NIS.kind, meta["namespace"], meta["name"])
+            # By owner uid only: a new service of the same name keeps its ConfigMaps (the GC takes the old ones).
+            self.claims.release(service, frozenset(), frozenset(), deleted=True)
+
+    def _reconcile(self, body: Obj) -> None:
+        # Observe: the spec, the status last written, the artifact the spec needs, the Deployment.
+        meta = body["metadata"]
+        namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation", 1))
+        previous = previous_status(api.NeuronInferenceServiceStatus, body)
+        try:
+            spec = api.parse_service_spec(body.get("spec") or {})
+        except ValidationError as error:
+            reason = Reason.INVALID_BUCKETS if api.is_bucket_error(error) else Reason.INVALID_SPEC
+            status, events = decide.invalid_status(api.describe_errors(error), reason, generation, previous, now())
+            self.status.write(SERVICES_NIS, body, status, events)
+            return
+        owner = plan.Owner.of(body)
+        artifact_body = self.claims.claim(body, plan.artifact(owner, namespace, spec))
+        target = decide.ArtifactView.of(artifact_body, spec.identity().hash())
+        deployment = _deployment_view(self.kube.get(DEPLOYMENTS, namespace, name))
+
+        # Decide the rollout, then act on it.
+        serve = decide.rollout(target, deployment)
+        applied_configmaps: set[str] = set()
+        if serve is decide.Serve.TARGET:
+            store = api.parse_artifact_spec(artifact_body["spec"]).compile
+            serving = plan.serving_plan(owner, namespace, spec, plan.ServedArtifact(target.name, target.hash, store))
+            deployment = self._apply(serving)
+            applied_configmaps.add(serving.configmap_name)
+        elif serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.desired_replicas:
+            # The serving revision's template stays as it is until the new artifact is Ready.
+            patch = {"spec": {"replicas": spec.desired_replicas}}
+            deployment = _deployment_view(self.kube.merge_patch(DEPLOYMENTS, namespace, name, patch))
+
+        # Decide what to keep on the Deployment as applied (it may have finished rolling out since the read:
+        # the status must not say Ready without naming the current revision), then act on it.
+        decision = decide.decide(target, deployment, previous.current_revision)
+        scaling_state = self.autoscaler.reconcile(owner, namespace, spec, previous, serving=deployment is not None)
+        if decision.keep is not None:
+            self.claims.release(body, decision.keep, applied_configmaps | decision.keep_configmaps)
+        pods = self.kube.list(PODS, namespace, f"{LABEL_SERVICE}={name}") if deployment is not None else []
+        given = decide.ServiceStatusInput(
+            name=name,
+            generation=generation,
+            spec=spec,
+            target=target,
+            deployment=deployment,
+            unschedulable=decide.unschedulable_messages(pods),
+            decision=decision,
+            autoscaling_state=scaling_state,
+        )
+        status, events = decide.service_status(given, previous, now())
+        self.status.write(SERVICES_NIS, body, status, events)
+
+    def _apply(self, serving: plan.ServingPlan) -> decide.DeploymentView:
+        """Apply the serving objects, the config before the pods that mount it; the Deployment as applied."""
+        self.kube.apply(serving.configmap)
+        deployment = decide.DeploymentView.of(self.kube.apply(serving.deployment), plan.CONFIG_VOLUME)
+        self.kube.apply(serving.service)
+        self.kube.apply(serving.disruption_budget)
+        return deployment

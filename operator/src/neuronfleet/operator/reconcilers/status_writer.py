@@ -1,0 +1,37 @@
+"""The one status writer every reconciler uses: status written only when it changed, then the events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from neuronfleet.operator import api
+from neuronfleet.operator.kube import Kube, Resource
+from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.reconcilers.common import Emit, Obj
+from neuronfleet.operator.status import Event
+
+
+class StatusWriter:
+    """Writes the status of services and artifacts, counts their phases and posts their events."""
+
+    def __init__(self, kube: Kube, emit: Emit, metrics: OperatorMetrics) -> None:
+        self.kube = kube
+        self.emit = emit
+        self.metrics = metrics
+
+    def write(self, resource: Resource, body: Obj, status: api.K8sModel, events: Sequence[Event]) -> bool:
+        """Write status if it changed (so the operator's own writes settle), then post the events.
+
+        Returns whether the status changed.
+        """
+        new = status.model_dump(mode="json", exclude_none=True)
+        old = body.get("status") or {}
+        changed = new != old
+        meta = body["metadata"]
+        if changed:
+            patch = {**{key: None for key in old if key not in new}, **new}
+            self.kube.merge_patch(resource, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
+        self.metrics.status_written(resource.kind, meta["namespace"], meta["name"], old, new)
+        for event in events:
+            self.emit(body, event)
+        return changed
