@@ -144,7 +144,7 @@ _CORES_PER_DEVICE = _cel_map({name: t.cores_per_device for name, t in INSTANCE_T
 _DEVICES = _cel_map({name: t.devices for name, t in INSTANCE_TYPES.items()})
 
 # The engine's bucket rules 1-6 (see neuronfleet.engine.buckets): strictly ascending is isSorted() plus
-# the list type set (no duplicates), positive is the items' minimum (ENGINE_SCHEMA).
+# the list type set (no duplicates), positive is the items' minimum (both in ENGINE_SCHEMA).
 
 
 def _bucket_list_rules(name: str, short: str, unsorted: list[int]) -> tuple[Rule[list[int]], ...]:
@@ -209,18 +209,17 @@ ENGINE: tuple[Rule[Any], ...] = (
     ),
 )
 
-#: The engine's model is not the operator's to annotate: crdgen merges this into its schema.
-ENGINE_SCHEMA: Schema = {
-    "properties": {
-        name: {
-            "x-kubernetes-list-type": "set",
-            "items": {"minimum": 1},
-            **cel_schema([rule for rule in ENGINE if rule.on_field and rule.field == f".{name}"])["properties"][name],
-        }
-        for name in (NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS)
-    },
-    "x-kubernetes-validations": [rule.cel_rule() for rule in ENGINE if not rule.on_field],
-}
+
+def _engine_schema() -> Schema:
+    schema = cel_schema(ENGINE)
+    for name in (NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS):
+        # No duplicates (with isSorted(): strictly ascending), and every bucket positive.
+        schema["properties"][name].update({"x-kubernetes-list-type": "set", "items": {"minimum": 1}})
+    return schema
+
+
+#: The engine's model carries no Kubernetes markers of its own: crdgen merges this into its schema.
+ENGINE_SCHEMA: Schema = _engine_schema()
 
 
 def _surge_or_unavailable(rollout: RolloutSettings) -> tuple[object, ...] | None:
