@@ -12,6 +12,7 @@ rule, declared once for the CRDs, the models and the parity test. The names the
 rest of the operator uses are re-exported here: ``api.NeuronInferenceServiceSpec``.
 """
 
+from neuronfleet.operator.api import rules
 from neuronfleet.operator.api.artifact import (
     ArtifactPhase,
     BucketProgress,
@@ -82,4 +83,5 @@ __all__ = [
     "is_bucket_error",
     "parse_artifact_spec",
     "parse_service_spec",
+    "rules",
 ]
