@@ -18,6 +18,12 @@ MIN_DEFAULT_PREFILL_BUCKET = 128
 NUM_BATCHED_TOKENS_BUCKETS = "num_batched_tokens_buckets"
 NUM_SEQS_BUCKETS = "num_seqs_buckets"
 
+#: The rules' messages, worded as the Neuron scheduler words them; the operator's admission
+#: rules (CEL) are written from these too, so the API server says what the engine says.
+EMPTY_MESSAGE = "{name} cannot be empty"
+ASCENDING_MESSAGE = "{name} must be in strictly ascending order"
+LAST_BUCKET_MESSAGE = "Last bucket in {name} must equal {limit_name} ({limit}), got {last}"
+
 
 class BucketError(ValueError):
     """A bucket list that breaks one of the Neuron scheduler's rules."""
@@ -60,7 +66,7 @@ def validate_bucket_list(name: str, buckets: object) -> list[int]:
     first rule it breaks.
     """
     if buckets is None or (isinstance(buckets, list | tuple) and not buckets):
-        raise BucketError(f"{name} cannot be empty")
+        raise BucketError(EMPTY_MESSAGE.format(name=name))
     if not isinstance(buckets, list):
         raise BucketError(f"{name} must be a list, got {type(buckets).__name__}")
     for i, value in enumerate(buckets):
@@ -71,14 +77,14 @@ def validate_bucket_list(name: str, buckets: object) -> list[int]:
         if value <= 0:
             raise BucketError(f"{name}[{i}] must be positive, got {value}")
     if any(a >= b for a, b in itertools.pairwise(buckets)):
-        raise BucketError(f"{name} must be in strictly ascending order, got {buckets}")
+        raise BucketError(f"{ASCENDING_MESSAGE.format(name=name)}, got {buckets}")
     return buckets
 
 
 def validate_last_bucket(name: str, buckets: list[int], limit_name: str, limit: int) -> None:
     """Rule 6: the largest bucket is exactly the limit, so every legal shape has a graph."""
     if buckets[-1] != limit:
-        raise BucketError(f"Last bucket in {name} must equal {limit_name} ({limit}), got {buckets[-1]}")
+        raise BucketError(LAST_BUCKET_MESSAGE.format(name=name, limit_name=limit_name, limit=limit, last=buckets[-1]))
 
 
 def validate_num_batched_tokens_buckets(buckets: object, max_num_batched_tokens: int) -> list[int]:

@@ -7,19 +7,17 @@ prunes nulls), ``const`` into ``enum``, drops ``title`` and
 ``kubectl``'s strict field validation), and gives optional objects their
 defaults written out, so CEL rules can rely on every defaulted field.
 
-CEL messages use ``'...%d'.format([...])``: concatenating ``string(int)``
-exceeds the API server's cost estimate.
-
-The engine's bucket rules are added here as CEL, on the engine's own model, so
-the API server rejects invalid buckets before any operator code runs, with the
-engine's messages.
+The CEL rules come from ``api.rules``, where each is declared once: the
+operator's models put theirs in their JSON Schema, and the engine's model gets
+its bucket rules from an overlay here, so the API server rejects invalid
+buckets before any operator code runs, with the engine's messages.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -28,73 +26,13 @@ from pydantic import BaseModel
 from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.names import GROUP
 from neuronfleet.operator import api
+from neuronfleet.operator.api import rules
 
 Schema = dict[str, Any]
 
-# CEL for the engine's rules 1-6 (see ``neuronfleet.engine.buckets``): strictly ascending is
-# isSorted() plus list-type set (no duplicates); positive is the items' minimum.
-_LAST_PREFILL = f"self.{NUM_BATCHED_TOKENS_BUCKETS}[size(self.{NUM_BATCHED_TOKENS_BUCKETS}) - 1]"
-_LAST_DECODE = f"self.{NUM_SEQS_BUCKETS}[size(self.{NUM_SEQS_BUCKETS}) - 1]"
-_EFFECTIVE_PREFILL = (
-    "(self.max_num_batched_tokens < self.max_model_len ? self.max_num_batched_tokens : self.max_model_len)"
-)
-
-
-def _bucket_list(name: str) -> Schema:
-    return {
-        "x-kubernetes-list-type": "set",
-        "items": {"minimum": 1},
-        "x-kubernetes-validations": [
-            {"rule": "size(self) > 0", "message": f"{name} cannot be empty"},
-            {"rule": "self.isSorted()", "message": f"{name} must be in strictly ascending order"},
-        ],
-    }
-
-
-ENGINE_OVERLAY: Schema = {
-    "properties": {
-        NUM_BATCHED_TOKENS_BUCKETS: _bucket_list(NUM_BATCHED_TOKENS_BUCKETS),
-        NUM_SEQS_BUCKETS: _bucket_list(NUM_SEQS_BUCKETS),
-    },
-    "x-kubernetes-validations": [
-        {
-            "rule": (
-                f"!has(self.{NUM_BATCHED_TOKENS_BUCKETS}) || size(self.{NUM_BATCHED_TOKENS_BUCKETS}) == 0 || "
-                f"{_LAST_PREFILL} == {_EFFECTIVE_PREFILL}"
-            ),
-            "messageExpression": (
-                f"'Last bucket in {NUM_BATCHED_TOKENS_BUCKETS} must equal max_num_batched_tokens (%d), got %d'"
-                f".format([{_EFFECTIVE_PREFILL}, {_LAST_PREFILL}])"
-            ),
-            "fieldPath": f".{NUM_BATCHED_TOKENS_BUCKETS}",
-            "reason": "FieldValueInvalid",
-        },
-        {
-            "rule": (
-                f"!has(self.{NUM_SEQS_BUCKETS}) || size(self.{NUM_SEQS_BUCKETS}) == 0 || "
-                f"{_LAST_DECODE} == self.max_num_seqs"
-            ),
-            "messageExpression": (
-                f"'Last bucket in {NUM_SEQS_BUCKETS} must equal max_num_seqs (%d), got %d'"
-                f".format([self.max_num_seqs, {_LAST_DECODE}])"
-            ),
-            "fieldPath": f".{NUM_SEQS_BUCKETS}",
-            "reason": "FieldValueInvalid",
-        },
-    ],
-}
-
-#: Extra schema merged into a model's definition, by model name.
-OVERLAYS: dict[str, Schema] = {"EngineConfig": ENGINE_OVERLAY}
-
-#: ``metadata.name`` becomes a Service, Deployment and label value: a DNS-1035 label.
-NAME_RULE = {
-    "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$')",
-    "message": (
-        "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, "
-        "at most 63 characters): it names the Service"
-    ),
-}
+#: Extra schema merged into a model's definition, by model name: the engine's model carries no
+#: Kubernetes markers of its own, so its bucket rules are added here, from ``api.rules``.
+OVERLAYS: dict[str, Schema] = {"EngineConfig": rules.ENGINE_SCHEMA}
 
 
 @dataclass(frozen=True)
@@ -106,7 +44,7 @@ class Kind:
     status: type[BaseModel]
     description: str
     columns: list[Schema]
-    root_rules: list[Schema] = field(default_factory=list)
+    root_rules: tuple[rules.Rule[Any], ...] = ()
     scale: bool = False
 
     @property
@@ -166,7 +104,7 @@ KINDS = [
             _column("Revision", ".status.currentRevision", description="The artifact fully rolled out.", priority=1),
             _AGE,
         ],
-        root_rules=[NAME_RULE],
+        root_rules=rules.SERVICE_OBJECT,
         scale=True,
     ),
     Kind(
@@ -290,7 +228,7 @@ def crd(kind: Kind) -> Schema:
         "required": ["spec"],
     }
     if kind.root_rules:
-        root["x-kubernetes-validations"] = kind.root_rules
+        root["x-kubernetes-validations"] = [rule.cel_rule() for rule in kind.root_rules]
     subresources: Schema = {"status": {}}
     if kind.scale:
         subresources["scale"] = {

@@ -1,0 +1,395 @@
+"""Every admission rule, each declared once: its field, its CEL, its message and its Python check.
+
+The CRDs carry the CEL (``crdgen`` reads it from the models, which read it from
+here), the models run the Python check when the operator reads an object, and
+the parity test sends each rule's examples to the API server and to the models
+and expects the same field and message from both. A spec that slips past
+admission (an older CRD, a direct write to etcd) so gets the API server's words
+in its status.
+
+A message is a ``printf`` template: CEL fills it with ``'...'.format([...])``
+from the rule's ``args`` (concatenating ``string(int)`` exceeds the API server's
+cost estimate), Python with ``%`` from what the check returns. The bucket rules'
+messages are the engine's own (:mod:`neuronfleet.engine.buckets`), and so is
+their check: ``spec.engine`` is the engine's ``EngineConfig``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from neuronfleet.engine.buckets import (
+    ASCENDING_MESSAGE,
+    EMPTY_MESSAGE,
+    LAST_BUCKET_MESSAGE,
+    NUM_BATCHED_TOKENS_BUCKETS,
+    NUM_SEQS_BUCKETS,
+)
+from neuronfleet.engine.hardware import INSTANCE_TYPES
+
+if TYPE_CHECKING:
+    from neuronfleet.engine.config import EngineConfig
+    from neuronfleet.operator.api.artifact import NeuronCompiledArtifactSpec
+    from neuronfleet.operator.api.service import (
+        Autoscaling,
+        DrainSettings,
+        NeuronInferenceServiceSpec,
+        RolloutSettings,
+    )
+
+Schema = dict[str, Any]
+M = TypeVar("M")
+
+#: Who checks a rule besides the API server: the operator's models, the engine's ``EngineConfig``
+#: (the bucket rules), or nobody (a transition rule or metadata, which only the API server sees).
+CheckedBy = Literal["operator", "engine", "admission"]
+
+
+@dataclass(frozen=True)
+class Rule(Generic[M]):
+    """One admission rule on a model ``M``."""
+
+    #: A short name: the parity test's case id and part of its objects' names.
+    name: str
+    #: The field the rule is about, from the model: ``.resources.neuronDevices``; "" for the model itself.
+    field: str
+    #: The CEL that holds for a valid object (``self`` is the model, or the field with ``on_field``).
+    cel: str
+    #: The message, a template with ``%d`` and ``%s`` placeholders.
+    message: str
+    #: CEL expressions for the placeholders, in order.
+    args: tuple[str, ...] = ()
+    #: The Python check: None when the rule holds, else the placeholders' values. Only for ``operator``.
+    check: Callable[[M], tuple[object, ...] | None] | None = None
+    checked_by: CheckedBy = "operator"
+    #: Service specs (without ``model``) that break this rule alone, for the parity test.
+    examples: tuple[Mapping[str, Any], ...] = ()
+    #: The CEL sits on the field's own schema (``self`` is the field) instead of the model's.
+    on_field: bool = False
+    #: A transition rule that also runs on create (``oldSelf`` is an optional).
+    optional_old_self: bool = False
+    #: The API server's reason for a refusal (its default is FieldValueInvalid).
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.check is not None) != (self.checked_by == "operator"):
+            raise ValueError(f"rule {self.name}: a Python check is for rules the operator checks, and only those")
+        if self.args and "'" in self.message:
+            raise ValueError(f"rule {self.name}: a quote would end the CEL string of the message")
+
+    @property
+    def loc(self) -> tuple[str, ...]:
+        """The field as a pydantic error location (wire names)."""
+        return tuple(self.field.removeprefix(".").split(".")) if self.field else ()
+
+    def cel_rule(self) -> Schema:
+        """The rule as an ``x-kubernetes-validations`` entry."""
+        rule: Schema = {"rule": self.cel}
+        if self.optional_old_self:
+            rule["optionalOldSelf"] = True
+        if self.args:
+            rule["messageExpression"] = f"'{self.message}'.format([{', '.join(self.args)}])"
+        else:
+            rule["message"] = self.message
+        if self.field and not self.on_field:
+            rule["fieldPath"] = self.field
+        if self.reason:
+            rule["reason"] = self.reason
+        return rule
+
+    def violation(self, model: M) -> str | None:
+        """The message when ``model`` breaks the rule, else None (always None unless the operator checks it)."""
+        values = None if self.check is None else self.check(model)
+        if values is None:
+            return None
+        return self.message % values if values else self.message
+
+    def pattern(self) -> re.Pattern[str]:
+        """A regular expression for the message with any values filled in."""
+        placeholders = {"%d": r"-?\d+", "%s": r"[^\s,;]+"}
+        parts = re.split(r"(%[ds])", self.message)
+        return re.compile("".join(placeholders.get(part) or re.escape(part) for part in parts))
+
+
+def cel_schema(rules: Sequence[Rule[Any]]) -> Schema:
+    """The rules' CEL as a schema fragment: on the model, or on a field's own schema."""
+    schema: Schema = {}
+    for rule in rules:
+        if rule.on_field:
+            field = schema.setdefault("properties", {}).setdefault(rule.field.removeprefix("."), {})
+            field.setdefault("x-kubernetes-validations", []).append(rule.cel_rule())
+        else:
+            schema.setdefault("x-kubernetes-validations", []).append(rule.cel_rule())
+    return schema
+
+
+def add_cel(schema: dict[str, Any], model: type[Any]) -> None:
+    """pydantic's ``json_schema_extra`` hook: a model's ``admission_rules`` as CEL in its JSON Schema."""
+    extra = cel_schema(model.admission_rules)
+    for name, field in extra.get("properties", {}).items():
+        schema["properties"][name].setdefault("x-kubernetes-validations", []).extend(field["x-kubernetes-validations"])
+    if "x-kubernetes-validations" in extra:
+        schema.setdefault("x-kubernetes-validations", []).extend(extra["x-kubernetes-validations"])
+
+
+def _cel_map(values: dict[str, int]) -> str:
+    """A CEL map literal, so admission rules read the hardware catalogue the operator does."""
+    return "{" + ", ".join(f"'{key}': {value}" for key, value in sorted(values.items())) + "}"
+
+
+_CORES_PER_DEVICE = _cel_map({name: t.cores_per_device for name, t in INSTANCE_TYPES.items()})
+_DEVICES = _cel_map({name: t.devices for name, t in INSTANCE_TYPES.items()})
+
+# The engine's bucket rules 1-6 (see neuronfleet.engine.buckets): strictly ascending is isSorted() plus
+# the list type set (no duplicates), positive is the items' minimum (both in ENGINE_SCHEMA).
+
+
+def _bucket_list_rules(name: str, short: str, unsorted: list[int]) -> tuple[Rule[list[int]], ...]:
+    return (
+        Rule(
+            name=f"empty-{short}",
+            field=f".{name}",
+            cel="size(self) > 0",
+            message=EMPTY_MESSAGE.format(name=name),
+            checked_by="engine",
+            examples=({"engine": {name: []}},),
+            on_field=True,
+        ),
+        Rule(
+            name=f"unsorted-{short}",
+            field=f".{name}",
+            cel="self.isSorted()",
+            message=ASCENDING_MESSAGE.format(name=name),
+            checked_by="engine",
+            examples=({"engine": {name: unsorted}},),
+            on_field=True,
+        ),
+    )
+
+
+def _last_bucket_rule(
+    name: str, short: str, limit_name: str, limit: str, examples: tuple[Schema, ...]
+) -> Rule[EngineConfig]:
+    last = f"self.{name}[size(self.{name}) - 1]"
+    return Rule(
+        name=f"last-{short}",
+        field=f".{name}",
+        cel=f"!has(self.{name}) || size(self.{name}) == 0 || {last} == {limit}",
+        message=LAST_BUCKET_MESSAGE.format(name=name, limit_name=limit_name, limit="%d", last="%d"),
+        args=(limit, last),
+        checked_by="engine",
+        examples=examples,
+        reason="FieldValueInvalid",
+    )
+
+
+#: On ``EngineConfig``, in both kinds' ``spec.engine``.
+ENGINE: tuple[Rule[Any], ...] = (
+    *_bucket_list_rules(NUM_BATCHED_TOKENS_BUCKETS, "prefill", [1024, 512, 8192]),
+    *_bucket_list_rules(NUM_SEQS_BUCKETS, "decode", [1, 4, 2, 8]),
+    _last_bucket_rule(
+        NUM_BATCHED_TOKENS_BUCKETS,
+        "prefill",
+        "max_num_batched_tokens",
+        "(self.max_num_batched_tokens < self.max_model_len ? self.max_num_batched_tokens : self.max_model_len)",
+        (
+            {"engine": {NUM_BATCHED_TOKENS_BUCKETS: [512, 1024, 2048]}},
+            {"engine": {"max_model_len": 4096, NUM_BATCHED_TOKENS_BUCKETS: [1024, 8192]}},
+        ),
+    ),
+    _last_bucket_rule(
+        NUM_SEQS_BUCKETS,
+        "decode",
+        "max_num_seqs",
+        "self.max_num_seqs",
+        ({"engine": {"max_num_seqs": 8, NUM_SEQS_BUCKETS: [1, 2, 4]}},),
+    ),
+)
+
+
+def _engine_schema() -> Schema:
+    schema = cel_schema(ENGINE)
+    for name in (NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS):
+        # No duplicates (with isSorted(): strictly ascending), and every bucket positive.
+        schema["properties"][name].update({"x-kubernetes-list-type": "set", "items": {"minimum": 1}})
+    return schema
+
+
+#: The engine's model carries no Kubernetes markers of its own: crdgen merges this into its schema.
+ENGINE_SCHEMA: Schema = _engine_schema()
+
+
+def _surge_or_unavailable(rollout: RolloutSettings) -> tuple[object, ...] | None:
+    return () if rollout.max_surge + rollout.max_unavailable == 0 else None
+
+
+ROLLOUT: tuple[Rule[RolloutSettings], ...] = (
+    Rule(
+        name="rollout",
+        field="",
+        cel="self.maxSurge + self.maxUnavailable > 0",
+        message="rollout.maxSurge and rollout.maxUnavailable cannot both be 0",
+        check=_surge_or_unavailable,
+        examples=({"rollout": {"maxSurge": 0, "maxUnavailable": 0}},),
+    ),
+)
+
+
+def _grace_after_drain(drain: DrainSettings) -> tuple[object, ...] | None:
+    grace, needed = drain.termination_grace_period_seconds, drain.pre_stop_seconds + drain.drain_timeout_seconds
+    return (grace, needed) if grace is not None and grace <= needed else None
+
+
+DRAIN: tuple[Rule[DrainSettings], ...] = (
+    Rule(
+        name="drain",
+        field="",
+        cel=(
+            "!has(self.terminationGracePeriodSeconds) || "
+            "self.terminationGracePeriodSeconds > self.preStopSeconds + self.drainTimeoutSeconds"
+        ),
+        message="drain.terminationGracePeriodSeconds (%d) must exceed preStopSeconds + drainTimeoutSeconds (%d)",
+        args=("self.terminationGracePeriodSeconds", "self.preStopSeconds + self.drainTimeoutSeconds"),
+        check=_grace_after_drain,
+        examples=({"drain": {"preStopSeconds": 10, "drainTimeoutSeconds": 60, "terminationGracePeriodSeconds": 30}},),
+    ),
+)
+
+
+def _bounds_in_order(autoscaling: Autoscaling) -> tuple[object, ...] | None:
+    low, high = autoscaling.min_replicas, autoscaling.max_replicas
+    return (low, high) if low > high else None
+
+
+AUTOSCALING: tuple[Rule[Autoscaling], ...] = (
+    Rule(
+        name="autoscaling-bounds",
+        field="",
+        cel="self.minReplicas <= self.maxReplicas",
+        message="autoscaling.minReplicas (%d) must not exceed autoscaling.maxReplicas (%d)",
+        args=("self.minReplicas", "self.maxReplicas"),
+        check=_bounds_in_order,
+        examples=({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},),
+    ),
+)
+
+
+def _devices_hold_tp(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
+    given, tp, instance = spec.resources.neuron_devices, spec.engine.tensor_parallel_size, spec.instance
+    if given is None or given * instance.cores_per_device >= tp:
+        return None
+    return (given, given * instance.cores_per_device, instance.name, tp)
+
+
+def _devices_fit_node(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
+    given, instance = spec.resources.neuron_devices, spec.instance
+    return (given, instance.devices, instance.name) if given is not None and given > instance.devices else None
+
+
+def _no_devices_on_sim(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
+    return () if spec.resources.neuron_devices is not None and spec.device == "sim" else None
+
+
+def _tp_fits_node(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
+    tp = spec.engine.tensor_parallel_size
+    return (tp, spec.instance.cores, spec.instance.name) if tp > spec.instance.cores else None
+
+
+_GIVEN = "!has(self.resources.neuronDevices) || "
+_CORES_ON = f"{_CORES_PER_DEVICE}[self.instanceType]"
+_DEVICES_ON = f"{_DEVICES}[self.instanceType]"
+
+#: On the service's spec: the Neuron fit, and replicas beside autoscaling.
+SERVICE_SPEC: tuple[Rule[NeuronInferenceServiceSpec], ...] = (
+    Rule(
+        name="devices-below-tp",
+        field=".resources.neuronDevices",
+        cel=f"{_GIVEN}self.resources.neuronDevices * {_CORES_ON} >= self.engine.tensor_parallel_size",
+        message=(
+            "resources.neuronDevices (%d) holds %d logical NeuronCores on %s, fewer than "
+            "engine.tensor_parallel_size (%d)"
+        ),
+        args=(
+            "self.resources.neuronDevices",
+            f"self.resources.neuronDevices * {_CORES_ON}",
+            "self.instanceType",
+            "self.engine.tensor_parallel_size",
+        ),
+        check=_devices_hold_tp,
+        examples=({"engine": {"tensor_parallel_size": 8}, "resources": {"neuronDevices": 1}},),
+    ),
+    Rule(
+        name="devices-beyond-node",
+        field=".resources.neuronDevices",
+        cel=f"{_GIVEN}self.resources.neuronDevices <= {_DEVICES_ON}",
+        message="resources.neuronDevices (%d) exceeds the %d Neuron devices of one %s",
+        args=("self.resources.neuronDevices", _DEVICES_ON, "self.instanceType"),
+        check=_devices_fit_node,
+        examples=({"instanceType": "inf2.xlarge", "resources": {"neuronDevices": 2}},),
+    ),
+    Rule(
+        name="devices-on-sim",
+        field=".resources.neuronDevices",
+        cel="self.device != 'sim' || !has(self.resources.neuronDevices)",
+        message=(
+            "resources.neuronDevices is for device neuron: a sim replica requests resources.cpu and resources.memory"
+        ),
+        check=_no_devices_on_sim,
+        examples=({"device": "sim", "resources": {"neuronDevices": 1}},),
+    ),
+    Rule(
+        name="tp-beyond-node",
+        field=".engine.tensor_parallel_size",
+        cel=f"self.engine.tensor_parallel_size <= {_DEVICES_ON} * {_CORES_ON}",
+        message="engine.tensor_parallel_size (%d) exceeds the %d logical NeuronCores of one %s",
+        args=("self.engine.tensor_parallel_size", f"{_DEVICES_ON} * {_CORES_ON}", "self.instanceType"),
+        check=_tp_fits_node,
+        examples=({"engine": {"tensor_parallel_size": 128}},),
+    ),
+    # Only the scaler writes spec.replicas of an autoscaled service (through the scale subresource): a
+    # manifest naming both is refused, while the scaler's writes to one already autoscaled pass.
+    Rule(
+        name="replicas-with-autoscaling",
+        field=".replicas",
+        cel="!has(self.autoscaling) || !has(self.replicas) || (oldSelf.hasValue() && has(oldSelf.value().autoscaling))",
+        message=(
+            "replicas and autoscaling are exclusive: with autoscaling, KEDA sets spec.replicas through the "
+            "scale subresource; remove spec.replicas"
+        ),
+        checked_by="admission",
+        examples=({"replicas": 2, "autoscaling": {"maxReplicas": 4}},),
+        optional_old_self=True,
+    ),
+)
+
+#: On the service object itself: ``metadata.name`` becomes a Service, Deployment and label value.
+SERVICE_OBJECT: tuple[Rule[Any], ...] = (
+    Rule(
+        name="name",
+        field="",
+        cel="self.metadata.name.matches('^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$')",
+        message=(
+            "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, "
+            "at most 63 characters): it names the Service"
+        ),
+        checked_by="admission",
+    ),
+)
+
+#: On the artifact's spec: its name is its content hash.
+ARTIFACT_SPEC: tuple[Rule[NeuronCompiledArtifactSpec], ...] = (
+    Rule(
+        name="artifact-immutable",
+        field="",
+        cel="self == oldSelf",
+        message="a compiled artifact is immutable: its name is its content hash",
+        checked_by="admission",
+    ),
+)
+
+#: Every rule a service's spec is held to (the parity test sends each one's examples).
+SERVICE_SPEC_RULES: tuple[Rule[Any], ...] = (*ENGINE, *ROLLOUT, *DRAIN, *AUTOSCALING, *SERVICE_SPEC)
+ALL: tuple[Rule[Any], ...] = (*SERVICE_SPEC_RULES, *SERVICE_OBJECT, *ARTIFACT_SPEC)

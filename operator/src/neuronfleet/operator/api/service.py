@@ -1,0 +1,308 @@
+"""``NeuronInferenceService``: a model served on AWS Neuron, its spec and its status.
+
+``spec.engine`` is the engine's own ``EngineConfig``: the same fields, defaults
+and bucket rules as ``engine.yaml``. Kubernetes fields are camelCase; the engine
+block keeps the engine's snake_case names, so it can be copied from an
+``engine.yaml`` as is. The admission rules of each model are in
+:mod:`neuronfleet.operator.api.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
+from neuronfleet.engine.identity import CompileIdentity, ModelSource
+from neuronfleet.engine.sim_settings import Device
+from neuronfleet.operator import __version__
+from neuronfleet.operator.api import rules
+from neuronfleet.operator.api.artifact import ArtifactPhase
+from neuronfleet.operator.api.common import CompileSettings
+from neuronfleet.operator.api.k8s import (
+    CONDITIONS_SCHEMA,
+    IMAGE_PATTERN,
+    QUANTITY_PATTERN,
+    AnnotationValue,
+    Condition,
+    K8sModel,
+    LabelValue,
+    Toleration,
+)
+
+DEFAULT_IMAGE = f"neuronfleet/engine:{__version__}"
+
+
+class ServingResources(K8sModel):
+    """What one serving replica asks of a node."""
+
+    neuron_devices: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description=(
+            "Neuron devices (aws.amazon.com/neuron) per replica. Default: the fewest that hold "
+            "engine.tensor_parallel_size logical NeuronCores (4 per Trainium2 device with LNC=2, "
+            "2 per Trainium or Inferentia2 device)."
+        ),
+    )
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, max_length=32, description="CPU request per replica.")
+    memory: str | None = Field(None, pattern=QUANTITY_PATTERN, max_length=32, description="Memory request per replica.")
+
+
+class RolloutSettings(K8sModel):
+    """How a new revision replaces the serving one."""
+
+    admission_rules = rules.ROLLOUT
+
+    max_surge: int = Field(1, ge=0, le=100, description="Extra replicas started during a rollout.")
+    max_unavailable: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description=(
+            "Replicas that may be unready during a rollout. 0 (the default): surge first, "
+            "never below the ready replicas."
+        ),
+    )
+    startup_timeout_seconds: int = Field(
+        1800,
+        ge=60,
+        le=14_400,
+        description="How long a replica may take to load the model and artifact before it is restarted.",
+    )
+
+
+class DrainSettings(K8sModel):
+    """How a replica stops without dropping the generations it is serving."""
+
+    admission_rules = rules.DRAIN
+
+    pre_stop_seconds: int = Field(
+        10, ge=0, le=300, description="Wait before stopping, while endpoints stop sending new requests."
+    )
+    drain_timeout_seconds: int = Field(
+        120, ge=0, le=3600, description="How long in-flight requests may run after the stop signal."
+    )
+    termination_grace_period_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=7200,
+        description="Pod termination grace. Default: preStopSeconds + drainTimeoutSeconds + 15.",
+    )
+
+    @property
+    def grace_seconds(self) -> int:
+        """The termination grace in force."""
+        if self.termination_grace_period_seconds is not None:
+            return self.termination_grace_period_seconds
+        return self.pre_stop_seconds + self.drain_timeout_seconds + 15
+
+
+#: The most replicas autoscaling may ask for: beyond this a fleet is several services, not one.
+MAX_AUTOSCALED_REPLICAS = 100
+
+
+class Autoscaling(K8sModel):
+    """Replicas that follow the engine's own load signals: KEDA and the HPA it drives, on the scale subresource.
+
+    The defaults are sized for Neuron: a new replica loads its NEFFs and weights for minutes, so
+    replicas are added a few at a time and removed only after the load has stayed low for a while.
+    """
+
+    admission_rules = rules.AUTOSCALING
+
+    min_replicas: int = Field(
+        1,
+        ge=0,
+        le=MAX_AUTOSCALED_REPLICAS,
+        description=(
+            "Fewest replicas. 0 scales an idle service to zero; requests sent while no replica exists fail "
+            "unless a request buffer (a gateway's endpoint picker) holds them."
+        ),
+    )
+    max_replicas: int = Field(ge=1, le=MAX_AUTOSCALED_REPLICAS, description="Most replicas.")
+    waiting_requests_per_replica: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description="Target of vllm:num_requests_waiting per replica: requests queued beyond this add replicas.",
+    )
+    activation_waiting_requests: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="With minReplicas 0: waiting requests above this wake the service from zero.",
+    )
+    kv_cache_usage: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Target of vllm:kv_cache_usage_perc (0-1) averaged over replicas; unset: not a trigger.",
+    )
+    ttft_p95_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=600,
+        description="An SLO guard: time to first token p95 (vllm:time_to_first_token_seconds) above this scales up.",
+    )
+    polling_interval_seconds: int = Field(15, ge=1, le=3600, description="How often KEDA reads the metrics.")
+    scale_up_replicas: int = Field(
+        2, ge=1, le=MAX_AUTOSCALED_REPLICAS, description="Most replicas added per scaleUpPeriodSeconds."
+    )
+    scale_up_period_seconds: int = Field(
+        120,
+        ge=1,
+        le=1800,
+        description="The scale-up rate's period: about a cold start, so replicas still loading are not added twice.",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300, ge=0, le=3600, description="Load must stay low this long before replicas are removed."
+    )
+    cooldown_period_seconds: int = Field(
+        300, ge=0, le=86_400, description="With minReplicas 0: idle this long after the last activity before zero."
+    )
+    initial_cooldown_period_seconds: int = Field(
+        1800,
+        ge=0,
+        le=86_400,
+        description="With minReplicas 0: no scaling to zero this long after autoscaling starts (the first load).",
+    )
+
+
+class NeuronInferenceServiceSpec(K8sModel):
+    """The desired state of a served model: what to compile, where to run it, how to change it."""
+
+    admission_rules = rules.SERVICE_SPEC
+
+    model: ModelSource = Field(description="The model served.")
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description=(
+            "The engine configuration, as in engine.yaml: limits, compiled bucket sets, tensor parallelism, "
+            "dtype. Changing a compile-relevant field compiles a new artifact before anything rolls out."
+        ),
+    )
+    instance_type: InstanceTypeName = Field(
+        DEFAULT_INSTANCE_TYPE,
+        description="The Neuron instance type replicas run on (node.kubernetes.io/instance-type).",
+    )
+    device: Device = Field(
+        "neuron",
+        description=(
+            "neuron: replicas run on Neuron devices of instanceType nodes. sim: the simulated Neuron device "
+            "on CPU, with instanceType's cost model, to rehearse a fleet: pods request CPU and memory "
+            "(resources.cpu, resources.memory) instead of Neuron devices and run on any node; the artifact is "
+            "simulated and never shared with a neuron one."
+        ),
+    )
+    resources: ServingResources = Field(default_factory=ServingResources, description="Per-replica resources.")
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=16,
+        description=(
+            "Node labels serving pods require, besides the instance type's label that neuron replicas "
+            "always require (for example a staging pool's label for sim replicas)."
+        ),
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Serving pod tolerations, besides the Neuron taint's that neuron replicas always carry.",
+    )
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Serving replicas (default 1). With autoscaling: minReplicas, then KEDA's; not in manifests.",
+    )
+    autoscaling: Autoscaling | None = Field(
+        None,
+        description=(
+            "Replicas that follow vllm:num_requests_waiting (and optionally KV cache usage and TTFT p95), "
+            "through a KEDA ScaledObject on this service's scale subresource. Needs KEDA and Prometheus "
+            "(the chart's autoscaling values)."
+        ),
+    )
+    image: str = Field(
+        DEFAULT_IMAGE,
+        pattern=IMAGE_PATTERN,
+        max_length=512,
+        description="The engine image; it compiles and serves, so it is part of the artifact identity.",
+    )
+    pod_annotations: dict[str, AnnotationValue] = Field(
+        default_factory=dict, max_length=16, description="Annotations on serving pods (metrics scraping, policies)."
+    )
+    compile: CompileSettings = Field(
+        default_factory=CompileSettings, description="Compile Jobs and the artifact store."
+    )
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="Rollout of new revisions.")
+    drain: DrainSettings = Field(default_factory=DrainSettings, description="Graceful stop of replicas.")
+
+    @property
+    def instance(self) -> InstanceType:
+        """The instance type's Neuron shape."""
+        return INSTANCE_TYPES[self.instance_type]
+
+    @property
+    def desired_replicas(self) -> int:
+        """The replicas asked for: the scaler's (within bounds; minReplicas until it writes), the user's, or 1."""
+        if self.autoscaling is None:
+            return 1 if self.replicas is None else self.replicas
+        bounds = self.autoscaling
+        wanted = bounds.min_replicas if self.replicas is None else self.replicas
+        return min(max(wanted, bounds.min_replicas), bounds.max_replicas)
+
+    @property
+    def neuron_devices(self) -> int:
+        """Neuron devices per replica: as given, else derived from tensor parallelism."""
+        if self.resources.neuron_devices is not None:
+            return self.resources.neuron_devices
+        return self.instance.devices_for(self.engine.tensor_parallel_size)
+
+    def identity(self) -> CompileIdentity:
+        """The compiled artifact this spec serves."""
+        return CompileIdentity.of(self.model, self.engine, self.instance.target, self.image, self.device)
+
+
+ServicePhase = Literal[
+    "Pending", "Invalid", "Compiling", "CompileFailed", "Blocked", "RollingOut", "Ready", "Unschedulable"
+]
+
+
+class ArtifactStatusRef(K8sModel):
+    """The artifact a service's spec asks for."""
+
+    name: str = Field(max_length=253, description="The NeuronCompiledArtifact's name.")
+    hash: str = Field(max_length=64, description="Its identity hash.")
+    phase: ArtifactPhase = Field(description="Its phase.")
+
+
+class NeuronInferenceServiceStatus(K8sModel):
+    """What the operator observed and did."""
+
+    phase: ServicePhase = Field("Pending", description="A one-word summary; the conditions say why.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Validated, ArtifactReady, Available and Ready, and Autoscaling with spec.autoscaling.",
+        json_schema_extra=CONDITIONS_SCHEMA,
+    )
+    observed_generation: int | None = Field(None, ge=0, description="The spec generation last acted on.")
+    artifact: ArtifactStatusRef | None = Field(None, description="The artifact the spec asks for.")
+    desired_replicas: int = Field(0, ge=0, description="Replicas asked for (by spec.replicas or the autoscaler).")
+    replicas: int = Field(0, ge=0, description="Serving pods, any revision.")
+    ready_replicas: int = Field(0, ge=0, description="Ready serving pods, any revision.")
+    updated_replicas: int = Field(0, ge=0, description="Serving pods of the target revision.")
+    current_revision: str | None = Field(
+        None, max_length=64, description="Artifact hash all replicas ran at the last completed rollout."
+    )
+    target_revision: str | None = Field(None, max_length=64, description="Artifact hash the spec asks for.")
+    selector: str | None = Field(None, max_length=512, description="Label selector of the serving pods (for scaling).")
+
+
+def parse_service_spec(spec: object) -> NeuronInferenceServiceSpec:
+    """Validate a service spec as read from the API server."""
+    return NeuronInferenceServiceSpec.model_validate(spec)
