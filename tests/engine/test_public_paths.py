@@ -7,9 +7,8 @@ from importlib.metadata import entry_points
 import pytest
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
-from neuronfleet.engine import model_runner
 from neuronfleet.engine.config import ASYNC_SCHEDULER_CLS, SYNC_SCHEDULER_CLS
-from neuronfleet.engine.scheduler import neuron, padding
+from neuronfleet.engine.scheduler import neuron
 from neuronfleet.engine.sim import executor
 from neuronfleet.engine.sim_settings import EXECUTOR_CLS
 
@@ -33,12 +32,6 @@ def test_the_executor_path_the_engine_passes_vllm_resolves() -> None:
 def test_the_engine_renders_the_public_scheduler_paths() -> None:
     assert ASYNC_SCHEDULER_CLS == "neuronfleet.engine.scheduler.NeuronAsyncScheduler"
     assert SYNC_SCHEDULER_CLS == "neuronfleet.engine.scheduler.NeuronScheduler"
-
-
-def test_model_runner_keeps_the_padding_functions() -> None:
-    assert {"pad_prefill", "pad_decode", "PrefillInputs", "DecodeInputs"} <= set(model_runner.__all__)
-    for name in model_runner.__all__:
-        assert getattr(model_runner, name) is getattr(padding, name)
 
 
 @pytest.mark.parametrize(

@@ -25,10 +25,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR, BucketEntry, artifact_dir
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.identity import CompileIdentity
 
 
 def compile_command(model: str, engine: EngineConfig, target: str, neff_dir: Path) -> tuple[list[str], dict[str, str]]:
@@ -45,7 +45,9 @@ def compile_command(model: str, engine: EngineConfig, target: str, neff_dir: Pat
     return argv, env
 
 
-def neuron_compile_bucket(engine: EngineConfig, identity: Any, store: str) -> Callable[[BucketEntry], float]:
+def neuron_compile_bucket(
+    engine: EngineConfig, identity: CompileIdentity, store: str
+) -> Callable[[BucketEntry], float]:
     """A per-bucket compile step for the manifest: the first call compiles every graph at once.
 
     The plugin builds all graphs in one engine start-up, so each bucket is

@@ -243,6 +243,3 @@ def print_recommendation(
     for note in notes:
         out.print(f"note: {note}", markup=False)
     out.print(yaml_line)
-
-
-# Serving and compiling ----------------------------------------------------------------

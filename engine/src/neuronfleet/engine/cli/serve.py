@@ -10,17 +10,10 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from neuronfleet.engine.artifacts.store import (
-    ArtifactError,
-    OutdatedManifestError,
-    StoreError,
-    artifact_dir,
-    is_s3,
-    load_for_serving,
-)
-from neuronfleet.engine.cli.artifacts import cache_root, compile_to_s3, download_from_s3, run_compile
+from neuronfleet.engine.artifacts.provision import cache_root, compile_into_store, serving_artifact
+from neuronfleet.engine.artifacts.store import ArtifactError
+from neuronfleet.engine.cli.artifacts import StderrProgress, outcome_line, refuse_to_serve
 from neuronfleet.engine.cli.common import (
-    EXIT_INVALID,
     AsyncSchedulingOption,
     ConfigOption,
     err,
@@ -42,8 +35,6 @@ from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, serv
 from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
 
-#: Exit status when the compiled artifact to serve is missing, incomplete or of an outdated manifest schema.
-EXIT_NO_ARTIFACT = 3
 DEFAULT_MODEL = "hf://neuronfleet/tiny"
 
 DeviceOption = Annotated[
@@ -173,18 +164,14 @@ def compile_command(
     identity = compile_identity(engine, model, revision, target, engine_image, device)
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
-    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else None
-    if is_s3(artifact_store):
-        out.print(compile_to_s3(engine, identity, artifact_store, cache_root(cache_dir), settings))
-        return
-    manifest, compiled = run_compile(engine, identity, artifact_store, settings)
-    where = f"{artifact_store.rstrip('/')}/{manifest.hash}"
-    if compiled:
-        out.print(
-            f"compiled {compiled} of {len(manifest.buckets)} graphs: artifact {manifest.hash} complete at {where}"
+    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
+    try:
+        outcome = compile_into_store(
+            engine, identity, artifact_store, cache=cache_root(cache_dir), settings=settings, progress=StderrProgress()
         )
-    else:
-        out.print(f"artifact {manifest.hash} already complete at {where}: nothing to compile")
+    except ArtifactError as error:
+        fail(str(error))
+    out.print(outcome_line(outcome))
 
 
 def serve_command(
@@ -224,9 +211,23 @@ def serve_command(
     directory = None
     if artifact_store is not None:
         identity = compile_identity(engine, model, revision, target, engine_image, device)
-        directory = serving_artifact(
-            engine, identity, artifact_store, artifact_hash, device, settings, compile_on_start, cache_root(cache_dir)
-        )
+        try:
+            artifact = serving_artifact(
+                engine,
+                identity,
+                artifact_store,
+                artifact_hash=artifact_hash,
+                cache=cache_root(cache_dir),
+                settings=settings,
+                compile_on_start=compile_on_start,
+                progress=StderrProgress(),
+            )
+        except ArtifactError as error:
+            refuse_to_serve(error)
+        if artifact.compiled is not None and artifact.compiled.uploaded is not None:
+            # After the upload's file lines, what was done, as `compile` says it.
+            err.print(outcome_line(artifact.compiled), markup=False)
+        directory = artifact.directory
     elif artifact_hash is not None:
         fail("--artifact-hash needs --artifact-store")
     elif device == "neuron":
@@ -255,45 +256,3 @@ def serve_command(
             extra_args=tuple(ctx.args),
         )
     )
-
-
-def serving_artifact(
-    engine: EngineConfig,
-    identity: CompileIdentity,
-    store: str,
-    artifact_hash: str | None,
-    device: Device,
-    settings: SimSettings,
-    compile_on_start: bool,
-    cache: Path,
-) -> Path:
-    """The local directory of the complete artifact to serve (an s3:// one downloaded first).
-
-    Exit 3 when it is missing, incomplete or of an outdated manifest schema; exit 2 when the store cannot be
-    reached, or holds a damaged artifact or another one under its name.
-    """
-    wanted = artifact_hash or identity.hash()
-    buckets = (engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets)
-    remote = is_s3(store)
-    try:
-        try:
-            directory = download_from_s3(store, cache, wanted) if remote else artifact_dir(store, wanted)
-            # A download checked every file's size and SHA-256 as it copied it; a local store's are checked here.
-            load_for_serving(directory, *buckets, verify_files=not remote)
-        except ArtifactError as error:
-            # Compiling cannot mend these: a damaged store, or an artifact to delete first.
-            if not compile_on_start or isinstance(error, StoreError | OutdatedManifestError):
-                raise
-            if wanted != identity.hash():
-                fail(f"cannot compile artifact {wanted}: the identity computed here is {identity.hash()}")
-            sim = settings if device == "sim" else None
-            if remote:
-                err.print(compile_to_s3(engine, identity, store, cache, sim), markup=False)
-                directory = artifact_dir(str(cache), wanted)
-            else:
-                directory = artifact_dir(store, wanted)
-                run_compile(engine, identity, store, sim)
-    except ArtifactError as error:
-        err.print(f"error: {error}", markup=False)
-        raise typer.Exit(EXIT_INVALID if isinstance(error, StoreError) else EXIT_NO_ARTIFACT) from None
-    return directory

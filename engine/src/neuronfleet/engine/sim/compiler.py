@@ -43,21 +43,17 @@ def write_graph(graphs: Path, seed: str, entry: BucketEntry) -> None:
     os.replace(temporary, target)
 
 
-def simulated_compiler(
-    cost: CostModel, *, sleep: bool, graphs: Path | None = None, seed: str = ""
-) -> Callable[[BucketEntry], float]:
+def simulated_compiler(cost: CostModel, *, sleep: bool, graphs: Path, seed: str) -> Callable[[BucketEntry], float]:
     """Compile one bucket on the simulated device: take (or, with ``sleep=False``, only count) its time.
 
-    With ``graphs``, each bucket's graph file is written there (``seed``, the
-    artifact's hash, makes the bytes).
+    Each bucket's graph file is written in ``graphs``; ``seed``, the artifact's hash, makes its bytes.
     """
 
     def compile_bucket(entry: BucketEntry) -> float:
         seconds = cost.compile_seconds(entry.size)
         if sleep:
             time.sleep(seconds)
-        if graphs is not None:
-            write_graph(graphs, seed, entry)
+        write_graph(graphs, seed, entry)
         return seconds
 
     return compile_bucket
