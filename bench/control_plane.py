@@ -33,7 +33,7 @@ order:
   operator's ServiceAccount, one per verb and resource the chart's roles grant, and the admin's GET
   /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are
   counted the same way: a service reconcile GETs its service once and an artifact reconcile GETs
-  its compile Job once (neuronfleet.operator.reconcile), and nothing else in the operator GETs either. The
+  its compile Job once (neuronfleet.operator.reconcilers), and nothing else in the operator GETs either. The
   operator's CPU time per reconcile comes from psutil.
 
 ``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet (a pass over
