@@ -24,8 +24,8 @@
 # NEURONFLEET_LOCK_DIGEST and NEURONFLEET_SOURCES_DIGEST are for builders whose layer cache does not
 # hash what a RUN step mounts (buildah: `podman build --layers`, what `make images` runs): a digest of
 # what each install reads (of the lock stage's files, what uv resolves from; the sources and the lock
-# stage's files whole), declared just before it, keys the step, so a change misses the cache. BuildKit
-# hashes mounts itself: leave them unset.
+# stage's files whole), declared just before it, keys the step, so a change misses the cache.
+# BuildKit hashes mounts itself: leave them unset.
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
 ARG ENGINE_BASE=${PYTHON_BASE}

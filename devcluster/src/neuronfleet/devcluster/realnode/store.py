@@ -375,13 +375,19 @@ class NodeImageStore:
                     process.wait()
 
 
-#: Unpacked size per byte of a layer blob (gzip layers unpack to about 2.2 times their size).
-_UNPACK_FACTOR = 3
+#: Disk a layer takes while it is unpacked, per byte of its blob: the blob in containerd's content store
+#: (discarded once unpacked) and the snapshot. A gzip layer unpacks to about 2.2 times its size; a plain tar
+#: (what the images' layout holds: `podman save --uncompressed`) to its own size.
+_UNPACK_FACTOR = {"gzip": 3.2, "tar": 2.0}
+
+
+def _unpack_factor(media_type: str) -> float:
+    return _UNPACK_FACTOR["gzip"] if media_type.endswith(("+gzip", ".gzip")) else _UNPACK_FACTOR["tar"]
 
 
 def _check_room(directory: Path, image: OciImage, present: set[str]) -> None:
     """Refuse, before unpacking, an image the disk has no room for (the layers already unpacked cost nothing)."""
-    needed = _UNPACK_FACTOR * sum(layer["size"] for layer in image.layers_missing(present))
+    needed = sum(_unpack_factor(layer["mediaType"]) * layer["size"] for layer in image.layers_missing(present))
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise StoreError(
