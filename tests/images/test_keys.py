@@ -165,6 +165,11 @@ def test_the_dependencies_key_ignores_the_sources(tmp_path: Path) -> None:
     assert dependencies_key("engine", read_inputs(root), "base") == before
     assert dependencies_key("operator", read_inputs(root), "base") != before
     assert dependencies_key("engine", read_inputs(root), "base-2") != before
+    # A comment is nothing the layer cache sees; an instruction (or a parser directive) is.
+    (root / "Dockerfile").write_text("# a note on why\n" + (root / "Dockerfile").read_text() + "\n# and another\n")
+    assert dependencies_key("engine", read_inputs(root), "base") == before
+    (root / "Dockerfile").write_text("# syntax=docker/dockerfile:1\n" + (root / "Dockerfile").read_text())
+    assert dependencies_key("engine", read_inputs(root), "base") != before
     (root / "Dockerfile").write_text("FROM y\n")
     assert dependencies_key("engine", read_inputs(root), "base") != before
 

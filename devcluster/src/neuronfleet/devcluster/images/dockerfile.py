@@ -102,6 +102,10 @@ UV_CACHE_IN_BUILD = "/uv-cache"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
+#: A parser directive (``# syntax=...``), the one kind of comment line a builder reads.
+_DIRECTIVE = re.compile(r"^#\s*(syntax|escape|check)\s*=", re.IGNORECASE)
+
+
 class ImageError(RuntimeError):
     """An image could not be built or its inputs are missing."""
 
@@ -226,9 +230,19 @@ def dependencies_key(target: str, inputs: Mapping[str, bytes], base_key: str) ->
     """What a target's dependencies' layer is built from: the lock, the base image and the Dockerfile.
 
     An image in the layout with the same key means the next build finds that layer in the cache (the free
-    space it needs is small); a Dockerfile edit counts as a change, to err on the side of space.
+    space it needs is small); an edit to any Dockerfile instruction counts as a change, to err on the side
+    of space, and an edit to its comments does not.
     """
-    return image_key(target, [*_dependency_files(inputs), ("Dockerfile", inputs["Dockerfile"])], base_key)
+    return image_key(
+        target, [*_dependency_files(inputs), ("Dockerfile", dockerfile_instructions(inputs["Dockerfile"]))], base_key
+    )
+
+
+def dockerfile_instructions(data: bytes) -> bytes:
+    """A Dockerfile without its comment lines (parser directives kept): what a builder's layer cache sees."""
+    lines = data.decode(errors="replace").splitlines()
+    kept = [line for line in lines if not line.lstrip().startswith("#") or _DIRECTIVE.match(line)]
+    return "\n".join(kept).encode()
 
 
 @dataclass(frozen=True)
