@@ -16,6 +16,10 @@ order:
   delivers the state, on both sides alike.
 - **reconcile latency**: a spec change that needs no compile (a pod annotation; it rolls the pods)
   until ``status.observedGeneration`` catches up, one service at a time.
+- **probes at 1, ``--midpoint`` (100) and ``--fleet`` (1,000) services**: the same latency, for
+  ``--probe-changes`` spec changes of one service (``probe``, the first one created), each waited
+  on until its rollout is Ready, with the requests per reconcile and the operator's memory at that
+  size. The probe at 1 runs first, alone in the namespace; the others once the fleet has grown.
 - **idleness**: once everything is Ready, and right after a full resync, the operator's write
   requests over ``--idle-seconds`` (shorter than the resync period, so no pass falls inside) must
   be 0. The next full resync is then measured alone: its requests, how long it took, and the
@@ -31,14 +35,13 @@ order:
   1,000 services racing to add themselves to one artifact's owner references conflict and retry.
 - **API requests per reconcile**, in each phase: FlowSchemas (API Priority and Fairness) match the
   operator's ServiceAccount, one per verb and resource the chart's roles grant, and the admin's GET
-  /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are
-  counted the same way: a service reconcile GETs its service once and an artifact reconcile GETs
-  its compile Job once (neuronfleet.operator.reconcile), and nothing else in the operator GETs either. The
-  operator's CPU time per reconcile comes from psutil.
+  /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are the
+  operator's own count (``neuronfleet_operator_reconciles_total``, both kinds, every outcome, from its
+  ``/metrics``): it reads from its watches' cache, so no request marks a reconcile. Watches are not
+  counted (opened once, they stream). The operator's CPU time per reconcile comes from psutil.
 
-``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet (a pass over
-1,000 services takes about a minute on 2 cores). The run takes about 5 minutes on 2 idle cores;
-the last line says how many CPU-seconds it used.
+``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet. The run
+takes about 8 minutes on 2 busy cores; the last line says how many CPU-seconds it used.
 
 Run: ``make bench-operator`` (or ``.venv/bin/python bench/control_plane.py``).
 Prints one table; writes bench/results/operator.json; exits 1 if the idle operator wrote.
@@ -88,6 +91,9 @@ from neuronfleet.operator.kube import (
 )
 from neuronfleet.operator.metrics import RESYNC_DURATION, RESYNC_OBJECTS, RESYNCS
 
+#: The operator's reconciles, by kind and outcome.
+RECONCILES_TOTAL = "neuronfleet_operator_reconciles_total"
+
 Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,6 +106,8 @@ MODEL_URI = "hf://meta-llama/Llama-3.1-8B"
 #: Baseline objects carry this label instead of the operator's, so the operator's watches skip them.
 PLAIN_LABEL = "bench.neuronfleet.io/plain"
 ROUND_ANNOTATION = "bench.neuronfleet.io/round"
+#: The service whose spec changes time the reconcile at 1, --midpoint and --fleet services.
+PROBE = "probe"
 #: Longer than any bench: a compile that never finishes.
 FOREVER = "8760h"
 
@@ -109,8 +117,6 @@ NODES = (NodePool("trn2", TRN2_48XLARGE, count=5), NodePool("cpu", M7I_8XLARGE, 
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 OTHER = "other"
-#: The requests that count reconciles: a service reconcile GETs its service, an artifact one its Job (docstring).
-SERVICE_RECONCILE, ARTIFACT_RECONCILE = f"get-{SERVICES_NIS.plural}", f"get-{JOBS.plural}"
 SCHEMA_PREFIX = "bench-operator-"
 DISPATCHED_SAMPLE = re.compile(
     r"^apiserver_flowcontrol_dispatched_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE
@@ -162,11 +168,6 @@ def install(cluster: LocalCluster, kube: Kube, directory: Path) -> tuple[Path, l
     )["items"]
     rules = [rule for role in roles for rule in role["rules"]]
     schemas = flow_rules(rules)
-    missing = {SERVICE_RECONCILE, ARTIFACT_RECONCILE} - schemas.keys()
-    if missing:
-        raise RuntimeError(
-            f"the chart's roles no longer grant {', '.join(sorted(missing))}: reconciles can't be counted"
-        )
     subject = {"kind": "ServiceAccount", "serviceAccount": {"name": RELEASE, "namespace": NAMESPACE}}
     for precedence, (name, rule) in enumerate(schemas.items(), start=20):
         resource_rule = {**rule, "clusterScope": True, "namespaces": ["*"]}
@@ -226,6 +227,8 @@ class Window:
     """What the operator did during one ``Requests.counting()`` block."""
 
     requests: dict[str, float] = field(default_factory=dict)
+    #: The operator's reconciles, by kind.
+    reconciles: dict[str, float] = field(default_factory=dict)
     cpu_s: float = 0.0
     wall_s: float = 0.0
 
@@ -233,10 +236,21 @@ class Window:
 class Requests:
     """The operator's requests as the API server counted them, per FlowSchema (GET /metrics as admin)."""
 
-    def __init__(self, cluster: LocalCluster, operator_pid: int, schemas: list[str]) -> None:
+    def __init__(self, cluster: LocalCluster, operator: OperatorProcess, schemas: list[str]) -> None:
         self._api = cluster.admin_api()
-        self._pid = operator_pid
+        assert operator.process is not None
+        self._operator = operator
+        self._pid = operator.process.pid
         self._schemas = schemas
+
+    def reconciles(self) -> dict[str, float]:
+        """The operator's reconciles so far, by kind."""
+        counts = {SERVICES_NIS.kind: 0.0, ARTIFACTS.kind: 0.0}
+        for (name, labels), value in self._operator.metrics().items():
+            kind = dict(labels).get("kind")
+            if name == RECONCILES_TOTAL and kind in counts:
+                counts[kind] += value
+        return counts
 
     def snapshot(self) -> dict[str, float]:
         """Requests dispatched so far, by schema (without the prefix)."""
@@ -252,9 +266,11 @@ class Requests:
     def counting(self) -> Iterator[Window]:
         """Yields a window that holds, once the block is done, the requests and CPU time spent during it."""
         window = Window()
+        reconciles = self.reconciles()
         before, cpu, start = self.snapshot(), cpu_seconds(self._pid), time.monotonic()
         yield window
         after = self.snapshot()
+        window.reconciles = {kind: n - reconciles[kind] for kind, n in self.reconciles().items()}
         window.requests = {key: after[key] - before[key] for key in self._schemas}
         window.cpu_s = cpu_seconds(self._pid) - cpu
         window.wall_s = time.monotonic() - start
@@ -263,7 +279,7 @@ class Requests:
 def per_reconcile(window: Window) -> Obj:
     """Requests, reconciles and their ratio in one window, with the operator's CPU time per reconcile."""
     counted = window.requests
-    reconciles = counted[SERVICE_RECONCILE] + counted[ARTIFACT_RECONCILE]
+    reconciles = sum(window.reconciles.values())
     verbs = {key: key.split("-", 1)[0] for key in counted}
     total = sum(counted.values())
     writes = sum(n for key, n in counted.items() if verbs[key] in WRITE_VERBS)
@@ -272,8 +288,8 @@ def per_reconcile(window: Window) -> Obj:
         "requests": int(total),
         "writes": int(writes),
         "watches": int(watches),
-        "service_reconciles": int(counted[SERVICE_RECONCILE]),
-        "artifact_reconciles": int(counted[ARTIFACT_RECONCILE]),
+        "service_reconciles": int(window.reconciles[SERVICES_NIS.kind]),
+        "artifact_reconciles": int(window.reconciles[ARTIFACTS.kind]),
         # Watches are opened once and stream: they are no reconcile's cost.
         "requests_per_reconcile": (total - watches) / reconciles if reconciles else None,
         "writes_per_reconcile": writes / reconciles if reconciles else None,
@@ -482,7 +498,7 @@ def apply_to_ready(kube: Kube, services: EventLog, deployments: EventLog, count:
     return times
 
 
-def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) -> list[float]:
+def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int, tag: str = "") -> list[float]:
     """Seconds from a pod-annotation change to the status observing it, one service at a time."""
     latencies = []
     for round_ in range(rounds):
@@ -490,7 +506,7 @@ def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) 
         generations = {}
         for name in names:
             mark, start = services.mark(), time.monotonic()
-            patch = {"spec": {"podAnnotations": {ROUND_ANNOTATION: str(round_)}}}
+            patch = {"spec": {"podAnnotations": {ROUND_ANNOTATION: f"{tag}{round_}"}}}
             generation = int(kube.merge_patch(SERVICES_NIS, NAMESPACE, name, patch)["metadata"]["generation"])
             latencies.append(services.first(name, observed_at(generation), mark, 60, "observedGeneration") - start)
             generations[name] = generation
@@ -498,6 +514,14 @@ def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) 
         for name, generation in generations.items():
             services.first(name, ready_at(generation), round_start, 120, f"Ready at generation {generation}")
     return latencies
+
+
+def probe(kube: Kube, services: EventLog, requests: Requests, size: int, changes: int) -> Obj:
+    """With ``size`` services in the namespace: ``changes`` spec changes of the probe service, one at a time
+    (each rolled out before the next), their latency, the requests per reconcile, the operator's memory."""
+    with requests.counting() as window:
+        latencies = spec_changes(kube, services, [PROBE], changes, tag=f"probe-{size}-")
+    return {"services": size, **summary(latencies), "requests": per_reconcile(window)}
 
 
 def settle(requests: Requests, quiet_seconds: float, timeout: float) -> None:
@@ -532,8 +556,10 @@ def fleet(
             create_service(kube, f"fleet-{i}", service_spec(f"fleet-{i % identities}", FOREVER))
         created = time.monotonic() - start
 
+        new = {f"fleet-{i}" for i in range(existing, total)}
+
         def compiling(body: Obj) -> bool:
-            return body["metadata"]["name"].startswith("fleet-") and phase_of(body) == "Compiling" and observed(body)
+            return body["metadata"]["name"] in new and phase_of(body) == "Compiling" and observed(body)
 
         wait_for(
             lambda: services.count(compiling),
@@ -625,6 +651,27 @@ def table(results: Obj) -> list[tuple[str, str, str, str]]:
             f"n={latency['n']}",
         )
     )
+    for figure in results["probes"]:
+        size = figure["services"]
+        rows.append(
+            (
+                f"reconcile latency at {size} services, spec -> observedGeneration",
+                f"{1000 * figure['median_s']:.0f} ms",
+                f"{1000 * figure['p99_s']:.0f} ms",
+                f"n={figure['n']}",
+            )
+        )
+        counted = figure["requests"]
+        rows.append(
+            (
+                f"API requests/reconcile at {size} services (those changes and rollouts)",
+                f"{counted['requests_per_reconcile']:.1f}",
+                f"{counted['writes_per_reconcile']:.1f} writes",
+                f"{counted['service_reconciles'] + counted['artifact_reconciles']} reconciles, "
+                f"{counted['operator_cpu_ms_per_reconcile']:.0f} ms CPU each; "
+                f"RSS {figure['memory']['rss_mib']:.0f} MiB",
+            )
+        )
     fleet_size, idle_size = results["fleet"]["services"], results["idle"]["services"]
     requests = results["requests"]
     for key, label in (
@@ -687,6 +734,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="spec changes per service, for reconcile latency")
     parser.add_argument("--fleet", type=int, default=1000, help="services in the namespace for memory and idleness")
     parser.add_argument("--fleet-identities", type=int, default=30, help="compile identities the fleet shares")
+    parser.add_argument("--midpoint", type=int, default=100, help="services in the namespace at the middle probe")
+    parser.add_argument("--probe-changes", type=int, default=20, help="spec changes of the probe service per probe")
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="idle window that must see no writes")
     parser.add_argument("--resync-seconds", type=float, default=40.0, help="the operator's --resync-seconds")
     parser.add_argument(
@@ -698,8 +747,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.idle_seconds >= args.resync_seconds:
         parser.error("--idle-seconds must be shorter than --resync-seconds (the window falls between two resyncs)")
-    if args.fleet <= 2 * args.services:
-        parser.error("--fleet must be more than twice --services")
+    if not 2 * args.services + 1 < args.midpoint < args.fleet:
+        parser.error("--midpoint must lie between twice --services (plus the probe) and --fleet")
 
     began = time.monotonic()
     reap_orphans()
@@ -717,9 +766,15 @@ def main() -> None:
         operator.start(wait_for)
         assert operator.process is not None
         pid = operator.process.pid
-        requests = Requests(cluster, pid, schemas)
+        requests = Requests(cluster, operator, schemas)
         memories = {"started": memory(pid, 0)}
         progress(began, "cluster and operator up")
+
+        mark = services.mark()
+        create_service(kube, PROBE, service_spec("probe", "0s"))
+        services.first(PROBE, ready_at(1), mark, 60, "Ready")
+        probes = [{**probe(kube, services, requests, 1, args.probe_changes), "memory": memory(pid, 1)}]
+        progress(began, f"probe at 1 service: {args.probe_changes} spec changes")
 
         with requests.counting() as creating:
             ready = apply_to_ready(kube, services, deployments, args.services)
@@ -728,14 +783,19 @@ def main() -> None:
         with requests.counting() as changing:
             latencies = spec_changes(kube, services, names, args.rounds)
         settle(requests, quiet_seconds=3, timeout=60)
-        memories["settled"] = memory(pid, len(names))
+        present = len(names) + 1  # and the probe
+        memories["settled"] = memory(pid, present)
         progress(began, f"{len(latencies)} spec changes")
         if not args.idle_at_fleet:
-            quiet = idle(operator, requests, kube, len(names), args.idle_seconds, args.resync_seconds)
-            progress(began, f"idle window and a full resync at {len(names)} services")
-        grown = fleet(kube, services, requests, len(names), args.fleet, args.fleet_identities, timeout=600)
+            quiet = idle(operator, requests, kube, present, args.idle_seconds, args.resync_seconds)
+            progress(began, f"idle window and a full resync at {present} services")
+        for size in (args.midpoint, args.fleet):
+            grown = fleet(kube, services, requests, present, size, args.fleet_identities, timeout=600)
+            present = size
+            progress(began, f"{size} services Compiling")
+            probes.append({**probe(kube, services, requests, size, args.probe_changes), "memory": memory(pid, size)})
+            progress(began, f"probe at {size} services: {args.probe_changes} spec changes")
         memories["fleet"] = memory(pid, args.fleet)
-        progress(began, f"{args.fleet} services Compiling")
         if args.idle_at_fleet:
             quiet = idle(operator, requests, kube, args.fleet, args.idle_seconds, args.resync_seconds)
             memories["fleet, after a full resync"] = memory(pid, args.fleet)
@@ -759,6 +819,7 @@ def main() -> None:
         "wall_s": time.monotonic() - began,
         "apply_to_ready": {key: summary(values) for key, values in ready.items()},
         "reconcile_latency": summary(latencies),
+        "probes": probes,
         "requests": {
             "creating": per_reconcile(creating),
             "changing": per_reconcile(changing),
