@@ -59,7 +59,7 @@ def test_a_reconcile_on_an_outdated_view_converges_on_the_next_event(
     # Its compile never ends: its artifact stays Compiling, with its Job.
     services.create("slow", spec("slow", "8760h"))
 
-    def everything_once() -> tuple[str, str | None]:
+    def everything_once() -> tuple[str | None, str | None]:
         # What the watches and handlers would do: the view brought up to date, then both kinds reconciled.
         cached.relist(namespace)
         for artifact in cached.list(ARTIFACTS, namespace):
