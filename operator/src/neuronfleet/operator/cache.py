@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kubernetes
@@ -153,7 +153,7 @@ class ObjectCache:
                 del objects[meta["name"]]
                 self._applied.pop((resource.plural, meta["namespace"], meta["name"]), None)
 
-    def replace(self, resource: Resource, namespace: str | None, items: Iterable[Obj], version: str) -> None:
+    def replace(self, resource: Resource, namespace: str | None, items: Sequence[Obj], version: str) -> None:
         """A fresh list at ``version``: objects missing from it that are no newer were deleted unseen."""
         listed = {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in items}
         at = {"metadata": {"resourceVersion": version}}
@@ -193,10 +193,6 @@ class ObjectCache:
         """Record what the operator just applied to an object."""
         with self._lock:
             self._applied[(resource.plural, namespace, name)] = fingerprint
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(len(objects) for objects in self._objects.values())
 
 
 def _plural(body: Obj) -> str:
