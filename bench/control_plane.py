@@ -16,6 +16,10 @@ order:
   delivers the state, on both sides alike.
 - **reconcile latency**: a spec change that needs no compile (a pod annotation; it rolls the pods)
   until ``status.observedGeneration`` catches up, one service at a time.
+- **probes at 1, ``--midpoint`` (100) and ``--fleet`` (1,000) services**: the same latency, for
+  ``--probe-changes`` spec changes of one service (``probe``, the first one created), each waited
+  on until its rollout is Ready, with the requests per reconcile and the operator's memory at that
+  size. The probe at 1 runs first, alone in the namespace; the others once the fleet has grown.
 - **idleness**: once everything is Ready, and right after a full resync, the operator's write
   requests over ``--idle-seconds`` (shorter than the resync period, so no pass falls inside) must
   be 0. The next full resync is then measured alone: its requests, how long it took, and the
@@ -31,14 +35,13 @@ order:
   1,000 services racing to add themselves to one artifact's owner references conflict and retry.
 - **API requests per reconcile**, in each phase: FlowSchemas (API Priority and Fairness) match the
   operator's ServiceAccount, one per verb and resource the chart's roles grant, and the admin's GET
-  /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are
-  counted the same way: a service reconcile GETs its service once and an artifact reconcile GETs
-  its compile Job once (neuronfleet.operator.reconcilers), and nothing else in the operator GETs either. The
-  operator's CPU time per reconcile comes from psutil.
+  /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are the
+  operator's own count (``neuronfleet_operator_reconciles_total``, both kinds, every outcome, from its
+  ``/metrics``): it reads from its watches' cache, so no request marks a reconcile. Watches are not
+  counted (opened once, they stream). The operator's CPU time per reconcile comes from psutil.
 
-``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet (a pass over
-1,000 services takes about a minute on 2 cores). The run takes about 5 minutes on 2 idle cores;
-the last line says how many CPU-seconds it used.
+``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet. The run
+takes about 8 minutes on 2 busy cores; the last line says how many CPU-seconds it used.
 
 Run: ``make bench-operator`` (or ``.venv/bin/python bench/control_plane.py``).
 Prints one table; writes bench/results/operator.json; exits 1 if the idle operator wrote.
@@ -88,6 +91,14 @@ from neuronfleet.operator.kube import (
 )
 from neuronfleet.operator.metrics import RESYNC_DURATION, RESYNC_OBJECTS, RESYNCS
 
+#: The operator's reconciles, by kind and outcome; how long its service reconciles took (a histogram).
+RECONCILES_TOTAL = "neuronfleet_operator_reconciles_total"
+RECONCILE_DURATION_BUCKET = "neuronfleet_operator_reconcile_duration_seconds_bucket"
+#: ``Window.reconciles`` keys besides the kinds: objects the full resyncs reconciled, and the service
+#: reconciles that took at most ``le=<seconds>``.
+RESYNCED = "resync"
+LE = "le="
+
 Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,6 +111,8 @@ MODEL_URI = "hf://meta-llama/Llama-3.1-8B"
 #: Baseline objects carry this label instead of the operator's, so the operator's watches skip them.
 PLAIN_LABEL = "bench.neuronfleet.io/plain"
 ROUND_ANNOTATION = "bench.neuronfleet.io/round"
+#: The service whose spec changes time the reconcile at 1, --midpoint and --fleet services.
+PROBE = "probe"
 #: Longer than any bench: a compile that never finishes.
 FOREVER = "8760h"
 
@@ -109,8 +122,6 @@ NODES = (NodePool("trn2", TRN2_48XLARGE, count=5), NodePool("cpu", M7I_8XLARGE, 
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 OTHER = "other"
-#: The requests that count reconciles: a service reconcile GETs its service, an artifact one its Job (docstring).
-SERVICE_RECONCILE, ARTIFACT_RECONCILE = f"get-{SERVICES_NIS.plural}", f"get-{JOBS.plural}"
 SCHEMA_PREFIX = "bench-operator-"
 DISPATCHED_SAMPLE = re.compile(
     r"^apiserver_flowcontrol_dispatched_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE
@@ -162,11 +173,6 @@ def install(cluster: LocalCluster, kube: Kube, directory: Path) -> tuple[Path, l
     )["items"]
     rules = [rule for role in roles for rule in role["rules"]]
     schemas = flow_rules(rules)
-    missing = {SERVICE_RECONCILE, ARTIFACT_RECONCILE} - schemas.keys()
-    if missing:
-        raise RuntimeError(
-            f"the chart's roles no longer grant {', '.join(sorted(missing))}: reconciles can't be counted"
-        )
     subject = {"kind": "ServiceAccount", "serviceAccount": {"name": RELEASE, "namespace": NAMESPACE}}
     for precedence, (name, rule) in enumerate(schemas.items(), start=20):
         resource_rule = {**rule, "clusterScope": True, "namespaces": ["*"]}
@@ -226,6 +232,9 @@ class Window:
     """What the operator did during one ``Requests.counting()`` block."""
 
     requests: dict[str, float] = field(default_factory=dict)
+    #: The operator's reconciles, by kind, of which ``RESYNCED`` in full resyncs, and its service reconciles'
+    #: durations (``LE`` keys, cumulative as in the histogram).
+    reconciles: dict[str, float] = field(default_factory=dict)
     cpu_s: float = 0.0
     wall_s: float = 0.0
 
@@ -233,10 +242,25 @@ class Window:
 class Requests:
     """The operator's requests as the API server counted them, per FlowSchema (GET /metrics as admin)."""
 
-    def __init__(self, cluster: LocalCluster, operator_pid: int, schemas: list[str]) -> None:
+    def __init__(self, cluster: LocalCluster, operator: OperatorProcess, schemas: list[str]) -> None:
         self._api = cluster.admin_api()
-        self._pid = operator_pid
+        assert operator.process is not None
+        self._operator = operator
+        self._pid = operator.process.pid
         self._schemas = schemas
+
+    def reconciles(self) -> dict[str, float]:
+        """The operator's reconciles so far, by kind, those of full resyncs, and its service reconciles' durations."""
+        counts = {SERVICES_NIS.kind: 0.0, ARTIFACTS.kind: 0.0}
+        for (name, labels), value in self._operator.metrics().items():
+            label = dict(labels)
+            if name == RECONCILES_TOTAL and label.get("kind") in counts:
+                counts[label["kind"]] += value
+            elif name == f"{RESYNC_OBJECTS}_total":
+                counts[RESYNCED] = value
+            elif name == RECONCILE_DURATION_BUCKET and label.get("kind") == SERVICES_NIS.kind:
+                counts[LE + label["le"]] = value
+        return counts
 
     def snapshot(self) -> dict[str, float]:
         """Requests dispatched so far, by schema (without the prefix)."""
@@ -252,9 +276,11 @@ class Requests:
     def counting(self) -> Iterator[Window]:
         """Yields a window that holds, once the block is done, the requests and CPU time spent during it."""
         window = Window()
+        reconciles = self.reconciles()
         before, cpu, start = self.snapshot(), cpu_seconds(self._pid), time.monotonic()
         yield window
         after = self.snapshot()
+        window.reconciles = {kind: n - reconciles[kind] for kind, n in self.reconciles().items()}
         window.requests = {key: after[key] - before[key] for key in self._schemas}
         window.cpu_s = cpu_seconds(self._pid) - cpu
         window.wall_s = time.monotonic() - start
@@ -263,7 +289,9 @@ class Requests:
 def per_reconcile(window: Window) -> Obj:
     """Requests, reconciles and their ratio in one window, with the operator's CPU time per reconcile."""
     counted = window.requests
-    reconciles = counted[SERVICE_RECONCILE] + counted[ARTIFACT_RECONCILE]
+    reconciles = window.reconciles[SERVICES_NIS.kind] + window.reconciles[ARTIFACTS.kind]
+    # The resyncs' reconciles cost no request when nothing changed: they would flatter the ratio.
+    on_events = reconciles - window.reconciles.get(RESYNCED, 0)
     verbs = {key: key.split("-", 1)[0] for key in counted}
     total = sum(counted.values())
     writes = sum(n for key, n in counted.items() if verbs[key] in WRITE_VERBS)
@@ -272,16 +300,28 @@ def per_reconcile(window: Window) -> Obj:
         "requests": int(total),
         "writes": int(writes),
         "watches": int(watches),
-        "service_reconciles": int(counted[SERVICE_RECONCILE]),
-        "artifact_reconciles": int(counted[ARTIFACT_RECONCILE]),
+        "service_reconciles": int(window.reconciles[SERVICES_NIS.kind]),
+        "artifact_reconciles": int(window.reconciles[ARTIFACTS.kind]),
         # Watches are opened once and stream: they are no reconcile's cost.
         "requests_per_reconcile": (total - watches) / reconciles if reconciles else None,
+        "resync_reconciles": int(reconciles - on_events),
+        "requests_per_event_reconcile": (total - watches) / on_events if on_events else None,
+        "writes_per_event_reconcile": writes / on_events if on_events else None,
+        "service_reconcile_p50_s": duration_quantile(window, 0.5),
+        "service_reconcile_p99_s": duration_quantile(window, 0.99),
         "writes_per_reconcile": writes / reconciles if reconciles else None,
         "operator_cpu_s": window.cpu_s,
         "operator_cpu_ms_per_reconcile": 1000 * window.cpu_s / reconciles if reconciles else None,
         "wall_s": window.wall_s,
         "by_request": {key: int(n) for key, n in sorted(counted.items(), key=lambda kv: -kv[1]) if n},
     }
+
+
+def duration_quantile(window: Window, quantile: float) -> float | None:
+    """The service reconciles' duration at ``quantile`` in the window, as its histogram bucket's upper bound."""
+    buckets = sorted((float(key.removeprefix(LE)), n) for key, n in window.reconciles.items() if key.startswith(LE))
+    total = buckets[-1][1] if buckets else 0
+    return next((bound for bound, n in buckets if n >= quantile * total), None) if total else None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -482,7 +522,7 @@ def apply_to_ready(kube: Kube, services: EventLog, deployments: EventLog, count:
     return times
 
 
-def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) -> list[float]:
+def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int, tag: str = "") -> list[float]:
     """Seconds from a pod-annotation change to the status observing it, one service at a time."""
     latencies = []
     for round_ in range(rounds):
@@ -490,7 +530,7 @@ def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) 
         generations = {}
         for name in names:
             mark, start = services.mark(), time.monotonic()
-            patch = {"spec": {"podAnnotations": {ROUND_ANNOTATION: str(round_)}}}
+            patch = {"spec": {"podAnnotations": {ROUND_ANNOTATION: f"{tag}{round_}"}}}
             generation = int(kube.merge_patch(SERVICES_NIS, NAMESPACE, name, patch)["metadata"]["generation"])
             latencies.append(services.first(name, observed_at(generation), mark, 60, "observedGeneration") - start)
             generations[name] = generation
@@ -498,6 +538,14 @@ def spec_changes(kube: Kube, services: EventLog, names: list[str], rounds: int) 
         for name, generation in generations.items():
             services.first(name, ready_at(generation), round_start, 120, f"Ready at generation {generation}")
     return latencies
+
+
+def probe(kube: Kube, services: EventLog, requests: Requests, size: int, changes: int) -> Obj:
+    """With ``size`` services in the namespace: ``changes`` spec changes of the probe service, one at a time
+    (each rolled out before the next), their latency, the requests per reconcile, the operator's memory."""
+    with requests.counting() as window:
+        latencies = spec_changes(kube, services, [PROBE], changes, tag=f"probe-{size}-")
+    return {"services": size, **summary(latencies), "requests": per_reconcile(window)}
 
 
 def settle(requests: Requests, quiet_seconds: float, timeout: float) -> None:
@@ -532,8 +580,10 @@ def fleet(
             create_service(kube, f"fleet-{i}", service_spec(f"fleet-{i % identities}", FOREVER))
         created = time.monotonic() - start
 
+        new = {f"fleet-{i}" for i in range(existing, total)}
+
         def compiling(body: Obj) -> bool:
-            return body["metadata"]["name"].startswith("fleet-") and phase_of(body) == "Compiling" and observed(body)
+            return body["metadata"]["name"] in new and phase_of(body) == "Compiling" and observed(body)
 
         wait_for(
             lambda: services.count(compiling),
@@ -625,6 +675,36 @@ def table(results: Obj) -> list[tuple[str, str, str, str]]:
             f"n={latency['n']}",
         )
     )
+    for figure in results["probes"]:
+        size = figure["services"]
+        rows.append(
+            (
+                f"reconcile latency at {size} services, spec -> observedGeneration",
+                f"{1000 * figure['median_s']:.0f} ms",
+                f"{1000 * figure['p99_s']:.0f} ms",
+                f"n={figure['n']}",
+            )
+        )
+        counted = figure["requests"]
+        rows.append(
+            (
+                f"  service reconcile in the operator at {size} services (histogram bound)",
+                f"<= {1000 * counted['service_reconcile_p50_s']:.0f} ms",
+                f"<= {1000 * counted['service_reconcile_p99_s']:.0f} ms",
+                "",
+            )
+        )
+        rows.append(
+            (
+                f"  API requests/reconcile at {size} services (those changes and rollouts; resyncs' left out)",
+                f"{counted['requests_per_event_reconcile']:.1f}",
+                f"{counted['writes_per_event_reconcile']:.1f} writes",
+                f"{counted['service_reconciles'] + counted['artifact_reconciles'] - counted['resync_reconciles']} "
+                f"reconciles (+{counted['resync_reconciles']} in resyncs), "
+                f"{counted['operator_cpu_ms_per_reconcile']:.0f} ms CPU each; "
+                f"RSS {figure['memory']['rss_mib']:.0f} MiB",
+            )
+        )
     fleet_size, idle_size = results["fleet"]["services"], results["idle"]["services"]
     requests = results["requests"]
     for key, label in (
@@ -636,9 +716,11 @@ def table(results: Obj) -> list[tuple[str, str, str, str]]:
         figure = requests[key]
         reconciles = figure["service_reconciles"] + figure["artifact_reconciles"]
         note = f"{reconciles} reconciles, {figure['operator_cpu_ms_per_reconcile']:.0f} ms CPU each"
-        rows.append(
-            (label, f"{figure['requests_per_reconcile']:.1f}", f"{figure['writes_per_reconcile']:.1f} writes", note)
-        )
+        # Outside the resync row, a resync that fell inside the window would flatter the ratio: leave it out.
+        per = "reconcile" if key == "resync" else "event_reconcile"
+        if key != "resync" and figure["resync_reconciles"]:
+            note += f" (+{figure['resync_reconciles']} in resyncs, left out)"
+        rows.append((label, f"{figure[f'requests_per_{per}']:.1f}", f"{figure[f'writes_per_{per}']:.1f} writes", note))
     resync = requests["resync"]
     rows.append(
         (
@@ -687,6 +769,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="spec changes per service, for reconcile latency")
     parser.add_argument("--fleet", type=int, default=1000, help="services in the namespace for memory and idleness")
     parser.add_argument("--fleet-identities", type=int, default=30, help="compile identities the fleet shares")
+    parser.add_argument("--midpoint", type=int, default=100, help="services in the namespace at the middle probe")
+    parser.add_argument("--probe-changes", type=int, default=20, help="spec changes of the probe service per probe")
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="idle window that must see no writes")
     parser.add_argument("--resync-seconds", type=float, default=40.0, help="the operator's --resync-seconds")
     parser.add_argument(
@@ -698,8 +782,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.idle_seconds >= args.resync_seconds:
         parser.error("--idle-seconds must be shorter than --resync-seconds (the window falls between two resyncs)")
-    if args.fleet <= 2 * args.services:
-        parser.error("--fleet must be more than twice --services")
+    if not 2 * args.services + 1 < args.midpoint < args.fleet:
+        parser.error("--midpoint must lie between twice --services (plus the probe) and --fleet")
 
     began = time.monotonic()
     reap_orphans()
@@ -717,9 +801,15 @@ def main() -> None:
         operator.start(wait_for)
         assert operator.process is not None
         pid = operator.process.pid
-        requests = Requests(cluster, pid, schemas)
+        requests = Requests(cluster, operator, schemas)
         memories = {"started": memory(pid, 0)}
         progress(began, "cluster and operator up")
+
+        mark = services.mark()
+        create_service(kube, PROBE, service_spec("probe", "0s"))
+        services.first(PROBE, ready_at(1), mark, 60, "Ready")
+        probes = [{**probe(kube, services, requests, 1, args.probe_changes), "memory": memory(pid, 1)}]
+        progress(began, f"probe at 1 service: {args.probe_changes} spec changes")
 
         with requests.counting() as creating:
             ready = apply_to_ready(kube, services, deployments, args.services)
@@ -728,14 +818,19 @@ def main() -> None:
         with requests.counting() as changing:
             latencies = spec_changes(kube, services, names, args.rounds)
         settle(requests, quiet_seconds=3, timeout=60)
-        memories["settled"] = memory(pid, len(names))
+        present = len(names) + 1  # and the probe
+        memories["settled"] = memory(pid, present)
         progress(began, f"{len(latencies)} spec changes")
         if not args.idle_at_fleet:
-            quiet = idle(operator, requests, kube, len(names), args.idle_seconds, args.resync_seconds)
-            progress(began, f"idle window and a full resync at {len(names)} services")
-        grown = fleet(kube, services, requests, len(names), args.fleet, args.fleet_identities, timeout=600)
+            quiet = idle(operator, requests, kube, present, args.idle_seconds, args.resync_seconds)
+            progress(began, f"idle window and a full resync at {present} services")
+        for size in (args.midpoint, args.fleet):
+            grown = fleet(kube, services, requests, present, size, args.fleet_identities, timeout=600)
+            present = size
+            progress(began, f"{size} services Compiling")
+            probes.append({**probe(kube, services, requests, size, args.probe_changes), "memory": memory(pid, size)})
+            progress(began, f"probe at {size} services: {args.probe_changes} spec changes")
         memories["fleet"] = memory(pid, args.fleet)
-        progress(began, f"{args.fleet} services Compiling")
         if args.idle_at_fleet:
             quiet = idle(operator, requests, kube, args.fleet, args.idle_seconds, args.resync_seconds)
             memories["fleet, after a full resync"] = memory(pid, args.fleet)
@@ -759,6 +854,7 @@ def main() -> None:
         "wall_s": time.monotonic() - began,
         "apply_to_ready": {key: summary(values) for key, values in ready.items()},
         "reconcile_latency": summary(latencies),
+        "probes": probes,
         "requests": {
             "creating": per_reconcile(creating),
             "changing": per_reconcile(changing),

@@ -6,6 +6,7 @@
 - A serving Deployment's events, and a serving pod the scheduler cannot place -> its service.
 - A service's deletion -> its claims on artifacts dropped (the garbage collector would, later).
 - A periodic resync reconciles everything, behind the watches.
+- Every watched kind feeds the reconcilers' cache (``neuronfleet.operator.cache``), before any handler runs.
 
 Status writes never wake a handler: services and artifacts are reconciled on
 spec changes (``field="spec"``), never on their own status. The handlers need no
@@ -26,7 +27,8 @@ import kopf
 
 from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import api
-from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
+from neuronfleet.operator.cache import WATCHED, ObjectCache
+from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Resource
 from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.retries import Retries, or_temporary_error
 
@@ -60,9 +62,40 @@ def _is_unschedulable(body: kopf.Body, **_: Any) -> bool:
     )
 
 
-def build_registry(manager: Manager, namespaces: Sequence[str] | None, resync_seconds: float) -> kopf.OperatorRegistry:
-    """A kopf registry whose handlers drive ``manager``'s reconcilers."""
+def _is_deleted(type: str | None, **_: Any) -> bool:
+    return type == "DELETED"
+
+
+def _kopf_names(resource: Resource) -> tuple[str, ...]:
+    # kopf names a core resource by version and plural alone.
+    return (
+        (resource.group, resource.version, resource.plural) if resource.group else (resource.version, resource.plural)
+    )
+
+
+def _feed(registry: kopf.OperatorRegistry, cache: ObjectCache, resource: Resource) -> None:
+    """Keep ``resource``'s objects in ``cache`` as its watch delivers them."""
+    names = _kopf_names(resource)
+
+    # An index: kopf holds every handler back until each index has its kind's first list, so no
+    # reconcile starts on a half-filled cache. It stores nothing itself (the cache holds the objects).
+    @kopf.index(*names, id=f"cache_{resource.plural}", registry=registry)
+    async def observe(body: kopf.Body, **_: Any) -> None:
+        cache.observe(dict(body))
+
+    # Registered before the other handlers, so theirs see the cache without the deleted object.
+    @kopf.on.event(*names, id=f"cache_{resource.plural}_deleted", when=_is_deleted, registry=registry)
+    async def forget(body: kopf.Body, **_: Any) -> None:
+        cache.forget(dict(body))
+
+
+def build_registry(
+    manager: Manager, cache: ObjectCache, namespaces: Sequence[str] | None, resync_seconds: float
+) -> kopf.OperatorRegistry:
+    """A kopf registry whose handlers drive ``manager``'s reconcilers, reading what they watch into ``cache``."""
     registry = kopf.OperatorRegistry()
+    for resource in WATCHED:
+        _feed(registry, cache, resource)
     state: dict[str, Any] = {"last_resync": None}
     retries = Retries()
 
@@ -92,9 +125,9 @@ def build_registry(manager: Manager, namespaces: Sequence[str] | None, resync_se
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
         )
         # Only the children the operator made are watched, filtered by the API server.
-        settings.watching.label_selectors["apps", "deployments"] = LABEL_SERVICE
-        settings.watching.label_selectors["v1", "pods"] = LABEL_SERVICE
-        settings.watching.label_selectors["batch", "jobs"] = LABEL_ARTIFACT
+        for resource, selector in WATCHED.items():
+            if selector is not None:
+                settings.watching.label_selectors[resource.group or resource.version, resource.plural] = selector
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
         state["executor"] = settings.execution.executor
@@ -147,7 +180,7 @@ def build_registry(manager: Manager, namespaces: Sequence[str] | None, resync_se
 
     # Event handlers: kopf only logs what they raise, so they retry through `retries`.
 
-    @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=lambda type, **_: type == "DELETED", registry=registry)
+    @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=_is_deleted, registry=registry)
     async def service_deleted(body: kopf.Body, **_: Any) -> None:
         """A service deleted -> drop its claims on artifacts (delete those nobody else uses)."""
         # Its children go with it (owner references); its artifacts go now if nobody else uses them.
@@ -155,7 +188,7 @@ def build_registry(manager: Manager, namespaces: Sequence[str] | None, resync_se
         forget = functools.partial(in_worker, manager.forget_service, service)
         await retries.run(("deleted service", service["metadata"]["uid"]), forget)
 
-    @kopf.on.event(GROUP, api.VERSION, ARTIFACTS.plural, when=lambda type, **_: type == "DELETED", registry=registry)
+    @kopf.on.event(GROUP, api.VERSION, ARTIFACTS.plural, when=_is_deleted, registry=registry)
     async def artifact_deleted(body: kopf.Body, **_: Any) -> None:
         """An artifact deleted -> forget it, and reconcile its owner services."""
         # Services that still want it create it again (the store keeps compiled files).

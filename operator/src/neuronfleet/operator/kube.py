@@ -143,6 +143,13 @@ class Kube:
                 return None
             raise
 
+    def fresh(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        """The object as the API server has it now, past any cache (a retry after a conflict reads this)."""
+        return Kube.get(self, resource, namespace, name)
+
+    def relist(self, namespace: str | None) -> None:
+        """Read again whatever a cache holds of ``namespace`` (all for ``None``); this client holds nothing."""
+
     def list(
         self, resource: Resource, namespace: str | None, labels: str | None = None, fields: str | None = None
     ) -> list[Obj]:

@@ -16,8 +16,9 @@ import typer
 from rich.console import Console
 
 from neuronfleet.operator import crdgen
+from neuronfleet.operator.cache import CachedKube, ObjectCache
 from neuronfleet.operator.handlers import build_registry
-from neuronfleet.operator.kube import EventRecorder, Kube
+from neuronfleet.operator.kube import EventRecorder
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers import Manager
 
@@ -85,9 +86,11 @@ async def operate(
     ready_flag: Any = None,
 ) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal, in the main thread)."""
-    kube = Kube(kubernetes.client.ApiClient(configuration))
+    # The reconcilers read what the watches deliver (kopf fills the cache) and write through the client.
+    cache = ObjectCache()
+    kube = CachedKube(kubernetes.client.ApiClient(configuration), cache)
     reconciler = Manager(kube, EventRecorder(kube), metrics, prometheus)
-    registry = build_registry(reconciler, namespaces, resync_seconds)
+    registry = build_registry(reconciler, cache, namespaces, resync_seconds)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

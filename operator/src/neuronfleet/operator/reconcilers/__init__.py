@@ -5,7 +5,8 @@ woke it, so any trigger (a spec change, a child's event, a restart, the periodic
 resync) converges to the same state, and running one twice does nothing the
 second time: children are server-side applied or created under deterministic
 names, and status is written only when it changed. Each pass observes, decides
-(the pure ``decide`` and ``status``), then acts.
+(the pure ``decide`` and ``status``), then acts. In the operator they observe through
+``neuronfleet.operator.cache.CachedKube``: what the watches delivered, no GET or LIST.
 
 - ``service``: a NeuronInferenceService's artifact, serving objects and status.
 - ``artifact``: a NeuronCompiledArtifact's ConfigMap, compile Job and status.

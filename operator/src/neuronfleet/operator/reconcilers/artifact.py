@@ -125,7 +125,8 @@ class ArtifactReconciler:
         except ApiError as error:
             if error.status != CONFLICT:
                 raise
-            return self.kube.get(JOBS, namespace, job_name)
+            # Made by an earlier pass whose Job the view did not show yet: the server's is the one.
+            return self.kube.fresh(JOBS, namespace, job_name)
         self.emit(body, Event("Normal", Reason.COMPILE_STARTED, f"started compile Job {job_name}"))
         return job
 

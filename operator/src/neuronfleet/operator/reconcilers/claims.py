@@ -33,8 +33,9 @@ class ArtifactClaims:
         """The artifact, created or with this service added to its owners (services share it)."""
         namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
         uid = service["metadata"]["uid"]
-        for _ in range(CONFLICT_RETRIES):
-            existing = self.kube.get(ARTIFACTS, namespace, name)
+        for attempt in range(CONFLICT_RETRIES):
+            # A conflict means the view was stale: read the server from then on.
+            existing = (self.kube.fresh if attempt else self.kube.get)(ARTIFACTS, namespace, name)
             if existing is None:
                 try:
                     created = self.kube.create(desired)

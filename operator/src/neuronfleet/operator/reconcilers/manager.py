@@ -69,6 +69,8 @@ class Manager:
         counted = {kind: self.metrics.tracked(kind, namespaces) for kind in (ARTIFACTS.kind, SERVICES_NIS.kind)}
         listed: dict[str, set[tuple[str, str]]] = {ARTIFACTS.kind: set(), SERVICES_NIS.kind: set()}
         for namespace in namespaces if namespaces is not None else [None]:
+            # Behind a cache, a fresh list first: it drops objects whose deletion a watch gap hid.
+            self.kube.relist(namespace)
             for artifact in self.kube.list(ARTIFACTS, namespace):
                 meta = artifact["metadata"]
                 listed[ARTIFACTS.kind].add((meta["namespace"], meta["name"]))

@@ -1,0 +1,272 @@
+"""The operator's view of the cluster: what its watches delivered, read instead of GETs and LISTs.
+
+An informer cache, as controller-runtime's: kopf's watches feed :class:`ObjectCache` (the handlers
+register an index per watched kind, so kopf holds every handler back until each kind's first list is
+in), and :class:`CachedKube` answers the reconcilers' reads of those kinds from it. Writes still go to
+the API server, and only when they would change something; their answers go into the cache too.
+
+Why a stale read cannot do harm:
+
+- The cache never goes back: per object it keeps the highest ``resourceVersion`` it saw (etcd's
+  revision, which only grows), from the watch, a write's answer or a fresh read. So a reconcile never
+  sees an older object than one before it did, and a status computed from it never flaps back.
+- What a stale read could duplicate, it cannot: the compile Job and the artifact have deterministic
+  names (a second create is a 409, after which the reconciler reads the server, :meth:`Kube.fresh`),
+  and owner-reference changes and unowned deletions carry ``resourceVersion`` preconditions (409).
+- A child is applied unless the cache shows it as the operator would apply it (:func:`would_change`):
+  a stale view can only cause a write, never skip one the operator has not made.
+- Objects deleted during a watch gap (no DELETED event comes for them) leave at the next full
+  resync, which lists every watched kind again (:meth:`CachedKube.relist`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import kubernetes
+
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL
+from neuronfleet.operator.kube import (
+    ARTIFACTS,
+    BY_KIND,
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    JOBS,
+    PDBS,
+    PODS,
+    SERVICES,
+    SERVICES_NIS,
+    Kube,
+    Resource,
+)
+
+Obj = dict[str, Any]
+Key = tuple[str, str, str]
+
+#: Every kind the operator reads, with the label selector its watch and its lists use (``None``: all).
+#: Serving and compile pods both carry the artifact label; every other child the managed-by one.
+WATCHED: dict[Resource, str | None] = {
+    SERVICES_NIS: None,
+    ARTIFACTS: None,
+    DEPLOYMENTS: LABEL_SERVICE,
+    JOBS: LABEL_ARTIFACT,
+    PODS: LABEL_ARTIFACT,
+    CONFIGMAPS: MANAGED_BY_LABEL,
+    SERVICES: MANAGED_BY_LABEL,
+    PDBS: MANAGED_BY_LABEL,
+}
+_BY_PLURAL = {resource.plural: resource for resource in WATCHED}
+
+
+def _version(body: Obj) -> int | None:
+    value = body["metadata"].get("resourceVersion")
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _older(new: Obj, old: Obj) -> bool:
+    # An unparseable version is taken as newer: a watch never goes wrong by being believed.
+    new_version, old_version = _version(new), _version(old)
+    return new_version is not None and old_version is not None and new_version < old_version
+
+
+def _matches(body: Obj, selector: Mapping[str, str | None]) -> bool:
+    labels = body["metadata"].get("labels") or {}
+    return all(key in labels if value is None else labels.get(key) == value for key, value in selector.items())
+
+
+def parse_selector(selector: str | None) -> dict[str, str | None]:
+    """An equality label selector (``a=b,c``) as a mapping; ``None`` as the value means "present"."""
+    parsed: dict[str, str | None] = {}
+    for term in (selector or "").split(","):
+        if term:
+            key, _, value = term.partition("=")
+            parsed[key.strip()] = value.strip() if "=" in term else None
+    return parsed
+
+
+def digest(intent: Obj) -> str:
+    """A fingerprint of an object as the operator applies it."""
+    return hashlib.sha256(json.dumps(intent, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def contains(live: object, intent: object) -> bool:
+    """Whether ``live`` holds every field of ``intent`` with the same value (the server may add others)."""
+    if isinstance(intent, dict):
+        return isinstance(live, dict) and all(key in live and contains(live[key], v) for key, v in intent.items())
+    if isinstance(intent, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(intent)
+            and all(contains(a, b) for a, b in zip(live, intent, strict=True))
+        )
+    return live == intent
+
+
+def would_change(intent: Obj, live: Obj | None, applied: str | None) -> bool:
+    """Whether server-side applying ``intent`` over ``live`` could change it.
+
+    It could unless ``live`` already holds every field of ``intent`` (nobody changed what the operator
+    set) and ``intent`` is what the operator last applied to it (``applied``, its :func:`digest`): a
+    field the operator stops setting is removed by the apply, and ``live`` alone cannot tell that.
+    """
+    return live is None or applied != digest(intent) or not contains(live, intent)
+
+
+class ObjectCache:
+    """The watched objects by kind, namespace and name; safe from kopf's loop and the worker threads at once.
+
+    Stored objects are shared, never copied: readers must not change them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[tuple[str, str], dict[str, Obj]] = {}
+        # The digest of what the operator last applied to an object (see would_change).
+        self._applied: dict[Key, str] = {}
+
+    def observe(self, body: Obj) -> None:
+        """Keep an object as a watch, a write or a read returned it, unless the cache already holds a newer one."""
+        resource = _BY_PLURAL.get(_plural(body))
+        if resource is None:
+            return
+        meta = body["metadata"]
+        with self._lock:
+            objects = self._objects.setdefault((resource.plural, meta["namespace"]), {})
+            current = objects.get(meta["name"])
+            if current is None or not _older(body, current):
+                objects[meta["name"]] = body
+
+    def forget(self, body: Obj) -> None:
+        """Drop a deleted object (unless a newer one of the same name took its place)."""
+        resource = _BY_PLURAL.get(_plural(body))
+        if resource is None:
+            return
+        meta = body["metadata"]
+        with self._lock:
+            objects = self._objects.get((resource.plural, meta["namespace"]), {})
+            current = objects.get(meta["name"])
+            if current is not None and current["metadata"].get("uid") == meta.get("uid"):
+                del objects[meta["name"]]
+                self._applied.pop((resource.plural, meta["namespace"], meta["name"]), None)
+
+    def replace(self, resource: Resource, namespace: str | None, items: Sequence[Obj], version: str) -> None:
+        """A fresh list at ``version``: objects missing from it that are no newer were deleted unseen."""
+        listed = {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in items}
+        at = {"metadata": {"resourceVersion": version}}
+        with self._lock:
+            for (plural, ns), objects in self._objects.items():
+                if plural != resource.plural or namespace not in (None, ns):
+                    continue
+                for name in [n for n, body in objects.items() if (ns, n) not in listed and not _older(at, body)]:
+                    del objects[name]
+                    self._applied.pop((plural, ns, name), None)
+        for item in items:
+            self.observe(item)
+
+    def get(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        """The object, or ``None``."""
+        with self._lock:
+            return self._objects.get((resource.plural, namespace), {}).get(name)
+
+    def list(self, resource: Resource, namespace: str | None, labels: str | None = None) -> list[Obj]:
+        """Objects of a kind in a namespace (all for ``None``) whose labels match an equality selector."""
+        selector = parse_selector(labels)
+        with self._lock:
+            found = [
+                body
+                for (plural, ns), objects in self._objects.items()
+                if plural == resource.plural and namespace in (None, ns)
+                for body in objects.values()
+            ]
+        return [body for body in found if _matches(body, selector)]
+
+    def applied(self, resource: Resource, namespace: str, name: str) -> str | None:
+        """The digest of what the operator last applied to an object, if it applied it since it started."""
+        with self._lock:
+            return self._applied.get((resource.plural, namespace, name))
+
+    def remember_applied(self, resource: Resource, namespace: str, name: str, fingerprint: str) -> None:
+        """Record what the operator just applied to an object."""
+        with self._lock:
+            self._applied[(resource.plural, namespace, name)] = fingerprint
+
+
+def _plural(body: Obj) -> str:
+    kind = body.get("kind")
+    return next((r.plural for r in WATCHED if r.kind == kind), "")
+
+
+class CachedKube(Kube):
+    """:class:`Kube` whose reads of the watched kinds come from an :class:`ObjectCache`, and whose writes
+    skip what would change nothing and feed the cache what they return."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, cache: ObjectCache, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.cache = cache
+
+    def get(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        """From the cache for a watched kind."""
+        if resource in WATCHED:
+            return self.cache.get(resource, namespace, name)
+        return super().get(resource, namespace, name)
+
+    def fresh(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        """From the API server, into the cache."""
+        body = super().get(resource, namespace, name)
+        if body is not None:
+            self.cache.observe(body)
+        return body
+
+    def list(
+        self, resource: Resource, namespace: str | None, labels: str | None = None, fields: str | None = None
+    ) -> list[Obj]:
+        """From the cache for a watched kind (field selectors go to the API server)."""
+        if resource in WATCHED and fields is None:
+            return self.cache.list(resource, namespace, labels)
+        return super().list(resource, namespace, labels, fields)
+
+    def relist(self, namespace: str | None) -> None:
+        """List every watched kind again, dropping objects deleted while a watch was down."""
+        for resource, selector in WATCHED.items():
+            query = [("labelSelector", selector)] if selector else []
+            answer = self.request("GET", resource.path(namespace), query=query)
+            items = [{**item, "apiVersion": resource.api_version, "kind": resource.kind} for item in answer["items"]]
+            self.cache.replace(resource, namespace, items, answer["metadata"]["resourceVersion"])
+
+    def create(self, body: Obj) -> Obj:
+        """Create, and keep what the server made."""
+        return self._observed(super().create(body))
+
+    def apply(self, body: Obj) -> Obj:
+        """Server-side apply only what would change the object (:func:`would_change`); else the cached object."""
+        resource, meta = _resource(body), body["metadata"]
+        if resource not in WATCHED:
+            return super().apply(body)
+        live = self.cache.get(resource, meta["namespace"], meta["name"])
+        fingerprint = digest(body)
+        if live is not None and not would_change(
+            body, live, self.cache.applied(resource, meta["namespace"], meta["name"])
+        ):
+            return live
+        applied = self._observed(super().apply(body))
+        self.cache.remember_applied(resource, meta["namespace"], meta["name"], fingerprint)
+        return applied
+
+    def merge_patch(
+        self, resource: Resource, namespace: str, name: str, patch: Obj, subresource: str | None = None
+    ) -> Obj:
+        """Patch, and keep the object as patched (a scale subresource's answer is no object of the kind)."""
+        answer = super().merge_patch(resource, namespace, name, patch, subresource)
+        return self._observed(answer) if answer.get("kind") == resource.kind else answer
+
+    def _observed(self, body: Obj) -> Obj:
+        self.cache.observe(body)
+        return body
+
+
+def _resource(body: Obj) -> Resource:
+    return BY_KIND[body["kind"]]

@@ -1,0 +1,102 @@
+"""The operator's cache: it never goes back to an older object, and it tells which applies would change nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuronfleet.operator.cache import ObjectCache, contains, digest, parse_selector, would_change
+from neuronfleet.operator.kube import CONFIGMAPS, DEPLOYMENTS
+
+Obj = dict[str, Any]
+
+
+def deployment(name: str, version: str, uid: str = "uid-1", **labels: str) -> Obj:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version, "labels": labels},
+        "spec": {"replicas": 1},
+    }
+
+
+INTENT: Obj = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {"name": "llama-engine", "namespace": "ns", "labels": {"a": "b"}},
+    "data": {"engine.yaml": "max_num_seqs: 8\n"},
+}
+
+
+def test_an_intent_the_live_object_holds_with_server_fields_added_is_contained() -> None:
+    live = {
+        **INTENT,
+        "metadata": {**INTENT["metadata"], "uid": "u", "resourceVersion": "7", "managedFields": [{}]},
+    }
+    assert contains(live, INTENT)
+    assert not would_change(INTENT, live, digest(INTENT))
+
+
+def test_a_changed_value_a_changed_list_or_a_missing_field_would_change_the_object() -> None:
+    assert not contains({"a": [1, 2]}, {"a": [1, 2, 3]})
+    assert not contains({"a": {"b": 1}}, {"a": {"b": 2}})
+    assert not contains({"a": {}}, {"a": {"b": 1}})
+    assert contains({"a": [{"x": 1, "y": 2}]}, {"a": [{"x": 1}]})
+    assert would_change(INTENT, None, None)
+    drifted = {**INTENT, "data": {"engine.yaml": "max_num_seqs: 4\n"}}
+    assert would_change(INTENT, drifted, digest(INTENT))
+
+
+def test_a_field_the_operator_stops_setting_is_applied_though_the_live_object_holds_the_rest() -> None:
+    # The live object holds the label the new intent dropped: only the digest of the last apply tells.
+    smaller = {**INTENT, "metadata": {**INTENT["metadata"], "labels": {}}}
+    assert contains(INTENT, smaller)
+    assert would_change(smaller, INTENT, digest(INTENT))
+    # Unknown to this operator (it restarted): applied once.
+    assert would_change(INTENT, INTENT, None)
+
+
+def test_the_cache_keeps_the_newest_version_of_each_object() -> None:
+    cache = ObjectCache()
+    cache.observe(deployment("llama", "10"))
+    cache.observe(deployment("llama", "9"))  # a late event, or a stale read
+    found = cache.get(DEPLOYMENTS, "ns", "llama")
+    assert found is not None
+    assert found["metadata"]["resourceVersion"] == "10"
+    cache.observe(deployment("llama", "11"))
+    found = cache.get(DEPLOYMENTS, "ns", "llama")
+    assert found is not None
+    assert found["metadata"]["resourceVersion"] == "11"
+
+
+def test_a_deletion_forgets_only_the_object_it_names() -> None:
+    cache = ObjectCache()
+    cache.observe(deployment("llama", "10", uid="new"))
+    cache.forget(deployment("llama", "5", uid="old"))  # an earlier object of the same name
+    assert cache.get(DEPLOYMENTS, "ns", "llama") is not None
+    cache.forget(deployment("llama", "12", uid="new"))
+    assert cache.get(DEPLOYMENTS, "ns", "llama") is None
+
+
+def test_a_fresh_list_drops_what_was_deleted_unseen_but_keeps_what_is_newer_than_the_list() -> None:
+    cache = ObjectCache()
+    cache.observe(deployment("gone", "5"))
+    cache.observe(deployment("kept", "6"))
+    cache.observe(deployment("created-after-the-list", "30"))
+    cache.replace(DEPLOYMENTS, "ns", [deployment("kept", "6")], version="20")
+    assert [d["metadata"]["name"] for d in cache.list(DEPLOYMENTS, "ns")] == ["kept", "created-after-the-list"]
+
+
+def test_lists_filter_by_namespace_kind_and_equality_selector() -> None:
+    cache = ObjectCache()
+    cache.observe(deployment("a", "1", app="x"))
+    cache.observe(deployment("b", "2", app="y"))
+    cache.observe(
+        {
+            **deployment("c", "3", app="x"),
+            "metadata": {**deployment("c", "3", app="x")["metadata"], "namespace": "other"},
+        }
+    )
+    assert [d["metadata"]["name"] for d in cache.list(DEPLOYMENTS, "ns", "app=x")] == ["a"]
+    assert len(cache.list(DEPLOYMENTS, None, "app")) == 3
+    assert cache.list(CONFIGMAPS, "ns") == []
+    assert parse_selector("a=b,c") == {"a": "b", "c": None}
