@@ -61,9 +61,14 @@ def test_generation_lag_wins_over_a_stale_ready(argo_health: Health, captured: C
 
 def test_argocd_cm_patch_carries_the_scripts_verbatim() -> None:
     data = yaml.safe_load((ARGOCD / "argocd-cm-health.yaml").read_text())["data"]
+    scripts = sorted((ARGOCD / "resource_customizations").glob("*/*/health.lua"))
+    # Ours, and the Application check an app of apps needs to wait for each wave.
+    assert {(p.parent.parent.name, p.parent.name) for p in scripts} == {
+        *(("neuronfleet.io", kind) for kind in KINDS),
+        ("argoproj.io", "Application"),
+    }
     assert data == {
-        f"resource.customizations.health.neuronfleet.io_{kind}": (HEALTH / kind / "health.lua").read_text()
-        for kind in KINDS
+        f"resource.customizations.health.{p.parent.parent.name}_{p.parent.name}": p.read_text() for p in scripts
     }
 
 
