@@ -36,10 +36,11 @@ from typing import Any
 import yaml
 
 from neuronfleet.devcluster.cluster.local import LocalCluster
-from neuronfleet.devcluster.controlplane.api import Api, ApiError
+from neuronfleet.devcluster.controlplane.api import ApiError
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
+from neuronfleet.devcluster.process.waiting import wait_for
 
 Obj = dict[str, Any]
 
@@ -203,7 +204,9 @@ class ArgoCd:
                 [str(binary), f"--metrics-port={ports.controller_metrics}", f"--namespace={NAMESPACE}"],
                 rig._env("argocd-application-controller", workloads, config_maps),
             )
-            rig._wait(repo, "the repo server's /healthz", f"http://127.0.0.1:{ports.repo_server_metrics}/healthz", timeout)
+            rig._wait(
+                repo, "the repo server's /healthz", f"http://127.0.0.1:{ports.repo_server_metrics}/healthz", timeout
+            )
             rig._wait(
                 controller, "the controller's /healthz", f"http://127.0.0.1:{ports.controller_metrics}/healthz", timeout
             )
@@ -219,10 +222,20 @@ class ArgoCd:
         applied = self.cluster.kubectl("apply", "--server-side", "-f", str(crds))
         if applied.returncode != 0:
             raise ArgoCdError(f"applying Argo CD's CRDs failed: {applied.stderr.strip()}")
-        waited = self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
-        if waited.returncode != 0:
-            raise ArgoCdError(f"Argo CD's CRDs were not Established: {waited.stderr.strip()}")
-        params = {**CMD_PARAMS, "redis.server": f"127.0.0.1:{ports.redis}", "repo.server": f"127.0.0.1:{ports.repo_server}"}
+        # Right after the apply a CRD may have no conditions yet, which `kubectl wait` takes as an error.
+        wait_for(
+            lambda: self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=10s", "-f", str(crds)),
+            lambda done: done.returncode == 0,
+            timeout=60,
+            interval=0.5,
+            what="Argo CD's CRDs Established",
+            show=lambda done: done.stderr.strip(),
+        )
+        params = {
+            **CMD_PARAMS,
+            "redis.server": f"127.0.0.1:{ports.redis}",
+            "repo.server": f"127.0.0.1:{ports.repo_server}",
+        }
         objects: list[Obj] = [
             cm,
             _config_map("argocd-cmd-params-cm", params),
@@ -307,14 +320,24 @@ class ArgoCd:
                 raise ArgoCdError(f"refreshing {name}: {error}") from None
 
     def cli(self, *args: str) -> str:
-        """The ``argocd`` CLI in core mode (straight to the API server, as with no argocd-server); its output."""
+        """The ``argocd`` CLI in core mode (straight to the API server, there being no argocd-server); its output.
+
+        Core mode reads Argo CD's settings from the kubeconfig context's namespace, which the CLI's copy sets.
+        """
+        home = self.directory / "cli"
+        home.mkdir(exist_ok=True)
+        config: Obj = yaml.safe_load(self.cluster.kubeconfig.read_text())
+        for context in config["contexts"]:
+            context["context"]["namespace"] = NAMESPACE
+        kubeconfig = home / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(config))
         env = {
-            "PATH": f"{bin_dir('kube')}:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(self.directory / "cli"),
-            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(home),
+            "KUBECONFIG": str(kubeconfig),
             "ARGOCD_BINARY_NAME": "argocd",
         }
-        argv = [str(argocd_binary()), *args, "--core", f"--kube-context={_context(self.cluster)}"]
+        argv = [str(argocd_binary()), *args, "--core"]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
         if done.returncode != 0:
             raise ArgoCdError(f"argocd {' '.join(args)} failed: {done.stderr.strip()[-2000:]}")
@@ -347,12 +370,6 @@ def _redis_answers(port: int) -> bool:
         ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, timeout=5, check=False
     )
     return done.stdout.strip() == "PONG"
-
-
-def _context(cluster: LocalCluster) -> str:
-    config: Obj = yaml.safe_load(cluster.kubeconfig.read_text())
-    context: str = config["current-context"]
-    return context
 
 
 @dataclass
