@@ -72,6 +72,27 @@ def test_argocd_cm_patch_carries_the_scripts_verbatim() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (None, "Progressing"),
+        # Just created: Argo CD says Healthy before its first sync applied anything.
+        ({"health": {"status": "Healthy"}, "sync": {"status": "OutOfSync"}}, "Progressing"),
+        ({"health": {"status": "Healthy"}}, "Progressing"),
+        ({"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}, "Healthy"),
+        ({"health": {"status": "Progressing"}, "sync": {"status": "Synced"}}, "Progressing"),
+        ({"health": {"status": "Degraded", "message": "compile failed"}, "sync": {"status": "Synced"}}, "Degraded"),
+    ],
+)
+def test_application_health_is_healthy_only_once_synced(
+    status: dict[str, Any] | None, expected: str, application_health: Callable[[dict[str, Any]], dict[str, str]]
+) -> None:
+    obj: dict[str, Any] = {"metadata": {"name": "neuronfleet-crds"}}
+    if status is not None:
+        obj["status"] = status
+    assert application_health(obj)["status"] == expected
+
+
 def applications() -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in yaml.safe_load_all((ARGOCD / "applications.yaml").read_text())}
 

@@ -187,23 +187,21 @@ def test_drift_is_healed_and_the_operators_writes_cause_none(gitops: GitOps) -> 
         timeout=TIMEOUT_S,
     )
     assert healed["operationState"]["operation"]["initiatedBy"].get("automated") is True
+    scaled_at = time.time()
     # The scale subresource of the autoscaled service, written as KEDA's HPA writes it.
     scaled = gitops.cluster.kubectl("scale", "nis", SHARER, "--replicas=1", "-n", gitops.namespace)
     assert scaled.returncode == 0, scaled.stderr
     assert gitops.get("nis", SHARER)["spec"]["replicas"] == 1
-    refreshed_at = time.time()
     gitops.argo.refresh(SERVICES_APP)
-    status = gitops.wait_app(
-        lambda s: parsed(s.get("reconciledAt")) >= int(refreshed_at) + 1 and s,
-        "compared again after the writes",
-        timeout=TIMEOUT_S,
-    )
+    wait_for(lambda: gitops.argo.refreshed(SERVICES_APP), timeout=60, what="Argo CD compared again after the writes")
+    # The write bumped the autoscaled service's generation: Progressing until the operator acts on it.
+    status = gitops.wait_app(lambda s: gitops.synced_healthy(head)(s) and s, "Synced and Healthy after the writes")
     gitops.log.print("drift", edited_at)
     assert (status["sync"]["status"], status["sync"]["revision"]) == ("Synced", head)
     assert status["health"]["status"] == "Healthy"
     assert {r["kind"] for r in status["resources"]} == {"NeuronInferenceService"}
     assert status["operationState"]["startedAt"] == healed["operationState"]["startedAt"]
-    assert [s for s in gitops.log.since(refreshed_at) if s.sync != "Synced"] == []
+    assert [s for s in gitops.log.since(scaled_at) if s.sync != "Synced"] == []
 
 
 def test_deleting_a_service_from_git_prunes_it_and_keeps_the_shared_artifact(gitops: GitOps) -> None:

@@ -60,6 +60,7 @@ from neuronfleet.devcluster.addons.argocd import ArgoCd
 from neuronfleet.devcluster.addons.s3_server import S3Server
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode
 from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.engine.names import HTTP_PORT
@@ -199,7 +200,6 @@ def test_a_bucket_change_in_git_rolls_out_under_load_without_a_failed_request(gi
         result = load.stop()
     gitops.log.print("bucket change", committed_at)
     report("bucket change through Git", result, committed=committed_at, rolled_out=done_at)
-    print(gitops.argo.cli("app", "get", SERVICES_APP), flush=True)
     assert new in compiling["message"], compiling
     assert result.failed == {}, result.summary
     assert result.answers[0].sent_at < committed_at, "the load started after the commit"
@@ -267,22 +267,22 @@ def test_drift_is_healed_and_the_operators_fields_cause_no_drift(gitops: WithFle
         "the hand edit reverted by self-heal",
     )
     assert healed["operationState"]["operation"]["initiatedBy"].get("automated") is True
+    scaled_at = time.time()
     # What the operator and the autoscaler write: status, the scale subresource of the autoscaled service
     # (as KEDA's HPA writes it), the children. A hard refresh after them compares everything again.
     fleet.kubectl("scale", "nis", SHARER, "--replicas=1")
     assert fleet.get("nis", SHARER)["spec"]["replicas"] == 1
-    refreshed_at = time.time()
     gitops.argo.refresh(SERVICES_APP)
-    status = gitops.wait_app(
-        lambda s: parsed(s.get("reconciledAt")) >= int(refreshed_at) + 1 and s, "compared again after the writes"
-    )
+    wait_for(lambda: gitops.argo.refreshed(SERVICES_APP), timeout=60, what="Argo CD compared again after the writes")
+    # The write bumped the autoscaled service's generation: Progressing until the operator acts on it.
+    status = gitops.wait_app(lambda s: gitops.synced_healthy(head)(s) and s, "Synced and Healthy after the writes")
     gitops.log.print("drift", edited_at)
     assert status["sync"] == {**status["sync"], "status": "Synced", "revision": head}, status["sync"]
     assert status["health"]["status"] == "Healthy"
     assert {r["kind"] for r in status["resources"]} == {"NeuronInferenceService"}
     # No sync ran for the operator's writes: the last operation is still the self-heal.
     assert status["operationState"]["startedAt"] == healed["operationState"]["startedAt"]
-    diffs = [s for s in gitops.log.since(refreshed_at) if s.sync != "Synced"]
+    diffs = [s for s in gitops.log.since(scaled_at) if s.sync != "Synced"]
     assert diffs == [], diffs
 
 

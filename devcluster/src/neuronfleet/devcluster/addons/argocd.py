@@ -108,7 +108,8 @@ def argocd_cm(health: Path) -> Obj:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "argocd-cm", "namespace": NAMESPACE, "labels": PART_OF},
-        "data": {**patch["data"], "timeout.reconciliation": RECONCILIATION},
+        # No jitter (Argo CD adds up to a minute by default): each comparison comes when due.
+        "data": {**patch["data"], "timeout.reconciliation": RECONCILIATION, "timeout.reconciliation.jitter": "0s"},
     }
 
 
@@ -319,29 +320,10 @@ class ArgoCd:
             except ApiError as error:
                 raise ArgoCdError(f"refreshing {name}: {error}") from None
 
-    def cli(self, *args: str) -> str:
-        """The ``argocd`` CLI in core mode (straight to the API server, there being no argocd-server); its output.
-
-        Core mode reads Argo CD's settings from the kubeconfig context's namespace, which the CLI's copy sets.
-        """
-        home = self.directory / "cli"
-        home.mkdir(exist_ok=True)
-        config: Obj = yaml.safe_load(self.cluster.kubeconfig.read_text())
-        for context in config["contexts"]:
-            context["context"]["namespace"] = NAMESPACE
-        kubeconfig = home / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(config))
-        env = {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(home),
-            "KUBECONFIG": str(kubeconfig),
-            "ARGOCD_BINARY_NAME": "argocd",
-        }
-        argv = [str(argocd_binary()), *args, "--core"]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
-        if done.returncode != 0:
-            raise ArgoCdError(f"argocd {' '.join(args)} failed: {done.stderr.strip()[-2000:]}")
-        return done.stdout
+    def refreshed(self, name: str) -> bool:
+        """Whether the controller has done the refresh :meth:`refresh` asked for (it drops the annotation then)."""
+        found = self.application(name) or {}
+        return REFRESH_ANNOTATION not in (found.get("metadata", {}).get("annotations") or {})
 
     def logs(self) -> dict[str, str]:
         """The end of each process's log, for a failing test."""
