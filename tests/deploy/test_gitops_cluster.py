@@ -1,8 +1,9 @@
 """GitOps through a real Argo CD on the local control plane with fake Neuron nodes (KWOK plays the kubelet).
 
 Argo CD v3.2.11 (:mod:`neuronfleet.devcluster.addons.argocd`) syncs a ``file://`` repository
-(:mod:`harness.gitops`): an app of apps whose waves apply the CRDs, then the services. The operator runs as a
-process (the chart's pod would be a fake one here; ``tests/realnode/test_gitops.py`` syncs the chart too, and
+(:mod:`harness.gitops`): an app of apps whose waves apply the CRDs, then the operator's chart, then the
+services. The chart's pod runs on a KWOK node, where nothing runs in it: the operator that acts is a process
+beside it, for the services' namespace (``tests/realnode/test_gitops.py`` runs the chart's pod for real, and
 sends load through the rollouts). Every change is a commit; every check is Argo CD's own state: the
 Applications' sync, health and last operation, and the health our Lua checks give each service.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from harness.gitops import (
     CRDS_APP,
+    OPERATOR_APP,
     PARENT,
     SERVICES_APP,
     TEAM,
@@ -40,7 +42,7 @@ from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND
 
 Obj = dict[str, Any]
-APPS = (PARENT, CRDS_APP, SERVICES_APP)
+APPS = (PARENT, CRDS_APP, OPERATOR_APP, SERVICES_APP)
 NAME, SHARER = "llama", "llama-b"
 DECODE_A, DECODE_B, DECODE_BROKEN = [1, 2, 4, 8], [2, 8], [4, 8]
 #: Long enough for Argo CD to be seen reporting the compile.
@@ -85,14 +87,18 @@ def artifact_hash(gitops: GitOps, name: str) -> str:
 def gitops(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WithOperator]:
     """Argo CD, the operator for the services' namespace, and the repository (nothing synced yet)."""
     workdir = tmp_path_factory.mktemp("gitops")
-    namespace = f"gitops-{uuid.uuid4().hex[:6]}"
+    suffix = uuid.uuid4().hex[:6]
+    namespace, operator_namespace = f"gitops-{suffix}", f"gitops-op-{suffix}"
+    # Before the chart's wave, which binds the operator's Role in each watched namespace.
+    assert cluster.kubectl("create", "namespace", namespace).returncode == 0
     argo = ArgoCd.start(cluster)
     print(f"==> Argo CD started in {argo.started_in:.1f} s", flush=True)
     log = ArgoLog(argo, APPS)
     operator = OperatorProcess(cluster.kubeconfig, [namespace], workdir, resync_seconds=5)
     try:
         services = {NAME: in_git(service(DECODE_A), NAME), SHARER: sharer(service(DECODE_A), SHARER)}
-        repo = make_repository(workdir / "repo", lambda repo: applications(repo, namespace, None), services)
+        chart = {"namespace": operator_namespace, "values": {"watchNamespaces": [namespace], "resyncSeconds": 5}}
+        repo = make_repository(workdir / "repo", lambda repo: applications(repo, namespace, chart), services)
         yield WithOperator(cluster, argo, repo, log, namespace, services, operator)
     finally:
         log.stop()
@@ -100,7 +106,8 @@ def gitops(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> I
         operator.stop()
         print(f"--- operator log ---\n{operator.tail(30)}")
         argo.stop()
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+        for name in (namespace, operator_namespace):
+            cluster.kubectl("delete", "namespace", name, "--wait=false")
 
 
 def test_install_applies_the_crds_then_the_services_and_argo_cd_runs_our_health_check(gitops: WithOperator) -> None:
@@ -115,7 +122,12 @@ def test_install_applies_the_crds_then_the_services_and_argo_cd_runs_our_health_
     gitops.log.print("install", start)
     created = {n: parsed((gitops.argo.application(n) or {})["metadata"]["creationTimestamp"]) for n in APPS}
     healthy = {n: parsed(gitops.app(n)["health"].get("lastTransitionTime")) for n in APPS}
-    assert healthy[CRDS_APP] <= created[SERVICES_APP], (created, healthy)
+    assert healthy[CRDS_APP] <= created[OPERATOR_APP], (created, healthy)
+    assert healthy[OPERATOR_APP] <= created[SERVICES_APP], (created, healthy)
+    # The chart as Argo CD rendered it (helm template, skipCrds), into a namespace that enforces restricted.
+    chart = {(r["kind"], r["name"]) for r in gitops.app(OPERATOR_APP)["resources"]}
+    assert ("Deployment", "neuronfleet") in chart, chart
+    assert not any(kind == "CustomResourceDefinition" for kind, _ in chart), chart
     status = gitops.app()
     for name in (NAME, SHARER):
         assert service_health(status, name)["status"] == "Healthy"
