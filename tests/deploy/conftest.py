@@ -59,19 +59,31 @@ def lua_table(runtime: Any, value: Any) -> Any:
     return value
 
 
-def run_health(kind: str, obj: Mapping[str, Any]) -> dict[str, str]:
-    """Run ``<kind>/health.lua`` on ``obj`` in a fresh Lua 5.1, as Argo CD does; return status and message."""
+def run_lua_health(script: Path, obj: Mapping[str, Any]) -> dict[str, str]:
+    """Run a health check on ``obj`` in a fresh Lua 5.1, as Argo CD does; return status and message."""
     runtime = lua51.LuaRuntime(register_eval=False)
     assert runtime.lua_version == (5, 1)
     runtime.globals().obj = lua_table(runtime, obj)
-    result = runtime.execute((HEALTH / kind / "health.lua").read_text())
+    result = runtime.execute(script.read_text())
     return {"status": str(result["status"]), "message": str(result["message"])}
+
+
+def run_health(kind: str, obj: Mapping[str, Any]) -> dict[str, str]:
+    """Run ``<kind>/health.lua`` (of our group) on ``obj``."""
+    return run_lua_health(HEALTH / kind / "health.lua", obj)
 
 
 @pytest.fixture
 def argo_health() -> Health:
     """The Argo CD health checks, by kind."""
     return run_health
+
+
+@pytest.fixture
+def application_health() -> Callable[[Mapping[str, Any]], dict[str, str]]:
+    """The Application health check an app of apps needs (``argoproj.io/Application/health.lua``)."""
+    script = HEALTH.parent / "argoproj.io" / "Application" / "health.lua"
+    return lambda obj: run_lua_health(script, obj)
 
 
 @pytest.fixture

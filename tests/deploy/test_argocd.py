@@ -61,10 +61,36 @@ def test_generation_lag_wins_over_a_stale_ready(argo_health: Health, captured: C
 
 def test_argocd_cm_patch_carries_the_scripts_verbatim() -> None:
     data = yaml.safe_load((ARGOCD / "argocd-cm-health.yaml").read_text())["data"]
-    assert data == {
-        f"resource.customizations.health.neuronfleet.io_{kind}": (HEALTH / kind / "health.lua").read_text()
-        for kind in KINDS
+    scripts = sorted((ARGOCD / "resource_customizations").glob("*/*/health.lua"))
+    # Ours, and the Application check an app of apps needs to wait for each wave.
+    assert {(p.parent.parent.name, p.parent.name) for p in scripts} == {
+        *(("neuronfleet.io", kind) for kind in KINDS),
+        ("argoproj.io", "Application"),
     }
+    assert data == {
+        f"resource.customizations.health.{p.parent.parent.name}_{p.parent.name}": p.read_text() for p in scripts
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (None, "Progressing"),
+        # Just created: Argo CD says Healthy before its first sync applied anything.
+        ({"health": {"status": "Healthy"}, "sync": {"status": "OutOfSync"}}, "Progressing"),
+        ({"health": {"status": "Healthy"}}, "Progressing"),
+        ({"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}, "Healthy"),
+        ({"health": {"status": "Progressing"}, "sync": {"status": "Synced"}}, "Progressing"),
+        ({"health": {"status": "Degraded", "message": "compile failed"}, "sync": {"status": "Synced"}}, "Degraded"),
+    ],
+)
+def test_application_health_is_healthy_only_once_synced(
+    status: dict[str, Any] | None, expected: str, application_health: Callable[[dict[str, Any]], dict[str, str]]
+) -> None:
+    obj: dict[str, Any] = {"metadata": {"name": "neuronfleet-crds"}}
+    if status is not None:
+        obj["status"] = status
+    assert application_health(obj)["status"] == expected
 
 
 def applications() -> dict[str, dict[str, Any]]:

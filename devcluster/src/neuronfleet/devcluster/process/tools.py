@@ -1,6 +1,7 @@
 """Where the pinned binaries live: the control plane's (``tools/kube/build.sh``), the real node's
 (``tools/node/build.sh``), the tests' S3 server (``tools/s3/build.sh``), and the autoscaling tests'
-Prometheus and KEDA (``tools/prometheus``, ``tools/keda``), all run by ``make tools``."""
+Prometheus and KEDA (``tools/prometheus``, ``tools/keda``), and the GitOps tests' Argo CD (``tools/argocd``),
+all run by ``make tools``."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ S3_TOOLS_ENV = "NEURONFLEET_S3_TOOLS"
 #: Override the Prometheus and KEDA bin dirs (KEDA's CRDs are in ``crds/`` beside its bin dir).
 PROMETHEUS_TOOLS_ENV = "NEURONFLEET_PROMETHEUS_TOOLS"
 KEDA_TOOLS_ENV = "NEURONFLEET_KEDA_TOOLS"
+#: Overrides Argo CD's bin dir (its CRDs are in ``crds/`` beside it).
+ARGOCD_TOOLS_ENV = "NEURONFLEET_ARGOCD_TOOLS"
 _OVERRIDES = {
     "kube": TOOLS_ENV,
     "node": NODE_TOOLS_ENV,
     "s3": S3_TOOLS_ENV,
     "prometheus": PROMETHEUS_TOOLS_ENV,
     "keda": KEDA_TOOLS_ENV,
+    "argocd": ARGOCD_TOOLS_ENV,
 }
 
 #: Every binary the kube build script produces.

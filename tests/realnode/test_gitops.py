@@ -1,0 +1,302 @@
+"""GitOps through a real Argo CD: every change is a commit, every check is Argo CD's own view.
+
+Argo CD v3.2.11 (:mod:`neuronfleet.devcluster.addons.argocd`: its repo server and application controller as
+processes of the rig, against the real cluster) syncs a local Git repository served as ``file://``. The
+repository holds what a user's would: ``crds/``, ``charts/neuronfleet``, ``apps/`` (the Applications of
+``argocd/applications.yaml``, pointed at the repository and at the real node) and ``services/``. One parent
+Application (app of apps) syncs ``apps/``; its waves put the CRDs first, then the operator's chart, then the
+services. Two ``device: sim`` services on the real node share one artifact: ``fleet`` (one replica, under load)
+and ``fleet-b`` (autoscaled, no KEDA here: it serves its minimum). The operator runs in-cluster from its image,
+artifacts in an ``s3://`` store on the node (:mod:`harness.fleet`).
+
+Argo CD's state is polled all along (:class:`ArgoLog`) and printed with timestamps: sync, health and the
+last operation of each Application, and the health our Lua checks give the services (persisted in the
+Application's ``status.resources``). The tests run in order and share the services.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from harness.cluster_fixtures import NodeImage
+from harness.fleet import (
+    AFTER_S,
+    BUCKET,
+    KEYS,
+    NAME,
+    POD_TIMEOUT_S,
+    RATE,
+    WRONG_KEYS,
+    Fleet,
+    Obj,
+    create_secret,
+    identity_hash,
+    report,
+    service_manifest,
+)
+from harness.gitops import (
+    CRDS_APP,
+    OPERATOR_APP,
+    PARENT,
+    SERVICES_APP,
+    TEAM,
+    ArgoLog,
+    GitOps,
+    applications,
+    in_git,
+    make_repository,
+    parent_application,
+    parsed,
+    service_health,
+    sharer,
+)
+
+from neuronfleet.devcluster.addons.argocd import ArgoCd
+from neuronfleet.devcluster.addons.s3_server import S3Server
+from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.process.waiting import wait_for
+from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode
+from neuronfleet.engine.hardware import NEURON_TAINT_KEY
+from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.engine.serving.serve import served_name
+
+APPS = (PARENT, CRDS_APP, OPERATOR_APP, SERVICES_APP)
+SHARER = "fleet-b"
+FIRST_BUCKETS, SECOND_BUCKETS, BROKEN_BUCKETS = [128, 256], [64, 256], [64, 128, 256]
+
+
+@dataclass
+class WithFleet(GitOps):
+    """The GitOps rig and the service under load, :mod:`harness.fleet`'s (``fleet``, one replica)."""
+
+    fleet: Fleet | None = None
+
+    @property
+    def service(self) -> Fleet:
+        """The fleet (always set by the fixture)."""
+        assert self.fleet is not None
+        return self.fleet
+
+
+def answer_through_service(fleet: Fleet, name: str) -> Obj:
+    """One completion through the service's Service, from the node; the body."""
+    cluster_ip = fleet.get("service", name)["spec"]["clusterIP"]
+    model = served_name(fleet.manifest["spec"]["model"]["uri"])
+    body = json.dumps({"model": model, "prompt": "GitOps", "max_tokens": 8}).encode()
+    script = (
+        "import urllib.request\n"
+        f"request = urllib.request.Request('http://{cluster_ip}:{HTTP_PORT}/v1/completions', data={body!r}, "
+        "headers={'Content-Type': 'application/json'})\n"
+        "print(urllib.request.urlopen(request, timeout=60).read().decode())\n"
+    )
+    answered = fleet.node.in_netns(["python3", "-I", "-c", script], timeout=90)
+    assert answered.returncode == 0, answered.stderr
+    return dict(json.loads(answered.stdout))
+
+
+@pytest.fixture(scope="module")
+def gitops(
+    real_cluster: LocalCluster, real_node: RealNode, node_image: NodeImage, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WithFleet]:
+    """Argo CD, the repository (nothing synced yet), the S3 store and the services' namespace with its keys."""
+    workdir = tmp_path_factory.mktemp("gitops")
+    engine, operator = node_image("engine"), node_image("operator")
+    s3 = S3Server.start(workdir / "s3", host=NODE_IP, netns=real_node.netns)
+    s3.create_bucket(BUCKET)
+    suffix = uuid.uuid4().hex[:6]
+    namespace, operator_namespace = f"gitops-{suffix}", f"gitops-op-{suffix}"
+    assert real_cluster.kubectl("create", "namespace", namespace).returncode == 0
+    argo = ArgoCd.start(real_cluster)
+    print(f"==> Argo CD started in {argo.started_in:.1f} s", flush=True)
+    log = ArgoLog(argo, APPS)
+    try:
+        keys = s3.credentials
+        create_secret(real_cluster, namespace, KEYS, keys.access_key, keys.secret_key)
+        create_secret(real_cluster, namespace, WRONG_KEYS, keys.access_key, f"revoked-{keys.secret_key[::-1]}")
+        manifest = service_manifest(engine.name, s3.endpoint, FIRST_BUCKETS)
+        manifest["spec"]["replicas"] = 1
+        fleet = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
+        repository, tag = operator.name.rsplit(":", 1)
+        chart = {
+            "namespace": operator_namespace,
+            "values": {
+                # Imported into the node's containerd: there is no registry to pull from.
+                "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+                "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
+                "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                "watchNamespaces": [namespace],
+                "resyncSeconds": 5,
+            },
+        }
+        services = {NAME: in_git(manifest, NAME), SHARER: sharer(manifest, SHARER)}
+        repo = make_repository(workdir / "repo", lambda repo: applications(repo, namespace, chart), services)
+        yield WithFleet(real_cluster, argo, repo, log, namespace, services, fleet)
+    finally:
+        log.stop()
+        log.print("whole module", log.seen[0].at if log.seen else 0.0)
+        argo.stop()
+        for name in (namespace, operator_namespace):
+            real_cluster.kubectl("delete", "namespace", name, "--wait=false")
+        s3.stop()
+
+
+def test_install_syncs_crds_then_the_chart_then_the_services(gitops: WithFleet) -> None:
+    start = time.time()
+    gitops.argo.apply(parent_application(gitops.repo))
+    head = gitops.head()
+    for name in APPS:
+        gitops.wait_app(gitops.synced_healthy(head, name), f"Synced to {head[:8]} and Healthy", name, 2 * POD_TIMEOUT_S)
+    done = time.time()
+    gitops.log.print("install", start)
+    print(f"    install took {done - start:.1f} s", flush=True)
+    # The waves: each child Application was created once the wave before it was Healthy.
+    created = {n: parsed((gitops.argo.application(n) or {})["metadata"]["creationTimestamp"]) for n in APPS}
+    healthy = {n: parsed(gitops.app(n)["health"].get("lastTransitionTime")) for n in APPS}
+    assert healthy[CRDS_APP] <= created[OPERATOR_APP], (created, healthy)
+    assert healthy[OPERATOR_APP] <= created[SERVICES_APP], (created, healthy)
+    # Our health check's message, as Argo CD ran it, for both services; the artifact shared by both.
+    status = gitops.app()
+    first = identity_hash(gitops.service.manifest)
+    for name in (NAME, SHARER):
+        assert service_health(status, name)["status"] == "Healthy"
+        assert service_health(status, name)["message"].startswith("Ready: 1/1 replicas ready at revision "), status
+    assert gitops.owners(first) == {NAME, SHARER}
+    # Argo CD tracks what Git holds; the operator's children are not its resources.
+    assert {r["kind"] for r in status["resources"]} == {"NeuronInferenceService"}
+    assert gitops.service.rolled_out_to(first, replicas=1)
+    assert answer_through_service(gitops.service, NAME)["usage"]["completion_tokens"] == 8
+
+
+def test_a_bucket_change_in_git_rolls_out_under_load_without_a_failed_request(gitops: WithFleet) -> None:
+    fleet = gitops.service
+    old = fleet.status()["currentRevision"]
+    changed = fleet.with_buckets(SECOND_BUCKETS)
+    new = identity_hash(changed)
+    with fleet.load("gitops-rollout") as load:
+        revision, committed_at = gitops.commit(
+            "fleet, fleet-b: prefill buckets 64, 256",
+            {NAME: in_git(changed, NAME), SHARER: sharer(changed, SHARER)},
+        )
+        fleet.manifest = changed
+        compiling = gitops.wait_app(
+            lambda s: (
+                s.get("sync", {}).get("revision") == revision
+                and s.get("health", {}).get("status") == "Progressing"
+                and service_health(s, NAME).get("message", "").startswith("Compiling")
+                and service_health(s, NAME)
+            ),
+            "Progressing while the new artifact compiles",
+        )
+        gitops.wait_app(gitops.synced_healthy(revision), "Synced and Healthy again", timeout=2 * POD_TIMEOUT_S)
+        done_at = fleet.wait(lambda: fleet.rolled_out_to(new, replicas=1) and time.time(), f"{NAME} on {new}")
+        # The measurement window after the rollout: every answer in it must come from the new revision.
+        time.sleep(AFTER_S)
+        result = load.stop()
+    gitops.log.print("bucket change", committed_at)
+    report("bucket change through Git", result, committed=committed_at, rolled_out=done_at)
+    assert new in compiling["message"], compiling
+    assert result.failed == {}, result.summary
+    assert result.answers[0].sent_at < committed_at, "the load started after the commit"
+    after = result.sent_between(done_at)
+    assert len(after) >= RATE * AFTER_S * 0.8, len(after)
+    assert {a.header for a in after} == {new}
+    assert {a.header for a in result.answers} == {old, new}
+    # Both services moved to one new artifact, compiled once; the old one went with its last user.
+    assert gitops.owners(new) == {NAME, SHARER}
+    (job,) = fleet.compile_jobs(new)
+    assert job["status"].get("succeeded") == 1
+    fleet.wait(lambda: not [a for a in fleet.get("nca")["items"] if a["metadata"]["name"].endswith(old)], "old gone")
+
+
+def test_a_failed_compile_is_degraded_while_the_old_revision_serves(gitops: WithFleet) -> None:
+    fleet = gitops.service
+    serving = fleet.status()["currentRevision"]
+    good = gitops.services[NAME]
+    # A new identity whose compile cannot upload: the Secret holds a revoked key.
+    broken = in_git(fleet.with_buckets(BROKEN_BUCKETS, secret=WRONG_KEYS), NAME)
+    failed_hash = identity_hash(broken)
+    with fleet.load("gitops-failed-compile") as load:
+        revision, committed_at = gitops.commit("fleet: buckets 64, 128, 256 (revoked keys)", {NAME: broken})
+        degraded = gitops.wait_app(
+            lambda s: (
+                s.get("sync", {}).get("status") == "Synced"
+                and s.get("sync", {}).get("revision") == revision
+                and s.get("health", {}).get("status") == "Degraded"
+                and service_health(s, NAME)
+            ),
+            "Degraded by the failed compile",
+        )
+        degraded_at = time.time()
+        time.sleep(AFTER_S)
+        result = load.stop()
+    gitops.log.print("failed compile", committed_at)
+    report("failed compile through Git", result, committed=committed_at, degraded=degraded_at)
+    assert degraded["status"] == "Degraded"
+    assert degraded["message"].startswith("BlockedByFailedCompile: compile of "), degraded
+    assert failed_hash in degraded["message"]
+    assert f"revision {serving} keeps serving" in degraded["message"]
+    assert fleet.s3.credentials.secret_key not in json.dumps(gitops.app())
+    assert result.failed == {}, result.summary
+    assert len(result.sent_between(degraded_at)) >= RATE * AFTER_S * 0.8
+    assert {a.header for a in result.answers} == {serving}
+    # Git again names what serves: Healthy, nothing rolled.
+    revision, _ = gitops.commit("fleet: back to buckets 64, 256", {NAME: good})
+    gitops.wait_app(gitops.synced_healthy(revision), "Healthy on the working spec again")
+    assert fleet.rolled_out_to(serving, replicas=1)
+
+
+def test_drift_is_healed_and_the_operators_fields_cause_no_drift(gitops: WithFleet) -> None:
+    fleet = gitops.service
+    head = gitops.head()
+    # A hand edit to a field Git holds: self-heal puts it back.
+    edited_at = time.time()
+    fleet.kubectl("label", "nis", NAME, "team=hand-edited", "--overwrite")
+    healed = gitops.wait_app(
+        lambda s: (
+            parsed((s.get("operationState") or {}).get("startedAt")) >= int(edited_at)
+            and s["operationState"].get("phase") == "Succeeded"
+            and fleet.get("nis", NAME)["metadata"]["labels"]["team"] == TEAM["team"]
+            and s
+        ),
+        "the hand edit reverted by self-heal",
+    )
+    assert healed["operationState"]["operation"]["initiatedBy"].get("automated") is True
+    scaled_at = time.time()
+    # What the operator and the autoscaler write: status, the scale subresource of the autoscaled service
+    # (as KEDA's HPA writes it), the children. A hard refresh after them compares everything again.
+    fleet.kubectl("scale", "nis", SHARER, "--replicas=1")
+    assert fleet.get("nis", SHARER)["spec"]["replicas"] == 1
+    gitops.argo.refresh(SERVICES_APP)
+    wait_for(lambda: gitops.argo.refreshed(SERVICES_APP), timeout=60, what="Argo CD compared again after the writes")
+    # The write bumped the autoscaled service's generation: Progressing until the operator acts on it.
+    status = gitops.wait_app(lambda s: gitops.synced_healthy(head)(s) and s, "Synced and Healthy after the writes")
+    gitops.log.print("drift", edited_at)
+    assert status["sync"] == {**status["sync"], "status": "Synced", "revision": head}, status["sync"]
+    assert status["health"]["status"] == "Healthy"
+    assert {r["kind"] for r in status["resources"]} == {"NeuronInferenceService"}
+    # No sync ran for the operator's writes: the last operation is still the self-heal.
+    assert status["operationState"]["startedAt"] == healed["operationState"]["startedAt"]
+    diffs = [s for s in gitops.log.since(scaled_at) if s.sync != "Synced"]
+    assert diffs == [], diffs
+
+
+def test_deleting_a_service_from_git_prunes_it_and_keeps_the_shared_artifact(gitops: WithFleet) -> None:
+    fleet = gitops.service
+    serving = fleet.status()["currentRevision"]
+    assert gitops.owners(serving) == {NAME, SHARER}
+    revision, committed_at = gitops.commit(f"{SHARER}: removed", {SHARER: None})
+    gitops.wait_app(gitops.synced_healthy(revision), f"{SHARER} pruned")
+    fleet.wait(lambda: fleet.cluster.kubectl("get", "nis", SHARER, "-n", fleet.namespace).returncode != 0, "gone")
+    gitops.log.print("prune", committed_at)
+    status = gitops.app()
+    assert {r["name"] for r in status["resources"]} == {NAME}
+    # The artifact stays for the service still using it, which serves on.
+    fleet.wait(lambda: gitops.owners(serving) == {NAME}, f"the artifact held by {NAME} alone")
+    assert fleet.rolled_out_to(serving, replicas=1)
+    assert answer_through_service(fleet, NAME)["usage"]["completion_tokens"] == 8
