@@ -38,6 +38,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +88,7 @@ __all__ = [
     "take_all_waiting",
     "usable_kv_blocks",
     "waiting_count",
+    "waiting_head",
     "waiting_requests",
 ]
 
@@ -148,6 +150,11 @@ def peek_waiting(scheduler: Scheduler) -> Request | None:
             request: Request = queue.peek_request()
             return request
     return None
+
+
+def waiting_head(scheduler: Scheduler, count: int) -> list[Request]:
+    """The first ``count`` requests the base scheduler would try to admit, in its order (queues unchanged)."""
+    return list(itertools.islice(itertools.chain(*_waiting_queues(scheduler)), count))
 
 
 def cap_admissions(scheduler: Scheduler, num_admissions: int) -> None:
