@@ -151,7 +151,7 @@ def run_on_device(max_prefills_per_step: int) -> list[tuple[str, int, int, float
     engine = OfflineEngine(scheduler)
     for request in scenario(50, 40, 20).requests:
         engine.add_request(request.req_id, prompt_token_ids(request), request.max_tokens)
-    ran = []
+    ran: list[tuple[str, int, int, float]] = []
     while scheduler.has_requests():
         output = scheduler.schedule()
         result = device.execute(output)
