@@ -4,7 +4,8 @@ Neuron runs compiled graphs: a step is either one prefill chunk padded to a toke
 bucket, or a batch of decodes padded to a batch bucket, never both. vLLM's
 scheduler mixes them freely. Rather than fork it, ``NeuronScheduler`` controls
 what the base scheduler sees: before each ``schedule()`` it moves every waiting
-request to a holdback queue and re-admits at most one prefill, hides running
+request to a holdback queue and re-admits at most one prefill (several short ones
+with ``max_prefills_per_step``: ``neuronfleet.engine.scheduler.packing``), hides running
 decodes while a prefill runs, and afterwards restores both queues, records the
 padded size of each scheduled request and checks that no batch is mixed.
 
@@ -62,7 +63,7 @@ def read_neuron_config(additional_config: object) -> Mapping[str, Any]:
 
 
 class NeuronScheduler(Scheduler):
-    """vLLM's scheduler with prefill/decode separation, one prefill per step and bucket padding."""
+    """vLLM's scheduler with prefill/decode separation, one prefill per step (or a pack) and bucket padding."""
 
     #: Called as ``observer(scheduler, scheduler_output)`` at the end of every
     #: ``schedule()``: the engine's metrics subscribe here, in the engine core process.

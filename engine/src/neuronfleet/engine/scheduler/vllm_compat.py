@@ -80,7 +80,6 @@ __all__ = [
     "hidden_limit_attributes",
     "max_full_length_requests",
     "padded_counts",
-    "peek_waiting",
     "pre_increment_computed_tokens",
     "requeue_waiting",
     "scheduled_prefill_ids",
@@ -141,15 +140,6 @@ def requeue_waiting(scheduler: Scheduler, request: Request) -> None:
     else:
         # 0.29: blocked statuses (grammar, remote KV, streaming) go to skipped_waiting.
         _on_0_29(scheduler)._enqueue_waiting_request(request)
-
-
-def peek_waiting(scheduler: Scheduler) -> Request | None:
-    """The request the base scheduler would try to admit first, if any."""
-    for queue in _waiting_queues(scheduler):
-        if queue:
-            request: Request = queue.peek_request()
-            return request
-    return None
 
 
 def waiting_head(scheduler: Scheduler, count: int) -> list[Request]:
