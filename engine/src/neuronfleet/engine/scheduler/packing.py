@@ -11,8 +11,9 @@ bucket that holds the sum of its tokens. The rules a pack keeps:
   largest bucket beside what is already packed, so a step never exceeds it and
   only a lone head is ever chunked;
 - a pack never runs in a larger bucket than its largest member would alone
-  (``fits``): packing fills padding and merges steps, it never makes a prefill step,
-  and so the decode stall it causes, longer than one the design runs anyway;
+  (``fits``): packing fills padding and merges steps; a packed step costs about what
+  the design's step for that member costs (only the others' attention is added), so
+  the decode stall it causes is one the design causes anyway;
 - capacity and KV admission count the members already admitted this step
   (``NeuronScheduler.can_schedule``), so every member has KV for its whole bound.
 
