@@ -87,6 +87,7 @@ def test_vllm_args_carry_limits_and_full_bucket_lists() -> None:
             "max_consecutive_prefill_steps": 1,
             "kv_admission": "request_bound",
             "max_prefills_per_step": 1,
+            "max_prefill_tokens_while_decoding": 1024,
         }
     }
 

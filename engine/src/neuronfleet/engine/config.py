@@ -38,8 +38,8 @@ class SchedulerOptions(BaseModel):
     """Departures from the reference Neuron scheduler, each measured in ``bench/``.
 
     Every option keeps the reference guarantees: no mixed batches, no preemption,
-    no step beyond the largest prefill bucket. The first three are on by default;
-    ``max_prefills_per_step`` stays at the design's 1 (packing needs a prefill graph
+    no step beyond the largest prefill bucket. The first three and the prefill cap
+    while decoding are on by default; ``max_prefills_per_step`` stays at the design's 1 (packing needs a prefill graph
     that takes several sequences; docs/engine.md says when a Neuron device has one).
     ``REFERENCE_SCHEDULER`` turns everything off. docs/scheduler.md gives the figures.
     """
@@ -80,6 +80,17 @@ class SchedulerOptions(BaseModel):
             "of ragged lengths."
         ),
     )
+    max_prefill_tokens_while_decoding: int | None = Field(
+        1024,
+        ge=1,
+        le=1_048_576,
+        description=(
+            "While requests are decoding, a prefill step (one chunk, or a pack) runs in a prefill bucket no larger "
+            "than this (the largest bucket within it, at least the smallest bucket): a longer prompt is chunked, so "
+            "decodes never wait behind one long step. With no request decoding, prefills use every bucket. "
+            "Null: no cap (reference)."
+        ),
+    )
 
 
 #: The reference Neuron scheduler's behaviour: every option off.
@@ -88,6 +99,7 @@ REFERENCE_SCHEDULER = SchedulerOptions(
     max_consecutive_prefill_steps=None,
     kv_admission="max_model_len",
     max_prefills_per_step=1,
+    max_prefill_tokens_while_decoding=None,
 )
 
 

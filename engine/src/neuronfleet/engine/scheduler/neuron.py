@@ -36,7 +36,7 @@ from neuronfleet.engine.buckets import (
 )
 from neuronfleet.engine.config import SchedulerOptions
 from neuronfleet.engine.scheduler import vllm_compat
-from neuronfleet.engine.scheduler.packing import Pack, fits, pack_padding
+from neuronfleet.engine.scheduler.packing import Pack, buckets_while_decoding, fits, pack_padding
 from neuronfleet.engine.scheduler.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput
 
 logger = init_logger(__name__)
@@ -95,6 +95,11 @@ class NeuronScheduler(Scheduler):
         )
         # The design's prefill graph takes one sequence; packing needs one that takes several.
         self.max_prefills_per_batch = self.options.max_prefills_per_step
+        self._buckets_while_decoding = buckets_while_decoding(
+            self.num_batched_tokens_buckets, self.options.max_prefill_tokens_while_decoding
+        )
+        # The prefill buckets this step may use: narrowed while requests decode.
+        self._step_buckets = self.num_batched_tokens_buckets
         self._pack = Pack()
         self._prefill_steps_with_decodes_waiting = 0
         self.holdback_queue: deque[Request] = deque()
@@ -166,7 +171,7 @@ class NeuronScheduler(Scheduler):
         # A packed prefill takes a running slot too, and the whole prompt must fit the step.
         if len(self.running) + self._pack.num_requests >= self.max_num_seqs:
             return False
-        if not fits(self._pack, self._prompt_tokens_left(request), self.num_batched_tokens_buckets):
+        if not fits(self._pack, self._prompt_tokens_left(request), self._step_buckets):
             return False
         # Neuron cannot preempt: admit only what the KV cache can finish.
         if not self._kv_admits(request):
@@ -206,7 +211,7 @@ class NeuronScheduler(Scheduler):
     def _admit(self, request: Request) -> None:
         """Count ``request`` into this step's pack of prefills."""
         kv_blocks = self._kv_blocks_bound(request) if self.options.kv_admission == "request_bound" else 0
-        self._pack.add(self._prompt_tokens_left(request), kv_blocks, self.num_batched_tokens_buckets)
+        self._pack.add(self._prompt_tokens_left(request), kv_blocks, self._step_buckets)
 
     # Scheduling -----------------------------------------------------------------
 
@@ -214,6 +219,8 @@ class NeuronScheduler(Scheduler):
         """One step: admit, separate prefill from decode, run the base scheduler, pad."""
         decode_turn = self._decode_turn_due()
         self._pack = Pack()
+        decoding = any(not self._is_prefill_request(request) for request in self.running)
+        self._step_buckets = self._buckets_while_decoding if decoding else self.num_batched_tokens_buckets
         if self.options.constant_cost_admission:
             self._admit_in_place(decode_turn)
         else:
@@ -234,8 +241,14 @@ class NeuronScheduler(Scheduler):
         # Step 4: the base scheduler checks len(running) against its limits; while
         # requests are hidden their slots are not free.
         limits = {name: getattr(self, name) for name in vllm_compat.hidden_limit_attributes}
-        for name, value in limits.items():
-            setattr(self, name, value - len(hidden))
+        lowered = {name: value - len(hidden) for name, value in limits.items()}
+        if hidden and not decode_turn:
+            # A prefill step while decodes wait: chunk to the largest bucket it may use.
+            budget = vllm_compat.STEP_TOKEN_BUDGET
+            limits[budget] = getattr(self, budget)
+            lowered[budget] = min(limits[budget], self._step_buckets[-1])
+        for name, value in lowered.items():
+            setattr(self, name, value)
         if self.options.constant_cost_admission:
             # The base scheduler admits from the head of the queue until this cap:
             # exactly the requests admitted here.

@@ -21,6 +21,10 @@ The padding goes to the last member: each member's ``num_scheduled_tokens_padded
 is its actual count, the last one's also carries the pack's padding
 (``pack_padding``), so the padded counts of a step add up to its bucket, as they do
 for one prefill.
+
+While requests decode, ``max_prefill_tokens_while_decoding`` narrows the buckets a
+step may use (``buckets_while_decoding``): the pack, and the chunk of a long prompt,
+stay within the largest of them.
 """
 
 from __future__ import annotations
@@ -62,6 +66,17 @@ def fits(pack: Pack, tokens: int, buckets: Sequence[int]) -> bool:
         return False
     own = get_bucket_for_count(tokens, buckets)
     return get_bucket_for_count(total, buckets) <= max(pack.largest_member_bucket, own)
+
+
+def buckets_while_decoding(buckets: Sequence[int], cap: int | None) -> list[int]:
+    """The prefill buckets a step may use while requests decode (``max_prefill_tokens_while_decoding``).
+
+    Those within ``cap``, at least the smallest; every bucket without a cap. The base
+    scheduler's token budget becomes the last of them, so a longer prompt is chunked to it.
+    """
+    if cap is None:
+        return list(buckets)
+    return [bucket for bucket in buckets if bucket <= cap] or [buckets[0]]
 
 
 def pack_padding(prefills: Sequence[str], num_tokens: Mapping[str, int], bucket: int) -> dict[str, int]:

@@ -69,6 +69,7 @@ ACTIVE_REQS_LIMIT = VLLM_SERIES == "0.33"
 __all__ = [
     "ACTIVE_REQS_LIMIT",
     "KV_HOLDING_QUEUE",
+    "STEP_TOKEN_BUDGET",
     "VLLM_SERIES",
     "AsyncScheduler",
     "Request",
@@ -96,6 +97,9 @@ __all__ = [
 hidden_limit_attributes: tuple[str, ...] = (
     ("max_num_running_reqs", "max_num_active_reqs") if ACTIVE_REQS_LIMIT else ("max_num_running_reqs",)
 )
+#: The base scheduler's token budget per step (the same name in 0.29 and 0.33): lowered for a
+#: step, it chunks a prefill to the lower budget and asserts the step stays within it.
+STEP_TOKEN_BUDGET = "max_num_scheduled_tokens"
 #: The limit the base scheduler's admission loop stops at.
 _ADMISSION_LIMIT = "max_num_active_reqs" if ACTIVE_REQS_LIMIT else "max_num_running_reqs"
 
