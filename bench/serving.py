@@ -17,10 +17,12 @@ first token came within ``TTFT_SLO_S`` (500 ms) and its own inter-token latency 
 is within ``ITL_SLO_S`` (50 ms), over the run's duration (per request, as vLLM's
 serving benchmark counts goodput).
 
-Three schedulers run side by side: the design's as written (``REFERENCE_SCHEDULER``,
-the baseline), neuronfleet's defaults, and the defaults with packed prefills
-(``max_prefills_per_step``). Each figure is the median over ``SEEDS`` (different
-prompts, outputs and arrival times). The synchronous scheduler class runs (the
+Five schedulers run side by side: the design's as written (``REFERENCE_SCHEDULER``,
+the baseline); neuronfleet's defaults without the prefill cap while decoding
+(``max_prefill_tokens_while_decoding: null``), alone and with packed prefills
+(``max_prefills_per_step``); and the defaults (with the cap), alone and with packed
+prefills. Each figure is the median over ``SEEDS`` (different prompts, outputs and
+arrival times). The synchronous scheduler class runs (the
 virtual clock models one step at a time).
 
 Run: ``make bench-serving`` (or ``.venv/bin/python bench/serving.py``).
@@ -45,6 +47,7 @@ from neuronfleet.engine.tuning.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serving.json"
 NUM_REQUESTS = 500
+MAX_MODEL_LEN = 8192
 #: Offered load as a fraction of the baseline's saturation throughput.
 LOADS = [0.25, 0.5, 0.75, 0.9, 1.0, 1.1]
 SEEDS = [0, 1, 2]
@@ -52,8 +55,12 @@ BLOCK_SIZE = 32
 MEMORY_UTILIZATION = 0.9
 #: Prompts one prefill step may pack (the pack rule, not this count, limits packs here: 64 measured the same).
 PACKED_PREFILLS = 8
+#: Neuronfleet's defaults before the prefill cap while decoding: what the cap alone adds.
+UNCAPPED = SchedulerOptions(max_prefill_tokens_while_decoding=None)
 SCHEDULERS = {
     "reference": REFERENCE_SCHEDULER,
+    "uncapped": UNCAPPED,
+    "uncapped-packing": UNCAPPED.model_copy(update={"max_prefills_per_step": PACKED_PREFILLS}),
     "neuronfleet": SchedulerOptions(),
     "packing": SchedulerOptions(max_prefills_per_step=PACKED_PREFILLS),
 }
@@ -73,7 +80,7 @@ def engine_config(scheduler: SchedulerOptions) -> EngineConfig:
     return EngineConfig(
         max_num_seqs=64,
         max_num_batched_tokens=8192,
-        max_model_len=8192,
+        max_model_len=MAX_MODEL_LEN,
         block_size=BLOCK_SIZE,
         tensor_parallel_size=8,
         scheduler=scheduler,
@@ -85,7 +92,8 @@ def arrivals(rate: float | None, seed: int) -> list[Arrival]:
 
     The same seed gives the same prompts and outputs at every rate.
     """
-    prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=seed)
+    # vLLM rejects a prompt of max_model_len tokens (no room for a reply): the longest it serves is one less.
+    prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=seed, max_model_len=MAX_MODEL_LEN - 1)
     outputs, gaps = random.Random(1000 + seed), random.Random(2000 + seed)
     at = 0.0
     result = []
@@ -171,7 +179,7 @@ def main() -> None:
     slo = f"TTFT <= {TTFT_SLO_S * 1e3:.0f} ms and their own ITL p99 <= {ITL_SLO_S * 1e3:.0f} ms"
     print(f"goodput: requests/s with {slo}")
     print(
-        f"{'load':>11} {'scheduler':>12} {'goodput':>8} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'load':>11} {'scheduler':>16} {'goodput':>8} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
         f"{'ITL p50':>8} {'ITL p99':>8} {'goodput vs ref':>14} {'TTFT p99 vs ref':>15} {'ITL p99 vs ref':>14}"
     )
     reference = {row["load"]: row for row in rows if row["scheduler"] == "reference"}
@@ -179,7 +187,7 @@ def main() -> None:
         base = reference[row["load"]]
         load = "saturation" if row["load"] is None else f"{row['load']:.0%} {row['rate']:.1f}/s"
         print(
-            f"{load:>11} {row['scheduler']:>12} {row['goodput_rps']:>6.1f}/s {row['output_tokens_per_s']:>9.0f} "
+            f"{load:>11} {row['scheduler']:>16} {row['goodput_rps']:>6.1f}/s {row['output_tokens_per_s']:>9.0f} "
             f"{row['ttft_p50_ms']:>7.0f}ms {row['ttft_p99_ms']:>7.0f}ms {row['itl_p50_ms']:>6.1f}ms "
             f"{row['itl_p99_ms']:>6.1f}ms {ratio(row, base, 'goodput_rps'):>14} "
             f"{ratio(row, base, 'ttft_p99_ms'):>15} {ratio(row, base, 'itl_p99_ms'):>14}"

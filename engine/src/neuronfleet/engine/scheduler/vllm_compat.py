@@ -21,7 +21,8 @@ What differs between 0.29 and 0.33, as far as neuronfleet reaches:
   so nothing branches.
 
 The same in both (read from the two wheels, and run by the scheduler suites on each):
-``schedule(throttle_prefills)``, ``_update_after_schedule`` (neither class overrides it),
+``schedule(throttle_prefills)``, ``_update_after_schedule`` (neither class overrides it), the step's
+token budget ``max_num_scheduled_tokens`` (read at the start of ``schedule()``, asserted at its end),
 the ``SchedulerOutput`` fields read here, ``Request(...)``, ``RequestQueue``,
 ``get_max_concurrency_for_kv_cache_config``, the ``AsyncLLM.shutdown(timeout)`` that
 ``drain_before_shutdown`` wraps and the ``output_handler`` task it stops first, vLLM calling that
