@@ -120,7 +120,7 @@ bench-stalls: setup  ## Decode ITL during 32k-token prefills, with and without a
 bench-kv: setup  ## Chat concurrency and throughput: KV admission by max_model_len vs per request.
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/kv_admission.py
 
-bench-serving: setup  ## Throughput, TTFT and ITL by request rate on the simulated trn2 (virtual clock).
+bench-serving: setup  ## Goodput, throughput, TTFT and ITL by request rate on the simulated trn2: design, defaults, packed prefills.
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/serving.py
 
 bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.

@@ -75,26 +75,51 @@ def padding_rows(data: Obj) -> Iterator[Row]:
         )
 
 
+def _packed(row: Obj) -> int:
+    return int(row.get("max_prefills_per_step", 1))
+
+
+def _cap(row: Obj) -> int | None:
+    cap = row.get("max_prefill_tokens_while_decoding")
+    return None if cap is None else int(cap)
+
+
+def _variant(row: Obj) -> str:
+    """What a row adds to the option its section measures: packing, the prefill cap while decoding."""
+    parts = [f"up to {_packed(row)} prefills packed per step"] if _packed(row) > 1 else []
+    if _cap(row) is not None:
+        parts.append(f"prefill steps capped at {_cap(row)} tokens while decoding")
+    return ", ".join(parts)
+
+
 def stall_rows(data: list[Obj]) -> Iterator[Row]:
-    """Decode ITL during long prefills with the default stall bound against the unbounded design."""
+    """Decode ITL during long prefills with a stall bound of 1 against the unbounded design, then packed and capped."""
     reference = next(row for row in data if row["bound"] is None)
+    bounded = next(row for row in data if row["bound"] == 1 and not _variant(row))
+    yield Row(
+        "decode stalls",
+        "ITL p99 during 32k-token prefills, 1 prefill step between decodes",
+        f"{bounded['itl_p99_ms']:,.0f} ms",
+        f"{reference['itl_p99_ms']:,.0f} ms (unbounded)",
+        _ratio(bounded["itl_p99_ms"], reference["itl_p99_ms"]),
+        f"32k TTFT x{bounded['long_prompt_ttft_s'] / reference['long_prompt_ttft_s']:.3f}",
+    )
     for row in data:
-        if row["bound"] != 1:
-            continue
-        yield Row(
-            "decode stalls",
-            "ITL p99 during 32k-token prefills, 1 prefill step between decodes",
-            f"{row['itl_p99_ms']:,.0f} ms",
-            f"{reference['itl_p99_ms']:,.0f} ms (unbounded)",
-            _ratio(row["itl_p99_ms"], reference["itl_p99_ms"]),
-            f"32k TTFT x{row['long_prompt_ttft_s'] / reference['long_prompt_ttft_s']:.3f}",
-        )
+        if row["bound"] == 1 and _variant(row):
+            yield Row(
+                "decode stalls",
+                f"the same, {_variant(row)}",
+                f"{row['itl_p99_ms']:,.0f} ms",
+                f"{bounded['itl_p99_ms']:,.0f} ms (neither)",
+                _ratio(row["itl_p99_ms"], bounded["itl_p99_ms"]),
+                f"32k TTFT x{row['long_prompt_ttft_s'] / bounded['long_prompt_ttft_s']:.3f}",
+            )
 
 
 def kv_rows(data: list[Obj]) -> Iterator[Row]:
-    """Chat throughput with per-request KV admission against admission by max_model_len."""
-    by_mode = {row["kv_admission"]: row for row in data}
-    ours, reference = by_mode["request_bound"], by_mode["max_model_len"]
+    """Chat throughput with per-request KV admission against admission by max_model_len, then packed and capped."""
+    by_mode = {(row["kv_admission"], _variant(row)): row for row in data}
+    ours, reference = by_mode[("request_bound", "")], by_mode[("max_model_len", "")]
     yield Row(
         "KV admission",
         "chat output tokens/s, 70B TP 32, 131k context, request-bound admission",
@@ -103,25 +128,57 @@ def kv_rows(data: list[Obj]) -> Iterator[Row]:
         _ratio(ours["output_tokens_per_s"], reference["output_tokens_per_s"]),
         f"mean batch {ours['mean_decode_batch']:.1f} vs {reference['mean_decode_batch']:.1f}",
     )
+    for (mode, variant), row in by_mode.items():
+        if mode == "request_bound" and variant:
+            yield Row(
+                "KV admission",
+                f"the same, {variant}",
+                f"{row['output_tokens_per_s']:,.0f}",
+                f"{ours['output_tokens_per_s']:,.0f} (neither)",
+                _ratio(row["output_tokens_per_s"], ours["output_tokens_per_s"]),
+                f"mean TTFT {row['mean_ttft_s']:.1f} s vs {ours['mean_ttft_s']:.1f} s",
+            )
+
+
+#: The serving benchmark's schedulers beside the design's, as the table names them.
+SERVING_LABELS = {
+    "uncapped": "defaults without the prefill cap",
+    "uncapped-packing": "packed prefills without the prefill cap",
+    "neuronfleet": "defaults (prefill cap while decoding)",
+    "packing": "packed prefills and the prefill cap",
+}
+#: Schedulers shown by saturation and goodput only: what the prefill cap adds is read against them.
+SERVING_GOODPUT_ONLY = {"uncapped", "uncapped-packing"}
 
 
 def serving_rows(data: list[Obj]) -> Iterator[Row]:
-    """Saturation, then throughput and latency by load, default scheduler against the design's."""
+    """Saturation, then goodput, throughput and latency by load, each scheduler against the design's."""
     reference = {row["load"]: row for row in data if row["scheduler"] == "reference"}
     for row in data:
-        if row["scheduler"] != "neuronfleet":
+        label = SERVING_LABELS.get(row["scheduler"])
+        if label is None:
             continue
         base = reference[row["load"]]
         if row["load"] is None:
             yield Row(
                 "serving (sim trn2)",
-                "chat, all requests at once: output tokens/s (saturation)",
+                f"chat, all requests at once: output tokens/s (saturation), {label}",
                 f"{row['output_tokens_per_s']:,.0f}",
                 f"{base['output_tokens_per_s']:,.0f} (design)",
                 _ratio(row["output_tokens_per_s"], base["output_tokens_per_s"]),
             )
             continue
-        at = f"chat at {row['load']:.0%} of saturation ({row['rate']:.1f} req/s)"
+        at = f"chat at {row['load']:.0%} of saturation ({row['rate']:.1f} req/s), {label}"
+        if "goodput_rps" in row:
+            yield Row(
+                "serving (sim trn2)",
+                f"{at}: goodput (TTFT <= 500 ms, ITL p99 <= 50 ms)",
+                f"{row['goodput_rps']:,.2f} req/s",
+                f"{base['goodput_rps']:,.2f} req/s (design)",
+                _ratio(row["goodput_rps"], base["goodput_rps"]),
+            )
+        if row["scheduler"] in SERVING_GOODPUT_ONLY:
+            continue
         yield Row(
             "serving (sim trn2)",
             f"{at}: output tokens/s",
@@ -267,7 +324,7 @@ def plot(found: dict[str, Any], path: Path) -> None:
     if "serving.json" in found:
         ax = axes[1][0]
         data = found["serving.json"]
-        for scheduler, style in (("reference", "--"), ("neuronfleet", "-")):
+        for scheduler, style in (("reference", "--"), ("neuronfleet", "-"), ("packing", ":")):
             loaded = (row for row in data if row["scheduler"] == scheduler and row["rate"] is not None)
             rows = sorted(loaded, key=lambda row: row["rate"])
             rates = [row["rate"] for row in rows]

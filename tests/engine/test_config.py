@@ -86,6 +86,8 @@ def test_vllm_args_carry_limits_and_full_bucket_lists() -> None:
             "constant_cost_admission": True,
             "max_consecutive_prefill_steps": 1,
             "kv_admission": "request_bound",
+            "max_prefills_per_step": 1,
+            "max_prefill_tokens_while_decoding": 1024,
         }
     }
 

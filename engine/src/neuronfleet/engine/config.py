@@ -37,9 +37,11 @@ KvAdmission = Literal["max_model_len", "request_bound"]
 class SchedulerOptions(BaseModel):
     """Departures from the reference Neuron scheduler, each measured in ``bench/``.
 
-    Every option keeps the reference guarantees: no mixed batches, at most one
-    prefill per step, no preemption. The defaults are on; ``REFERENCE_SCHEDULER``
-    turns all three off. docs/scheduler.md gives the figures behind the defaults.
+    Every option keeps the reference guarantees: no mixed batches, no preemption,
+    no step beyond the largest prefill bucket. The first three and the prefill cap
+    while decoding are on by default; ``max_prefills_per_step`` stays at the design's 1 (packing needs a prefill graph
+    that takes several sequences; docs/engine.md says when a Neuron device has one).
+    ``REFERENCE_SCHEDULER`` turns everything off. docs/scheduler.md gives the figures.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -68,11 +70,36 @@ class SchedulerOptions(BaseModel):
             "fit the KV cache."
         ),
     )
+    max_prefills_per_step: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description=(
+            "Most waiting prompts packed into one prefill step, padded once to the bucket that holds their sum. "
+            "1: one prefill per step (reference). Above 1 the compiled prefill graph must take several sequences "
+            "of ragged lengths."
+        ),
+    )
+    max_prefill_tokens_while_decoding: int | None = Field(
+        1024,
+        ge=1,
+        le=1_048_576,
+        description=(
+            "While requests are decoding, a prefill step (one chunk, or a pack) runs in a prefill bucket no larger "
+            "than this (the largest bucket within it, at least the smallest bucket): a longer prompt is chunked, so "
+            "decodes never wait behind one long step. With no request decoding, prefills use every bucket. "
+            "Null: no cap (reference)."
+        ),
+    )
 
 
 #: The reference Neuron scheduler's behaviour: every option off.
 REFERENCE_SCHEDULER = SchedulerOptions(
-    constant_cost_admission=False, max_consecutive_prefill_steps=None, kv_admission="max_model_len"
+    constant_cost_admission=False,
+    max_consecutive_prefill_steps=None,
+    kv_admission="max_model_len",
+    max_prefills_per_step=1,
+    max_prefill_tokens_while_decoding=None,
 )
 
 

@@ -14,8 +14,14 @@ def format_step(record: StepRecord, num_seqs_buckets: Sequence[int]) -> str:
     tail = f"hidden decodes {record.num_hidden_decodes}  waiting {record.num_waiting}  running {record.num_running}"
     if not record.scheduled:
         work = "nothing scheduled"
+    elif record.is_prefill and len(record.scheduled) > 1:
+        # Packed prefills: one bucket for their sum.
+        ids = ",".join(item.req_id for item in record.scheduled)
+        tokens = "+".join(str(item.num_tokens) for item in record.scheduled)
+        bucket = sum(item.num_tokens_padded for item in record.scheduled)
+        work = f"prefill {ids}: {tokens} tokens -> bucket {bucket} (packed)"
     elif record.is_prefill:
-        (item,) = record.scheduled  # one prefill per step, alone
+        (item,) = record.scheduled
         end = item.computed_before + item.num_tokens
         work = (
             f"prefill {item.req_id}: {item.num_tokens} tokens -> bucket {item.num_tokens_padded}"

@@ -41,12 +41,15 @@ class Timeline:
         if record is None or not record.scheduled:
             return
         if record.is_prefill:
-            (item,) = record.scheduled
-            start = self.prefill_spans.get(item.req_id, (self.clock, self.clock))[0]
-            self.clock += self.cost.prefill_seconds(item.num_tokens_padded, item.computed_before)
-            self.prefill_spans[item.req_id] = (start, self.clock)
-            if item.computed_before + item.num_tokens >= engine.progress[item.req_id].prompt_len:
-                self.token_times[item.req_id].append(self.clock)
+            # One chunk, or several prompts packed into one bucket.
+            starts = {item.req_id: self.prefill_spans.get(item.req_id, (self.clock,))[0] for item in record.scheduled}
+            self.clock += self.cost.packed_prefill_seconds(
+                [(item.num_tokens_padded, item.computed_before) for item in record.scheduled]
+            )
+            for item in record.scheduled:
+                self.prefill_spans[item.req_id] = (starts[item.req_id], self.clock)
+                if item.computed_before + item.num_tokens >= engine.progress[item.req_id].prompt_len:
+                    self.token_times[item.req_id].append(self.clock)
             return
         batch = len(record.scheduled)
         context = sum(item.computed_before + 1 for item in record.scheduled)

@@ -4,7 +4,8 @@ Neuron runs compiled graphs: a step is either one prefill chunk padded to a toke
 bucket, or a batch of decodes padded to a batch bucket, never both. vLLM's
 scheduler mixes them freely. Rather than fork it, ``NeuronScheduler`` controls
 what the base scheduler sees: before each ``schedule()`` it moves every waiting
-request to a holdback queue and re-admits at most one prefill, hides running
+request to a holdback queue and re-admits at most one prefill (several short ones
+with ``max_prefills_per_step``: ``neuronfleet.engine.scheduler.packing``), hides running
 decodes while a prefill runs, and afterwards restores both queues, records the
 padded size of each scheduled request and checks that no batch is mixed.
 
@@ -35,6 +36,7 @@ from neuronfleet.engine.buckets import (
 )
 from neuronfleet.engine.config import SchedulerOptions
 from neuronfleet.engine.scheduler import vllm_compat
+from neuronfleet.engine.scheduler.packing import Pack, buckets_while_decoding, fits, pack_padding
 from neuronfleet.engine.scheduler.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput
 
 logger = init_logger(__name__)
@@ -61,7 +63,7 @@ def read_neuron_config(additional_config: object) -> Mapping[str, Any]:
 
 
 class NeuronScheduler(Scheduler):
-    """vLLM's scheduler with prefill/decode separation, one prefill per step and bucket padding."""
+    """vLLM's scheduler with prefill/decode separation, one prefill per step (or a pack) and bucket padding."""
 
     #: Called as ``observer(scheduler, scheduler_output)`` at the end of every
     #: ``schedule()``: the engine's metrics subscribe here, in the engine core process.
@@ -91,9 +93,14 @@ class NeuronScheduler(Scheduler):
         self.options = SchedulerOptions.model_validate(
             {key: neuron_config[key] for key in SchedulerOptions.model_fields if key in neuron_config}
         )
-        # Neuron compiles a prefill graph for one sequence.
-        self.max_prefills_per_batch = 1
-        self._num_admitted = 0
+        # The design's prefill graph takes one sequence; packing needs one that takes several.
+        self.max_prefills_per_batch = self.options.max_prefills_per_step
+        self._buckets_while_decoding = buckets_while_decoding(
+            self.num_batched_tokens_buckets, self.options.max_prefill_tokens_while_decoding
+        )
+        # The prefill buckets this step may use: narrowed while requests decode.
+        self._step_buckets = self.num_batched_tokens_buckets
+        self._pack = Pack()
         self._prefill_steps_with_decodes_waiting = 0
         self.holdback_queue: deque[Request] = deque()
         self.state = SchedulerState.IDLE
@@ -159,7 +166,12 @@ class NeuronScheduler(Scheduler):
             return False
         if self.has_prefill_in_running:
             return False
-        if self._num_admitted >= self.max_prefills_per_batch:
+        if self._pack.num_requests >= self.max_prefills_per_batch:
+            return False
+        # A packed prefill takes a running slot too, and the whole prompt must fit the step.
+        if len(self.running) + self._pack.num_requests >= self.max_num_seqs:
+            return False
+        if not fits(self._pack, self._prompt_tokens_left(request), self._step_buckets):
             return False
         # Neuron cannot preempt: admit only what the KV cache can finish.
         if not self._kv_admits(request):
@@ -180,23 +192,35 @@ class NeuronScheduler(Scheduler):
 
     def _kv_admits(self, request: Request) -> bool:
         """Whether ``request`` and every running request can all reach their bound in the KV cache."""
+        # The prefills already packed into this step count as running.
         if self.options.kv_admission == "max_model_len":
             # Every running request may grow to max_model_len.
-            return len(self.running) < self._max_kv_concurrent
+            return len(self.running) + self._pack.num_requests < self._max_kv_concurrent
         needed = sum(self._kv_blocks_bound(running) for running in self.running) + self._kv_blocks_bound(request)
-        return needed <= self._usable_kv_blocks
+        return needed + self._pack.kv_blocks <= self._usable_kv_blocks
 
     def _kv_blocks_bound(self, request: Request) -> int:
         """The most KV blocks ``request`` can hold: prompt plus every token it may generate."""
         tokens = min(self.max_model_len, request.num_prompt_tokens + request.max_tokens)
         return -(-tokens // self.block_size)
 
+    @staticmethod
+    def _prompt_tokens_left(request: Request) -> int:
+        return max(0, int(request.num_prompt_tokens - request.num_computed_tokens))
+
+    def _admit(self, request: Request) -> None:
+        """Count ``request`` into this step's pack of prefills."""
+        kv_blocks = self._kv_blocks_bound(request) if self.options.kv_admission == "request_bound" else 0
+        self._pack.add(self._prompt_tokens_left(request), kv_blocks, self._step_buckets)
+
     # Scheduling -----------------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """One step: admit, separate prefill from decode, run the base scheduler, pad."""
         decode_turn = self._decode_turn_due()
-        self._num_admitted = 0
+        self._pack = Pack()
+        decoding = any(not self._is_prefill_request(request) for request in self.running)
+        self._step_buckets = self._buckets_while_decoding if decoding else self.num_batched_tokens_buckets
         if self.options.constant_cost_admission:
             self._admit_in_place(decode_turn)
         else:
@@ -209,7 +233,7 @@ class NeuronScheduler(Scheduler):
             keep_prefill = not decode_turn
             hidden = [r for r in self.running if self._is_prefill_request(r) != keep_prefill]
             self.running = [r for r in self.running if self._is_prefill_request(r) == keep_prefill]
-        elif self._num_admitted > 0:
+        elif self._pack.num_requests > 0:
             hidden = self.running
             self.running = []
         self.last_num_hidden_decodes = len(hidden) if not decode_turn else 0
@@ -217,12 +241,18 @@ class NeuronScheduler(Scheduler):
         # Step 4: the base scheduler checks len(running) against its limits; while
         # requests are hidden their slots are not free.
         limits = {name: getattr(self, name) for name in vllm_compat.hidden_limit_attributes}
-        for name, value in limits.items():
-            setattr(self, name, value - len(hidden))
+        lowered = {name: value - len(hidden) for name, value in limits.items()}
+        if hidden and not decode_turn:
+            # A prefill step while decodes wait: chunk to the largest bucket it may use.
+            budget = vllm_compat.STEP_TOKEN_BUDGET
+            limits[budget] = getattr(self, budget)
+            lowered[budget] = min(limits[budget], self._step_buckets[-1])
+        for name, value in lowered.items():
+            setattr(self, name, value)
         if self.options.constant_cost_admission:
             # The base scheduler admits from the head of the queue until this cap:
             # exactly the requests admitted here.
-            vllm_compat.cap_admissions(self, self._num_admitted)
+            vllm_compat.cap_admissions(self, self._pack.num_requests)
         try:
             # The design's _call_base_schedule takes no argument (subclasses override it so);
             # vLLM's data-parallel prefill throttle is passed on only when asked for.
@@ -252,14 +282,20 @@ class NeuronScheduler(Scheduler):
         self.holdback_queue.extend(vllm_compat.take_all_waiting(self))
         # Stop at the first refusal to keep FIFO order.
         while not decode_turn and self.holdback_queue and self.can_schedule(self.holdback_queue[0]):
+            self._admit(self.holdback_queue[0])
             vllm_compat.requeue_waiting(self, self.holdback_queue.popleft())
-            self._num_admitted += 1
 
     def _admit_in_place(self, decode_turn: bool) -> None:
-        """Decide on the head of the waiting line without moving the queue (constant cost)."""
-        head = vllm_compat.peek_waiting(self)
-        if not decode_turn and head is not None and self.can_schedule(head):
-            self._num_admitted = 1
+        """Decide on the head of the waiting line without moving the queue (constant cost).
+
+        With packing, on as many requests from the head as a step may take, still in order.
+        """
+        if decode_turn:
+            return
+        for request in vllm_compat.waiting_head(self, self.max_prefills_per_batch):
+            if not self.can_schedule(request):
+                return
+            self._admit(request)
 
     def _decode_turn_due(self) -> bool:
         """True when decodes have waited ``max_consecutive_prefill_steps`` prefill steps."""
@@ -308,16 +344,18 @@ class NeuronScheduler(Scheduler):
                 f"Neuron constraint violated: Mixed prefill ({len(prefill_ids)}) and decode ({num_decodes}) "
                 "in the same batch. Neuron runs prefill and decode as separate compiled graphs."
             )
-        padded: dict[str, int] = {}
-        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-            if req_id in prefill_ids:
-                bucket = self._calculate_padded_count(num_tokens)
-                padded[req_id] = bucket
-                self.total_padding_tokens += bucket - num_tokens
-                self.padding_tokens_by_bucket[bucket] += bucket - num_tokens
-                self.prefill_steps_by_bucket[bucket] += 1
-            else:
-                padded[req_id] = num_tokens
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        # A step's prefills are padded once, to the bucket of their sum (one prefill: its own bucket).
+        prefills = [req_id for req_id in num_scheduled if req_id in prefill_ids]
+        actual = sum(num_scheduled[req_id] for req_id in prefills)
+        bucket = self._calculate_padded_count(actual)
+        padded = pack_padding(prefills, num_scheduled, bucket)
+        if prefills:
+            self.total_padding_tokens += bucket - actual
+            self.padding_tokens_by_bucket[bucket] += bucket - actual
+            self.prefill_steps_by_bucket[bucket] += 1
+        for req_id, num_tokens in num_scheduled.items():
+            padded.setdefault(req_id, num_tokens)
         if num_decodes:
             self.decode_steps_by_bucket[get_bucket_for_count(num_decodes, self.num_seqs_buckets)] += 1
         vllm_compat.set_padded_counts(scheduler_output, padded)

@@ -76,6 +76,67 @@ def pad_prefill(
     )
 
 
+@dataclass(frozen=True)
+class PrefillSequence:
+    """One sequence's share of a packed prefill step."""
+
+    #: The chunk's real tokens.
+    token_ids: Sequence[int]
+    #: Tokens of the sequence already in the KV cache: the chunk starts at this position.
+    num_computed_tokens: int
+    block_ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class PackedPrefillInputs:
+    """Inputs of one prefill step holding several sequences back to back, padded once to a bucket."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    #: Where each sequence starts, then where the real tokens end (``cu_seqlens``): sequence ``i``
+    #: is ``[query_start[i], query_start[i + 1])``; the padding follows the last one.
+    query_start: list[int]
+    #: Index of each sequence's last real token: the only positions whose logits are sampled.
+    logits_indices: list[int]
+
+
+def pad_packed_prefill(sequences: Sequence[PrefillSequence], block_size: int, padded_len: int) -> PackedPrefillInputs:
+    """Lay out several prefill chunks back to back and pad the whole once to ``padded_len``.
+
+    The ragged layout of chunked-prefill graphs: each sequence keeps its own positions and
+    KV slots, attention stays within a sequence (``query_start``), and the padding after the
+    last sequence repeats its last position and writes only the null block. One sequence
+    gives the same tensors as :func:`pad_prefill`.
+    """
+    if not sequences:
+        raise ValueError("a packed prefill needs at least one sequence")
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start = [0]
+    for sequence in sequences:
+        actual = len(sequence.token_ids)
+        if actual == 0:
+            raise ValueError("a prefill chunk needs at least one token")
+        start = sequence.num_computed_tokens
+        chunk_positions = list(range(start, start + actual))
+        input_ids.extend(sequence.token_ids)
+        positions.extend(chunk_positions)
+        slots.extend(kv_slot(position, sequence.block_ids, block_size) for position in chunk_positions)
+        query_start.append(query_start[-1] + actual)
+    padding = padded_len - query_start[-1]
+    if padding < 0:
+        raise ValueError(f"padded length {padded_len} is smaller than the packed chunks ({query_start[-1]} tokens)")
+    return PackedPrefillInputs(
+        input_ids=input_ids + [PAD_TOKEN_ID] * padding,
+        positions=positions + [positions[-1]] * padding,
+        slot_mapping=slots + [PAD_SLOT] * padding,
+        query_start=query_start,
+        logits_indices=[end - 1 for end in query_start[1:]],
+    )
+
+
 def pad_decode(
     token_ids: Sequence[int],
     positions: Sequence[int],

@@ -21,7 +21,8 @@ What differs between 0.29 and 0.33, as far as neuronfleet reaches:
   so nothing branches.
 
 The same in both (read from the two wheels, and run by the scheduler suites on each):
-``schedule(throttle_prefills)``, ``_update_after_schedule`` (neither class overrides it),
+``schedule(throttle_prefills)``, ``_update_after_schedule`` (neither class overrides it), the step's
+token budget ``max_num_scheduled_tokens`` (read at the start of ``schedule()``, asserted at its end),
 the ``SchedulerOutput`` fields read here, ``Request(...)``, ``RequestQueue``,
 ``get_max_concurrency_for_kv_cache_config``, the ``AsyncLLM.shutdown(timeout)`` that
 ``drain_before_shutdown`` wraps and the ``output_handler`` task it stops first, vLLM calling that
@@ -38,6 +39,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -68,6 +70,7 @@ ACTIVE_REQS_LIMIT = VLLM_SERIES == "0.33"
 __all__ = [
     "ACTIVE_REQS_LIMIT",
     "KV_HOLDING_QUEUE",
+    "STEP_TOKEN_BUDGET",
     "VLLM_SERIES",
     "AsyncScheduler",
     "Request",
@@ -79,7 +82,6 @@ __all__ = [
     "hidden_limit_attributes",
     "max_full_length_requests",
     "padded_counts",
-    "peek_waiting",
     "pre_increment_computed_tokens",
     "requeue_waiting",
     "scheduled_prefill_ids",
@@ -87,6 +89,7 @@ __all__ = [
     "take_all_waiting",
     "usable_kv_blocks",
     "waiting_count",
+    "waiting_head",
     "waiting_requests",
 ]
 
@@ -95,6 +98,9 @@ __all__ = [
 hidden_limit_attributes: tuple[str, ...] = (
     ("max_num_running_reqs", "max_num_active_reqs") if ACTIVE_REQS_LIMIT else ("max_num_running_reqs",)
 )
+#: The base scheduler's token budget per step (the same name in 0.29 and 0.33): lowered for a
+#: step, it chunks a prefill to the lower budget and asserts the step stays within it.
+STEP_TOKEN_BUDGET = "max_num_scheduled_tokens"
 #: The limit the base scheduler's admission loop stops at.
 _ADMISSION_LIMIT = "max_num_active_reqs" if ACTIVE_REQS_LIMIT else "max_num_running_reqs"
 
@@ -141,13 +147,9 @@ def requeue_waiting(scheduler: Scheduler, request: Request) -> None:
         _on_0_29(scheduler)._enqueue_waiting_request(request)
 
 
-def peek_waiting(scheduler: Scheduler) -> Request | None:
-    """The request the base scheduler would try to admit first, if any."""
-    for queue in _waiting_queues(scheduler):
-        if queue:
-            request: Request = queue.peek_request()
-            return request
-    return None
+def waiting_head(scheduler: Scheduler, count: int) -> list[Request]:
+    """The first ``count`` requests the base scheduler would try to admit, in its order (queues unchanged)."""
+    return list(itertools.islice(itertools.chain(*_waiting_queues(scheduler)), count))
 
 
 def cap_admissions(scheduler: Scheduler, num_admissions: int) -> None:

@@ -1,7 +1,8 @@
 """How long a Neuron device takes for one compiled step: the simulated device's clock.
 
 A prefill step is bound by compute on the *padded* tokens (the compiled graph
-computes every position of its bucket); a decode step by reading the weights and
+computes every position of its bucket), plus each sequence's attention over its
+own context when several are packed into one bucket; a decode step by reading the weights and
 the real requests' KV cache from HBM. Both pay a fixed per-step overhead. The
 hardware figures are public (``neuronfleet.engine.hardware`` names their
 sources); the efficiencies and the overhead are assumptions, marked as such.
@@ -10,6 +11,7 @@ sources); the efficiencies and the overhead are assumptions, marked as such.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuronfleet.engine.hardware import InstanceType
@@ -70,10 +72,25 @@ class CostModel:
 
     def prefill_seconds(self, padded_tokens: int, context_tokens: int) -> float:
         """One prefill chunk of ``padded_tokens`` (its bucket) after ``context_tokens`` already in the KV cache."""
+        return self.packed_prefill_seconds([(padded_tokens, context_tokens)])
+
+    def packed_prefill_seconds(self, sequences: Sequence[tuple[int, int]]) -> float:
+        """One prefill step running several sequences' chunks in one bucket.
+
+        ``sequences`` holds each sequence's ``(padded_tokens, context_tokens)``: its share of
+        the bucket (its real tokens; the last sequence also carries the step's padding) and
+        the tokens it already has in the KV cache. The dense layers compute every position
+        of the bucket once; attention is each sequence's own, over its own context and
+        chunk, never across sequences (a ragged prefill graph, as chunked-prefill graphs
+        are: docs/engine.md). One sequence costs what ``prefill_seconds`` says.
+        """
         shape = self.shape
-        dense = 2 * shape.num_parameters * padded_tokens
+        bucket = sum(padded for padded, _ in sequences)
+        dense = 2 * shape.num_parameters * bucket
         attention_width = shape.num_attention_heads * shape.head_dim
-        attention = 4 * shape.num_hidden_layers * attention_width * padded_tokens * (context_tokens + padded_tokens)
+        attention = sum(
+            4 * shape.num_hidden_layers * attention_width * padded * (context + padded) for padded, context in sequences
+        )
         compute = (dense + attention) / (self.peak_flops * COMPUTE_EFFICIENCY)
         # A short chunk still streams every weight once.
         memory = self.weight_bytes / (self.hbm_bandwidth * BANDWIDTH_EFFICIENCY)

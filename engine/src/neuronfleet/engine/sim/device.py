@@ -2,7 +2,7 @@
 
 Each step it receives vLLM's ``SchedulerOutput`` from the Neuron scheduler and
 does what a Neuron model runner does with it: builds the padded inputs of exactly
-one compiled graph (a prefill chunk padded to its token bucket, or a decode batch
+one compiled graph (a prefill chunk, or several packed prompts, padded to a token bucket, or a decode batch
 padded to its batch bucket), refuses anything no compiled graph accepts, takes
 the time the cost model gives for that graph, and samples one token per request
 that completes its prompt or decodes. Tokens are a fixed function of the prompt
@@ -22,7 +22,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from neuronfleet.engine.buckets import get_bucket_for_count
 from neuronfleet.engine.scheduler import vllm_compat
-from neuronfleet.engine.scheduler.padding import kv_slot, pad_decode, pad_prefill
+from neuronfleet.engine.scheduler.padding import PrefillSequence, kv_slot, pad_decode, pad_packed_prefill
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
 from neuronfleet.engine.sim_settings import ClockMode
@@ -100,6 +100,7 @@ class SimulatedNeuronDevice:
         decode_buckets: Sequence[int],
         clock: Clock,
         on_step: Callable[[StepResult], None] | None = None,
+        max_prefills_per_step: int = 1,
     ) -> None:
         self.cost = cost
         self.block_size = block_size
@@ -110,6 +111,8 @@ class SimulatedNeuronDevice:
         self.requests: dict[str, RequestState] = {}
         self.stats = DeviceStats()
         self.on_step = on_step
+        #: Sequences one prefill graph takes (the scheduler's ``max_prefills_per_step``).
+        self.max_prefills_per_step = max_prefills_per_step
 
     def execute(self, scheduler_output: vllm_compat.SchedulerOutput) -> StepResult:
         """Run one step and return vLLM's ``ModelRunnerOutput`` for it."""
@@ -128,11 +131,14 @@ class SimulatedNeuronDevice:
                 "Neuron compiles prefill and decode as separate graphs"
             )
         if prefill_ids:
-            if len(prefill_ids) > 1:
-                raise ShapeNotCompiledError(f"{len(prefill_ids)} prefills in one step; a prefill graph takes one")
-            req_id = prefill_ids[0]
+            if len(prefill_ids) > self.max_prefills_per_step:
+                raise ShapeNotCompiledError(
+                    f"{len(prefill_ids)} prefills in one step; the prefill graph takes at most "
+                    f"{self.max_prefills_per_step} (max_prefills_per_step)"
+                )
             result = self._prefill(
-                req_id, computed[req_id], scheduler_output.num_scheduled_tokens[req_id], padded[req_id]
+                [(req_id, computed[req_id], scheduler_output.num_scheduled_tokens[req_id]) for req_id in prefill_ids],
+                sum(padded[req_id] for req_id in prefill_ids),
             )
         else:
             result = self._decode(req_ids, computed)
@@ -165,27 +171,45 @@ class SimulatedNeuronDevice:
             if new_block_ids is not None:
                 state.block_ids.extend(new_block_ids[0])
 
-    def _prefill(self, req_id: str, computed: int, num_tokens: int, padded_len: int) -> StepResult:
-        state = self.requests[req_id]
+    def _prefill(self, chunks: list[tuple[str, int, int]], padded_len: int) -> StepResult:
+        """One prefill graph over ``chunks`` (request, computed before, real tokens), padded once to ``padded_len``."""
         if padded_len not in self.prefill_buckets:
+            described = ", ".join(f"request {req_id}, {num_tokens} real" for req_id, _, num_tokens in chunks)
             raise ShapeNotCompiledError(
-                f"no compiled prefill graph for {padded_len} tokens (request {req_id}, {num_tokens} real); "
+                f"no compiled prefill graph for {padded_len} tokens ({described}); "
                 f"compiled buckets: {self.prefill_buckets}"
             )
-        chunk = state.prompt_token_ids[computed : computed + num_tokens]
-        inputs = pad_prefill(chunk, computed, state.block_ids, self.block_size, padded_len)
+        sequences = [
+            PrefillSequence(
+                self.requests[req_id].prompt_token_ids[computed : computed + num_tokens],
+                computed,
+                self.requests[req_id].block_ids,
+            )
+            for req_id, computed, num_tokens in chunks
+        ]
+        inputs = pad_packed_prefill(sequences, self.block_size, padded_len)
         assert len(inputs.input_ids) == padded_len, "the padded inputs must have the graph's shape"
-        end = computed + num_tokens
-        sampled: list[int] = []
-        if end >= len(state.prompt_token_ids):
-            # Only the last real position's logits are read (inputs.logits_index).
-            sampled = [self._sample(state, end)]
-        seconds = self.cost.prefill_seconds(padded_len, computed)
+        sampled: list[list[int]] = []
+        for req_id, computed, num_tokens in chunks:
+            state = self.requests[req_id]
+            end = computed + num_tokens
+            # Only each sequence's last real position's logits are read (inputs.logits_indices).
+            sampled.append([self._sample(state, end)] if end >= len(state.prompt_token_ids) else [])
+            self.stats.prefill_chunks_by_tokens[num_tokens] += 1
+        real = sum(num_tokens for _, _, num_tokens in chunks)
+        # The padding is the last sequence's: its share of the bucket runs to the end.
+        shares = [(num_tokens, computed) for _, computed, num_tokens in chunks]
+        shares[-1] = (shares[-1][0] + padded_len - real, shares[-1][1])
+        seconds = self.cost.packed_prefill_seconds(shares)
         self.stats.prefill_steps_by_bucket[padded_len] += 1
-        self.stats.padding_tokens_by_bucket[padded_len] += padded_len - num_tokens
-        self.stats.prefill_chunks_by_tokens[num_tokens] += 1
-        output = ModelRunnerOutput(req_ids=[req_id], req_id_to_index={req_id: 0}, sampled_token_ids=[sampled])
-        return StepResult(output, "prefill", padded_len, num_tokens, seconds)
+        self.stats.padding_tokens_by_bucket[padded_len] += padded_len - real
+        req_ids = [req_id for req_id, _, _ in chunks]
+        output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+        return StepResult(output, "prefill", padded_len, real, seconds)
 
     def _decode(self, req_ids: list[str], computed: dict[str, int]) -> StepResult:
         states = [self.requests[req_id] for req_id in req_ids]

@@ -59,6 +59,7 @@ class SimNeuronWorker:
         )
         self.block_size = vllm_config.cache_config.block_size
         neuron_config = read_neuron_config(vllm_config.additional_config)
+        self.max_prefills_per_step = int(neuron_config.get("max_prefills_per_step", 1))
         self.engine_buckets = (
             list(neuron_config["num_batched_tokens_buckets"]),
             list(neuron_config["num_seqs_buckets"]),
@@ -135,6 +136,7 @@ class SimNeuronWorker:
             decode_buckets=decode_buckets,
             clock=self.clock,
             on_step=lambda step: metrics.record_device_step(step.kind, step.seconds, prefill_buckets[-1]),
+            max_prefills_per_step=self.max_prefills_per_step,
         )
         logger.info(
             "Simulated Neuron device: %s on %s, tensor parallel %d, %s clock; prefill buckets %s, decode buckets %s; "
