@@ -117,23 +117,19 @@ class ArgoLog:
                 print(f"           {line}", flush=True)
 
 
-def applications(repo: GitRepo, services_namespace: str, operator: Obj | None) -> list[Obj]:
+def applications(repo: GitRepo, services_namespace: str, operator: Obj) -> list[Obj]:
     """``argocd/applications.yaml``, pointed at the repository and the services' namespace.
 
-    ``operator`` holds the chart's destination namespace (``namespace``) and values to add (``values``); None
-    leaves the chart's Application out (the operator then runs some other way).
+    ``operator`` holds the chart's destination namespace (``namespace``) and values to add (``values``).
     """
     apps = list(yaml.safe_load_all((ROOT / "argocd" / "applications.yaml").read_text()))
     for app in apps:
         app["spec"]["source"]["repoURL"] = repo.url
         app["spec"]["source"]["targetRevision"] = repo.branch
     by_name = {app["metadata"]["name"]: app for app in apps}
-    if operator is None:
-        apps.remove(by_name[OPERATOR_APP])
-    else:
-        chart = by_name[OPERATOR_APP]["spec"]
-        chart["destination"]["namespace"] = operator["namespace"]
-        chart["source"]["helm"]["valuesObject"].update(operator["values"])
+    chart = by_name[OPERATOR_APP]["spec"]
+    chart["destination"]["namespace"] = operator["namespace"]
+    chart["source"]["helm"]["valuesObject"].update(operator["values"])
     services = by_name[SERVICES_APP]["spec"]
     services["destination"]["namespace"] = services_namespace
     services["source"] = {"repoURL": repo.url, "targetRevision": repo.branch, "path": "services"}
