@@ -226,6 +226,8 @@ def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(flee
     serving = fleet.status()["currentRevision"]
     victim = fleet.pods()[0]
     name = victim["metadata"]["name"]
+    # The previous test's replacement pod can be Ready before the Service sends to it.
+    fleet.wait(lambda: fleet.in_service(name), f"{name} in the Service")
     with fleet.load("engine-killed") as load:
         killed_at, held = fleet.kill_engine(victim)
         out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
