@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the Gateway API Inference Extension's Endpoint Picker (cmd/epp) into a cache outside the checkout,
+# and copies the InferencePool CRD (config/crd/bases) into `crds/` beside the bin dir, for the rig and the
+# picker's image; none of it is checked in. The build runs inside a copy of the module's own tree with
+# GOWORK=off: its zip carries a go.work naming folders the zip lacks.
+# The cache directory, its key and --print-bin-dir are ../go-build.sh's.
+#
+#   tools/gie/build.sh                 build once, then reuse; prints the bin dir last
+#   tools/gie/build.sh --print-bin-dir print where the binary lives (built or not) and exit
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+label="endpoint picker"
+cache_root="${NEURONFLEET_CACHE:-${HOME}/.cache/neuronfleet}/gie"
+first_time="~5 min cold (longer on busy shared cores), ~1 GB of Go module and build cache; the binary is ~85 MB"
+module="sigs.k8s.io/gateway-api-inference-extension"
+# What go-build.sh's main() checks for a complete bin dir.
+binaries=("epp|./cmd/epp")
+
+# go-build.sh's build_all compiles packages of the pinning module; this one compiles inside GIE's.
+build_epp() {
+  local bin_dir="$1" start_all=${SECONDS} version tree
+  version="$(module_version "${module}")"
+  mkdir -p "${cache_root}"
+  # Built beside the target so the final rename is atomic; removed if anything fails.
+  staging="$(mktemp -d "${cache_root}/.tmp.XXXXXX")"
+  trap 'rm -rf "${staging}"' EXIT
+  echo "==> ${label}: building the GIE ${version} Endpoint Picker"
+  echo "    into ${bin_dir}"
+  echo "    (first time only: ${first_time})"
+  # Checked against go.sum here, then copied: the module cache is read-only.
+  (cd "${here}" && go mod download "${module}")
+  tree="$(cd "${here}" && go list -m -f '{{.Dir}}' "${module}")"
+  cp -r "${tree}" "${staging}/src"
+  chmod -R u+w "${staging}/src"
+  (cd "${staging}/src" && GOWORK=off go mod download)
+  echo "    modules ready in $((SECONDS - start_all)) s"
+  (cd "${staging}/src" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+    -o "${staging}/bin/epp" ./cmd/epp)
+  rm -rf "${staging}/src"
+  mkdir -p "$(dirname "${bin_dir}")"
+  # Readers see either no directory or a complete one; a concurrent build that finished first wins.
+  mv -T "${staging}/bin" "${bin_dir}" 2>/dev/null || [[ -x "${bin_dir}/epp" ]]
+  echo "==> ${label}: done in $((SECONDS - start_all)) s ($(du -sh "${bin_dir}" | cut -f1))"
+}
+
+# The InferencePool CRD of the pinned release, beside the bin dir; staged and renamed, like the binary.
+install_crds() {
+  local bin_dir="$1" tree staged
+  tree="$(cd "${here}" && go list -m -f '{{.Dir}}' "${module}")/config/crd/bases"
+  [[ -d "${bin_dir}/../crds" ]] && return
+  staged="$(mktemp -d "${cache_root}/.crds.XXXXXX")"
+  cp "${tree}/inference.networking.k8s.io_inferencepools.yaml" "${staged}/"
+  chmod 755 "${staged}"
+  chmod 644 "${staged}"/*.yaml
+  mv -T "${staged}" "${bin_dir}/../crds" 2>/dev/null || rm -rf "${staged}"
+}
+
+run() {
+  main "$@"
+  if [[ $# -eq 0 ]]; then
+    install_crds "$(main --print-bin-dir)"
+  fi
+}
+
+# shellcheck source=tools/go-build.sh
+source "${here}/../go-build.sh"
+# go-build.sh's main() builds with build_all: here that is the picker's own build.
+build_all() { build_epp "$@"; }
+# Everything runs from functions, parsed in full before this line runs: editing the scripts while a
+# build is under way cannot change what that build does.
+run "$@"
