@@ -9,6 +9,7 @@ changes nothing), and a cache that never goes back to an older object.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,38 @@ def test_a_reconcile_on_an_outdated_view_converges_on_the_next_event(
     assert versions() == written
     assert events[told:] == []
     assert len(api.list(JOBS, namespace, LABEL_ARTIFACT)) == 2
+
+
+def test_a_resync_lets_event_driven_reconciles_finish_before_its_next_object(
+    kube: ApiClient, namespace: str, services: Services, crds: Path
+) -> None:
+    # A pass over 1,000 services takes a second on 2 cores: a change must not wait it out.
+    manager = Manager(CachedKube(kube, ObjectCache()), lambda body, event: None, events_first_timeout=60)
+    for name in ("a", "b"):
+        services.create(name, spec(name, "8760h"))
+    turns: list[threading.Event] = [threading.Event(), threading.Event()]
+
+    def between() -> None:
+        for turn in turns:
+            if not turn.is_set():
+                turn.set()
+                return
+
+    # The pass's first object is "a" (lists come in name order); the event is about "b".
+    with manager.locks.held(("service", namespace, "b")):
+        # A watch event's reconcile of "b", held on the lock the test holds: it is in flight.
+        event = threading.Thread(target=manager.reconcile_service, args=(namespace, "b"))
+        event.start()
+        resync = threading.Thread(target=manager.resync, args=([namespace], between))
+        resync.start()
+        assert turns[0].wait(timeout=30), "the resync never reached its first object"
+        # The pass waits for the event's reconcile: no second object while it is in flight.
+        resync.join(timeout=1.0)
+        assert resync.is_alive()
+        assert not turns[1].is_set()
+    event.join(timeout=30)
+    resync.join(timeout=60)
+    assert not event.is_alive()
+    assert not resync.is_alive()
+    assert turns[1].is_set()
+    assert [phase_of(services.get(name)) for name in ("a", "b")] == ["Compiling", "Compiling"]

@@ -17,6 +17,7 @@ retries what fails retryably (``neuronfleet.operator.retries``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import logging
@@ -39,6 +40,9 @@ T = TypeVar("T")
 ANNOTATION_PREFIX = GROUP
 
 log = logging.getLogger(__name__)
+
+#: The longest a resync waits, between two objects, for the event loop to take one turn.
+RESYNC_YIELD_TIMEOUT_S = 1.0
 
 
 def _owner_name(body: Obj, kind: str) -> str | None:
@@ -135,10 +139,19 @@ def build_registry(
 
     async def resync_forever() -> None:
         # Every resync_seconds -> reconcile every artifact, then every service.
+        loop = asyncio.get_running_loop()
+
+        def one_turn_of_the_loop() -> None:
+            # The pass's thread waits while the loop takes in what the watches delivered meanwhile: without
+            # it the loop would fight the pass for the GIL, and a change would wait out the whole pass.
+            # Bounded, and a closed loop passed over: the pass must not outlive the operator's stop.
+            with contextlib.suppress(RuntimeError, TimeoutError):
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=RESYNC_YIELD_TIMEOUT_S)
+
         while True:
             await asyncio.sleep(resync_seconds)
             try:
-                count = await asyncio.to_thread(manager.resync, namespaces)
+                count = await asyncio.to_thread(manager.resync, namespaces, one_turn_of_the_loop)
             except Exception:  # the loop must outlive any one failure; the next pass retries
                 log.exception("resync failed")
             else:

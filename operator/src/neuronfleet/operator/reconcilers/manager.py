@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
@@ -17,12 +19,21 @@ from neuronfleet.operator.reconcilers.status_writer import StatusWriter
 
 log = logging.getLogger(__name__)
 
+#: The longest a resync waits between two objects for event-driven reconciles to finish.
+EVENTS_FIRST_TIMEOUT_S = 1.0
+
 
 class Manager:
     """What the handlers drive: each kind's reconciler, and the periodic resync of all; safe from many threads."""
 
     def __init__(
-        self, kube: Kube, emit: Emit, metrics: OperatorMetrics | None = None, prometheus: str | None = None
+        self,
+        kube: Kube,
+        emit: Emit,
+        metrics: OperatorMetrics | None = None,
+        prometheus: str | None = None,
+        *,
+        events_first_timeout: float = EVENTS_FIRST_TIMEOUT_S,
     ) -> None:
         self.kube = kube
         self.metrics = metrics if metrics is not None else OperatorMetrics()
@@ -33,37 +44,64 @@ class Manager:
             kube, status, ArtifactClaims(kube, emit), Autoscaler(kube, prometheus), self.locks, self.metrics
         )
         self.artifacts = ArtifactReconciler(kube, emit, status, self.locks, self.metrics)
+        # Event-driven reconciles running now: a resync lets them finish before its next object.
+        self._events = 0
+        self._events_done = threading.Condition()
+        self._events_first_timeout = events_first_timeout
 
     def reconcile_service(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
-        self.services.reconcile(namespace, name)
+        with self._event():
+            self.services.reconcile(namespace, name)
 
     def forget_service(self, service: Obj) -> None:
         """A deleted service's claims on artifacts, dropped now (the garbage collector would, later)."""
-        self.services.forget(service)
+        with self._event():
+            self.services.forget(service)
 
     def reconcile_artifact(self, namespace: str, name: str) -> list[str]:
         """Run an artifact's compile Job once and mirror it into its status; the services to reconcile now."""
-        return self.artifacts.reconcile(namespace, name)
+        with self._event():
+            return self.artifacts.reconcile(namespace, name)
 
     def forget_artifact(self, artifact: Obj) -> list[str]:
         """A deleted artifact leaves the metrics; its services, to reconcile now."""
-        return self.artifacts.forget(artifact)
+        with self._event():
+            return self.artifacts.forget(artifact)
 
-    def resync(self, namespaces: Sequence[str] | None) -> int:
+    def resync(self, namespaces: Sequence[str] | None, between: Callable[[], None] = lambda: None) -> int:
         """Reconcile everything in ``namespaces`` (all when ``None``): the safety net behind the watches.
 
         An object whose reconcile fails is left for the next pass; a list that fails ends the pass
         (:class:`ApiError`). Artifacts go first, so their services see what changed in the same pass.
+        Events go before the pass: before each object it calls ``between`` (the operator's lets its event
+        loop take the watch events in), then waits until no event-driven reconcile runs (at most
+        ``events_first_timeout``), so a change never waits for a pass over a thousand services.
         Returns how many objects it reconciled.
         """
         with self.metrics.resyncing():
-            count = self._resync(namespaces)
+            count = self._resync(namespaces, between)
             # Inside: a reader that sees the pass counted sees its objects too.
             self.metrics.resync_objects.inc(count)
         return count
 
-    def _resync(self, namespaces: Sequence[str] | None) -> int:
+    @contextlib.contextmanager
+    def _event(self) -> Iterator[None]:
+        with self._events_done:
+            self._events += 1
+        try:
+            yield
+        finally:
+            with self._events_done:
+                self._events -= 1
+                self._events_done.notify_all()
+
+    def _events_first(self, between: Callable[[], None]) -> None:
+        between()
+        with self._events_done:
+            self._events_done.wait_for(lambda: self._events == 0, timeout=self._events_first_timeout)
+
+    def _resync(self, namespaces: Sequence[str] | None, between: Callable[[], None]) -> int:
         count = 0
         # Objects counted before the lists and missing from them were deleted unseen (e.g. in a watch gap).
         counted = {kind: self.metrics.tracked(kind, namespaces) for kind in (ARTIFACTS.kind, SERVICES_NIS.kind)}
@@ -74,10 +112,12 @@ class Manager:
             for artifact in self.kube.list(ARTIFACTS, namespace):
                 meta = artifact["metadata"]
                 listed[ARTIFACTS.kind].add((meta["namespace"], meta["name"]))
+                self._events_first(between)
                 count += _safely(self.artifacts.reconcile, meta["namespace"], meta["name"])
             for service in self.kube.list(SERVICES_NIS, namespace):
                 meta = service["metadata"]
                 listed[SERVICES_NIS.kind].add((meta["namespace"], meta["name"]))
+                self._events_first(between)
                 count += _safely(self.services.reconcile, meta["namespace"], meta["name"])
         for kind, keys in counted.items():
             for namespace, name in keys - listed[kind]:
