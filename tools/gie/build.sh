@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Gateway API Inference Extension's Endpoint Picker (cmd/epp) into a cache outside the checkout,
-# and copies the InferencePool CRD (config/crd/bases) into `crds/` beside the bin dir, for the rig and the
-# picker's image; none of it is checked in. The build runs inside a copy of the module's own tree with
+# and copies GIE's CRDs (config/crd/bases: the InferencePool, and the objectives and rewrites the picker also
+# watches) into `crds/` beside the bin dir, for the rig; none of it is checked in. The build runs inside a copy of the module's own tree with
 # GOWORK=off: its zip carries a go.work naming folders the zip lacks.
 # The cache directory, its key and --print-bin-dir are ../go-build.sh's.
 #
@@ -44,13 +44,13 @@ build_epp() {
   echo "==> ${label}: done in $((SECONDS - start_all)) s ($(du -sh "${bin_dir}" | cut -f1))"
 }
 
-# The InferencePool CRD of the pinned release, beside the bin dir; staged and renamed, like the binary.
+# The CRDs of the pinned release, beside the bin dir; staged and renamed, like the binary.
 install_crds() {
   local bin_dir="$1" tree staged
   tree="$(cd "${here}" && go list -m -f '{{.Dir}}' "${module}")/config/crd/bases"
   [[ -d "${bin_dir}/../crds" ]] && return
   staged="$(mktemp -d "${cache_root}/.crds.XXXXXX")"
-  cp "${tree}/inference.networking.k8s.io_inferencepools.yaml" "${staged}/"
+  cp "${tree}"/inference.networking.*.yaml "${staged}/"
   chmod 755 "${staged}"
   chmod 644 "${staged}"/*.yaml
   mv -T "${staged}" "${bin_dir}/../crds" 2>/dev/null || rm -rf "${staged}"

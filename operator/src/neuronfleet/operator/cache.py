@@ -17,6 +17,12 @@ Why a stale read cannot do harm:
   a stale view can only cause a write, never skip one the operator has not made.
 - Objects deleted during a watch gap (no DELETED event comes for them) leave at the next full
   resync, which lists every watched kind again (:meth:`CachedKube.relist`).
+
+The kinds only routing makes (the InferencePool, the picker's ServiceAccount, Role and RoleBinding) are
+cached but not watched (:data:`LISTED`): they come from the full resync's lists and the operator's own
+writes. Nobody else changes them, so a watch would cost more than it tells; one deleted by hand comes
+back at the next resync. The InferencePool's CRD is optional: whether the cluster serves it is what the
+last list found (:meth:`CachedKube.serves`).
 """
 
 from __future__ import annotations
@@ -35,11 +41,17 @@ from neuronfleet.operator.kube import (
     BY_KIND,
     CONFIGMAPS,
     DEPLOYMENTS,
+    INFERENCE_POOLS,
     JOBS,
+    NOT_FOUND,
     PDBS,
     PODS,
+    ROLE_BINDINGS,
+    ROLES,
+    SERVICE_ACCOUNTS,
     SERVICES,
     SERVICES_NIS,
+    ApiError,
     Kube,
     Resource,
 )
@@ -59,7 +71,17 @@ WATCHED: dict[Resource, str | None] = {
     SERVICES: MANAGED_BY_LABEL,
     PDBS: MANAGED_BY_LABEL,
 }
-_BY_PLURAL = {resource.plural: resource for resource in WATCHED}
+#: Kinds read from the full resync's lists and the operator's writes, never watched (see above).
+LISTED: dict[Resource, str | None] = {
+    INFERENCE_POOLS: MANAGED_BY_LABEL,
+    SERVICE_ACCOUNTS: MANAGED_BY_LABEL,
+    ROLES: MANAGED_BY_LABEL,
+    ROLE_BINDINGS: MANAGED_BY_LABEL,
+}
+#: Kinds a cluster may not serve (an optional CRD): a list that finds none is no error.
+OPTIONAL = frozenset({INFERENCE_POOLS})
+CACHED = {**WATCHED, **LISTED}
+_BY_PLURAL = {resource.plural: resource for resource in CACHED}
 
 
 def _version(body: Obj) -> int | None:
@@ -197,7 +219,7 @@ class ObjectCache:
 
 def _plural(body: Obj) -> str:
     kind = body.get("kind")
-    return next((r.plural for r in WATCHED if r.kind == kind), "")
+    return next((r.plural for r in CACHED if r.kind == kind), "")
 
 
 class CachedKube(Kube):
@@ -207,10 +229,12 @@ class CachedKube(Kube):
     def __init__(self, client: kubernetes.client.ApiClient, cache: ObjectCache, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self.cache = cache
+        # What the last lists found of the optional kinds; unknown before the first.
+        self._served: dict[Resource, bool] = {}
 
     def get(self, resource: Resource, namespace: str, name: str) -> Obj | None:
-        """From the cache for a watched kind."""
-        if resource in WATCHED:
+        """From the cache for a cached kind."""
+        if resource in CACHED:
             return self.cache.get(resource, namespace, name)
         return super().get(resource, namespace, name)
 
@@ -224,18 +248,41 @@ class CachedKube(Kube):
     def list(
         self, resource: Resource, namespace: str | None, labels: str | None = None, fields: str | None = None
     ) -> list[Obj]:
-        """From the cache for a watched kind (field selectors go to the API server)."""
-        if resource in WATCHED and fields is None:
+        """From the cache for a cached kind (field selectors go to the API server)."""
+        if resource in CACHED and fields is None:
             return self.cache.list(resource, namespace, labels)
         return super().list(resource, namespace, labels, fields)
 
     def relist(self, namespace: str | None) -> None:
-        """List every watched kind again, dropping objects deleted while a watch was down."""
-        for resource, selector in WATCHED.items():
-            query = [("labelSelector", selector)] if selector else []
-            answer = self.request("GET", resource.path(namespace), query=query)
-            items = [{**item, "apiVersion": resource.api_version, "kind": resource.kind} for item in answer["items"]]
-            self.cache.replace(resource, namespace, items, answer["metadata"]["resourceVersion"])
+        """List every cached kind again, dropping objects deleted while a watch was down."""
+        for resource in WATCHED:
+            self._relist(resource, namespace)
+        self.relist_unwatched(namespace)
+
+    def relist_unwatched(self, namespace: str | None) -> None:
+        """List the kinds no watch brings (:data:`LISTED`), and learn which optional ones the cluster serves."""
+        for resource in LISTED:
+            try:
+                self._relist(resource, namespace)
+            except ApiError as error:
+                if resource not in OPTIONAL or error.status != NOT_FOUND:
+                    raise
+                self._served[resource] = False
+                # Nothing of a kind the cluster does not serve is left: an empty version is no older than any.
+                self.cache.replace(resource, namespace, [], "")
+            else:
+                self._served[resource] = True
+
+    def serves(self, resource: Resource) -> bool:
+        """Whether the cluster served an optional kind at the last list (``False`` before the first)."""
+        return self._served.get(resource, False)
+
+    def _relist(self, resource: Resource, namespace: str | None) -> None:
+        selector = CACHED[resource]
+        query = [("labelSelector", selector)] if selector else []
+        answer = self.request("GET", resource.path(namespace), query=query)
+        items = [{**item, "apiVersion": resource.api_version, "kind": resource.kind} for item in answer["items"]]
+        self.cache.replace(resource, namespace, items, answer["metadata"]["resourceVersion"])
 
     def create(self, body: Obj) -> Obj:
         """Create, and keep what the server made."""
@@ -244,7 +291,7 @@ class CachedKube(Kube):
     def apply(self, body: Obj) -> Obj:
         """Server-side apply only what would change the object (:func:`would_change`); else the cached object."""
         resource, meta = _resource(body), body["metadata"]
-        if resource not in WATCHED:
+        if resource not in CACHED:
             return super().apply(body)
         live = self.cache.get(resource, meta["namespace"], meta["name"])
         fingerprint = digest(body)

@@ -143,6 +143,16 @@ def decide(target: ArtifactView, deployment: DeploymentView | None, current_revi
 
 
 @dataclass(frozen=True)
+class RoutingState:
+    """What became of a service's routing this pass."""
+
+    #: Whether the cluster serves InferencePools (its CRD is installed).
+    pool_served: bool
+    #: Ready router pods, with spec.routing.
+    ready: int = 0
+
+
+@dataclass(frozen=True)
 class ServiceStatusInput:
     """Everything the status of a valid service is computed from."""
 
@@ -155,6 +165,8 @@ class ServiceStatusInput:
     decision: Decision
     #: What became of spec.autoscaling this pass; ``None`` without it.
     autoscaling_state: scaling.ScalingState | None = None
+    #: What became of the pool and spec.routing this pass; ``None``: not looked at (no condition).
+    routing_state: RoutingState | None = None
 
 
 #: An artifact's reasons while its compile goes as it should; any other names a trouble to fix.
@@ -231,6 +243,28 @@ def _autoscaling_condition(autoscaling: api.Autoscaling, state: scaling.ScalingS
     return True, Reason.SCALING, f"KEDA scales {bounds} on {scaling.signals(autoscaling)}"
 
 
+def _routing_condition(name: str, routing: api.Routing | None, state: RoutingState) -> tuple[bool, Reason, str]:
+    if not state.pool_served:
+        missing = "the cluster serves no InferencePool (inference.networking.k8s.io/v1): install its CRD"
+        if routing is not None:
+            return False, Reason.ROUTING_UNAVAILABLE, f"{missing} to run the Endpoint Picker; Service {name} serves"
+        return False, Reason.POOL_UNAVAILABLE, f"{missing} to route through a Gateway's Endpoint Picker"
+    if routing is None:
+        return (
+            True,
+            Reason.POOL_READY,
+            f"InferencePool {name} selects the serving pods: a Gateway's HTTPRoute can use it",
+        )
+    pods = f"{state.ready}/{routing.replicas} router pods ready"
+    if state.ready >= routing.replicas:
+        return (
+            True,
+            Reason.PICKER_READY,
+            f"send requests to Service {plan.router_name(name)}: the picker chooses ({pods})",
+        )
+    return False, Reason.PICKER_STARTING, f"the Endpoint Picker and its Envoy are starting ({pods})"
+
+
 #: A valid service's phase, by its Ready condition's reason.
 _PHASES: dict[Reason, api.ServicePhase] = {
     Reason.READY: "Ready",
@@ -258,6 +292,9 @@ def service_status(
     if autoscaling is not None and given.autoscaling_state is not None:
         state = _autoscaling_condition(autoscaling, given.autoscaling_state)
         updates.append(condition(ConditionType.AUTOSCALING, *state, generation, at))
+    if given.routing_state is not None:
+        routing = _routing_condition(given.name, given.spec.routing, given.routing_state)
+        updates.append(condition(ConditionType.ROUTING, *routing, generation, at))
     conditions = merge_conditions(previous.conditions, updates)
     if autoscaling is None:
         conditions = [c for c in conditions if c.type != ConditionType.AUTOSCALING]

@@ -65,9 +65,29 @@ SERVICES_NIS = Resource(GROUP, api.VERSION, api.SERVICE_KIND.plural, api.SERVICE
 ARTIFACTS = Resource(GROUP, api.VERSION, api.ARTIFACT_KIND.plural, api.ARTIFACT_KIND.kind)
 #: KEDA's, served only where KEDA is installed.
 SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
+#: The Gateway API Inference Extension's, served only where its CRD is installed.
+INFERENCE_POOLS = Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 
 BY_KIND = {
-    r.kind: r for r in (CONFIGMAPS, SERVICES, PODS, DEPLOYMENTS, JOBS, PDBS, SERVICES_NIS, ARTIFACTS, SCALED_OBJECTS)
+    r.kind: r
+    for r in (
+        CONFIGMAPS,
+        SERVICES,
+        PODS,
+        DEPLOYMENTS,
+        JOBS,
+        PDBS,
+        SERVICES_NIS,
+        ARTIFACTS,
+        SCALED_OBJECTS,
+        INFERENCE_POOLS,
+        SERVICE_ACCOUNTS,
+        ROLES,
+        ROLE_BINDINGS,
+    )
 }
 
 
@@ -149,6 +169,16 @@ class Kube:
 
     def relist(self, namespace: str | None) -> None:
         """Read again whatever a cache holds of ``namespace`` (all for ``None``); this client holds nothing."""
+
+    def serves(self, resource: Resource) -> bool:
+        """Whether the cluster serves a kind (an optional CRD is installed): asked each time."""
+        try:
+            self.request("GET", resource.path(None), query=[("limit", "1")])
+        except ApiError as error:
+            if error.status == NOT_FOUND:
+                return False
+            raise
+        return True
 
     def list(
         self, resource: Resource, namespace: str | None, labels: str | None = None, fields: str | None = None

@@ -20,6 +20,7 @@ from neuronfleet.operator.cache import CachedKube, ObjectCache
 from neuronfleet.operator.handlers import build_registry
 from neuronfleet.operator.kube import EventRecorder
 from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.plan import RouterImages
 from neuronfleet.operator.reconcilers import Manager
 
 #: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
@@ -82,6 +83,7 @@ async def operate(
     liveness: str | None = None,
     metrics: OperatorMetrics | None = None,
     prometheus: str | None = None,
+    router_images: RouterImages | None = None,
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
@@ -89,7 +91,11 @@ async def operate(
     # The reconcilers read what the watches deliver (kopf fills the cache) and write through the client.
     cache = ObjectCache()
     kube = CachedKube(kubernetes.client.ApiClient(configuration), cache)
-    reconciler = Manager(kube, EventRecorder(kube), metrics, prometheus)
+    # What no watch brings, and whether the cluster serves InferencePools, before the first reconcile.
+    every: list[str | None] = list(namespaces) if namespaces is not None else [None]
+    for namespace in every:
+        await asyncio.to_thread(kube.relist_unwatched, namespace)
+    reconciler = Manager(kube, EventRecorder(kube), metrics, prometheus, router_images=router_images)
     registry = build_registry(reconciler, cache, namespaces, resync_seconds)
 
     @kopf.on.login(registry=registry)
@@ -140,6 +146,12 @@ def run(
             show_default=False,
         ),
     ] = None,
+    picker_image: Annotated[
+        str, typer.Option(help="The Endpoint Picker's image, for services with spec.routing.")
+    ] = RouterImages.picker,
+    envoy_image: Annotated[str, typer.Option(help="Envoy's image, in front of each Endpoint Picker.")] = (
+        RouterImages.envoy
+    ),
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
@@ -164,6 +176,7 @@ def run(
             liveness=liveness,
             metrics=metrics,
             prometheus=prometheus_address,
+            router_images=RouterImages(picker=picker_image, envoy=envoy_image),
         )
     )
 

@@ -20,6 +20,8 @@ class ConditionType(StrEnum):
     ARTIFACT_READY = "ArtifactReady"
     AVAILABLE = "Available"
     READY = "Ready"
+    #: The InferencePool, and with spec.routing the Endpoint Picker in front of it.
+    ROUTING = "Routing"
     #: Only on services with spec.autoscaling.
     AUTOSCALING = "Autoscaling"
 
@@ -49,6 +51,12 @@ class Reason(StrEnum):
     SCALING = "Scaling"
     SCALING_PAUSED = "ScalingPaused"
     AUTOSCALING_UNAVAILABLE = "AutoscalingUnavailable"
+    # Routing
+    POOL_READY = "PoolReady"
+    POOL_UNAVAILABLE = "InferencePoolUnavailable"
+    ROUTING_UNAVAILABLE = "RoutingUnavailable"
+    PICKER_STARTING = "PickerStarting"
+    PICKER_READY = "PickerReady"
     # An artifact's status.reason (a failed Job's own reason is passed through)
     JOB_PENDING = "JobPending"
     JOB_STARTING = "Starting"
@@ -73,8 +81,12 @@ WARNING_REASONS = frozenset(
         Reason.INSUFFICIENT_NEURON_CAPACITY,
         Reason.NO_REPLICAS_READY,
         Reason.AUTOSCALING_UNAVAILABLE,
+        Reason.ROUTING_UNAVAILABLE,
     }
 )
+
+#: Reasons told in the status only, never as events: the pool's, on every service, where nobody asked for routing.
+QUIET_REASONS = frozenset({Reason.POOL_READY, Reason.POOL_UNAVAILABLE})
 
 
 @dataclass(frozen=True)
@@ -121,13 +133,13 @@ def transitions(previous: Sequence[api.Condition], current: Sequence[api.Conditi
     """One event per condition whose status or reason changed; a reason already told is not told twice.
 
     ``Available`` only speaks when it is lost after having held (an outage): while a
-    service starts, ``Ready`` tells the story.
+    service starts, ``Ready`` tells the story. The pool's reasons (:data:`QUIET_REASONS`) never speak.
     """
     before = {c.type: (c.status, c.reason) for c in previous}
     events: list[Event] = []
     told: set[str] = set()
     for c in current:
-        if before.get(c.type) == (c.status, c.reason) or c.reason in told:
+        if before.get(c.type) == (c.status, c.reason) or c.reason in told or c.reason in QUIET_REASONS:
             continue
         if c.type == ConditionType.AVAILABLE and not (before.get(c.type, ("",))[0] == "True" and c.status == "False"):
             continue

@@ -172,6 +172,21 @@ class Autoscaling(K8sModel):
     )
 
 
+class Routing(K8sModel):
+    """Inference-aware routing: the operator runs an Endpoint Picker for the service's InferencePool."""
+
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description=(
+            "Router pods, each an Endpoint Picker (Gateway API Inference Extension) with an Envoy in front of it. "
+            "Send requests to the Service <name>-router (port 8000): each goes to the replica the picker chooses "
+            "from the engines' queue and KV cache metrics, not at random."
+        ),
+    )
+
+
 class NeuronInferenceServiceSpec(K8sModel):
     """The desired state of a served model: what to compile, where to run it, how to change it."""
 
@@ -224,6 +239,14 @@ class NeuronInferenceServiceSpec(K8sModel):
             "Replicas that follow vllm:num_requests_waiting (and optionally KV cache usage and TTFT p95), "
             "through a KEDA ScaledObject on this service's scale subresource. Needs KEDA and Prometheus "
             "(the chart's autoscaling values)."
+        ),
+    )
+    routing: Routing | None = Field(
+        None,
+        description=(
+            "Run an Endpoint Picker and Envoy for this service (GIE's standalone pattern), at the Service "
+            "<name>-router. Without it the service still gets an InferencePool, for a Gateway that picks. "
+            "Needs the InferencePool CRD (inference.networking.k8s.io/v1)."
         ),
     )
     image: str = Field(
@@ -287,7 +310,7 @@ class NeuronInferenceServiceStatus(K8sModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=8,
-        description="Validated, ArtifactReady, Available and Ready, and Autoscaling with spec.autoscaling.",
+        description=("Validated, ArtifactReady, Available, Ready and Routing, and Autoscaling with spec.autoscaling."),
         json_schema_extra=CONDITIONS_SCHEMA,
     )
     observed_generation: int | None = Field(None, ge=0, description="The spec generation last acted on.")

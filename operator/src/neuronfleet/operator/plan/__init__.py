@@ -7,6 +7,7 @@ operator builds the same objects again.
 - ``shared``: owners, names, labels, the engine file, the artifact store, security contexts.
 - ``compiling``: a service's artifact; the artifact's ConfigMap and compile Job.
 - ``serving``: a service's engine ConfigMap, Deployment, Service and PodDisruptionBudget (a :class:`ServingPlan`).
+- ``routing``: a service's InferencePool, and with ``spec.routing`` its Endpoint Picker and Envoy.
 """
 
 from neuronfleet.operator.plan.compiling import (
@@ -16,6 +17,13 @@ from neuronfleet.operator.plan.compiling import (
     compile_args,
     compile_job,
     compile_job_name,
+)
+from neuronfleet.operator.plan.routing import (
+    RouterImages,
+    inference_pool,
+    picker_name,
+    router_name,
+    router_objects,
 )
 from neuronfleet.operator.plan.serving import (
     SIM_CPU,
@@ -64,6 +72,7 @@ __all__ = [
     "STARTUP_PROBE_PERIOD_S",
     "STORE_MOUNT",
     "Owner",
+    "RouterImages",
     "ServedArtifact",
     "ServingPlan",
     "StoreAccess",
@@ -79,6 +88,10 @@ __all__ = [
     "engine_configmap",
     "engine_configmap_name",
     "engine_yaml",
+    "inference_pool",
+    "picker_name",
+    "router_name",
+    "router_objects",
     "serve_args",
     "served_engine",
     "service",

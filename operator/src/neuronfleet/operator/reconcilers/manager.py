@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
+from neuronfleet.operator import plan
 from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers.artifact import ArtifactReconciler
@@ -14,6 +15,7 @@ from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
+from neuronfleet.operator.reconcilers.routing import Router
 from neuronfleet.operator.reconcilers.service import ServiceReconciler
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
 
@@ -33,6 +35,7 @@ class Manager:
         metrics: OperatorMetrics | None = None,
         prometheus: str | None = None,
         *,
+        router_images: plan.RouterImages | None = None,
         events_first_timeout: float = EVENTS_FIRST_TIMEOUT_S,
     ) -> None:
         self.kube = kube
@@ -41,7 +44,13 @@ class Manager:
         self.locks = KeyedLocks()
         status = StatusWriter(kube, emit, self.metrics)
         self.services = ServiceReconciler(
-            kube, status, ArtifactClaims(kube, emit), Autoscaler(kube, prometheus), self.locks, self.metrics
+            kube,
+            status,
+            ArtifactClaims(kube, emit),
+            Autoscaler(kube, prometheus),
+            Router(kube, router_images or plan.RouterImages()),
+            self.locks,
+            self.metrics,
         )
         self.artifacts = ArtifactReconciler(kube, emit, status, self.locks, self.metrics)
         # Event-driven reconciles running now: a resync lets them finish before its next object.

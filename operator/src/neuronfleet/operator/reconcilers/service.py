@@ -4,7 +4,7 @@ A pass reads the service, claims the artifact its spec needs and reads its
 Deployment (observe); decides the rollout on that (decide); applies the serving
 objects, or only the replica count while the new artifact compiles (act); then,
 on the Deployment as applied, decides what to release and what the status says,
-and acts on that: the autoscaler's objects, the claims it lets go, the status.
+and acts on that: the autoscaler's and the router's objects, the claims it lets go, the status.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Obj, RetryLater, previous_status
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
+from neuronfleet.operator.reconcilers.routing import Router
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
 from neuronfleet.operator.status import Reason, now
 
@@ -36,6 +37,7 @@ class ServiceReconciler:
         status: StatusWriter,
         claims: ArtifactClaims,
         autoscaler: Autoscaler,
+        router: Router,
         locks: KeyedLocks,
         metrics: OperatorMetrics,
     ) -> None:
@@ -43,6 +45,7 @@ class ServiceReconciler:
         self.status = status
         self.claims = claims
         self.autoscaler = autoscaler
+        self.router = router
         self.locks = locks
         self.metrics = metrics
 
@@ -98,6 +101,7 @@ class ServiceReconciler:
         # the status must not say Ready without naming the current revision), then act on it.
         decision = decide.decide(target, deployment, previous.current_revision)
         scaling_state = self.autoscaler.reconcile(owner, namespace, spec, previous, serving=deployment is not None)
+        routing_state = self.router.reconcile(owner, namespace, spec, previous)
         if decision.keep is not None:
             self.claims.release(body, decision.keep, applied_configmaps | decision.keep_configmaps)
         pods = self.kube.list(PODS, namespace, f"{LABEL_SERVICE}={name}") if deployment is not None else []
@@ -110,6 +114,7 @@ class ServiceReconciler:
             unschedulable=decide.unschedulable_messages(pods),
             decision=decision,
             autoscaling_state=scaling_state,
+            routing_state=routing_state,
         )
         status, events = decide.service_status(given, previous, now())
         self.status.write(SERVICES_NIS, body, status, events)

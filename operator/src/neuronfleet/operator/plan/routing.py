@@ -1,0 +1,341 @@
+"""The routing side of the plan: a service's InferencePool, and with ``spec.routing`` its Endpoint Picker.
+
+Every service gets an InferencePool (Gateway API Inference Extension, ``inference.networking.k8s.io/v1``)
+that selects its serving pods of every revision, at the engine's port: an inference-aware Gateway's
+HTTPRoute points at it. With ``spec.routing`` the operator also runs GIE's standalone pattern: one
+Deployment whose pods hold the Endpoint Picker (EPP) and an Envoy in front of it, which asks the picker
+over ext_proc (on localhost, in the same pod) which replica takes each request, and sends it there.
+
+Names follow GIE's charts: the pool is the service's name, the picker's Service ``<name>-epp``; what users
+send requests to is the Service ``<name>-router``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_SERVICE
+from neuronfleet.operator import api
+from neuronfleet.operator.plan.shared import (
+    LABEL_COMPONENT,
+    MANAGED_BY,
+    Obj,
+    Owner,
+    container_security,
+    service_labels,
+)
+
+POOL_API_VERSION = "inference.networking.k8s.io/v1"
+#: The picker's gRPC port (ext_proc), its gRPC health port, and its metrics port: GIE's defaults.
+PICKER_PORT = 9002
+PICKER_HEALTH_PORT = 9003
+PICKER_METRICS_PORT = 9090
+#: Envoy's listener, and its admin port (on localhost only).
+ENVOY_PORT = 8081
+ENVOY_ADMIN_PORT = 19000
+#: The header through which the picker tells Envoy the replica it chose (GIE's protocol).
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+#: The response header naming the replica (``ip:port``) that answered: what a client sees of the choice.
+UPSTREAM_HEADER = "x-neuronfleet-endpoint"
+ENVOY_FILE = "envoy.yaml"
+ENVOY_CONFIG_DIR = "/etc/envoy"
+#: GIE's distroless EPP image runs as nonroot (65532), Envoy's image as envoy (101).
+PICKER_USER = 65532
+ENVOY_USER = 101
+
+
+@dataclass(frozen=True)
+class RouterImages:
+    """The images router pods run: the operator's flags (the chart's ``routing`` values)."""
+
+    picker: str = "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
+    envoy: str = "docker.io/envoyproxy/envoy:v1.40.0"
+
+
+def serving_pods(service: str) -> dict[str, str]:
+    """The serving pods of a service, of every revision: the pool's selector."""
+    return {LABEL_SERVICE: service, LABEL_COMPONENT: "serving"}
+
+
+def picker_name(service: str) -> str:
+    """The picker's Service (and ServiceAccount, Role, RoleBinding): ``<name>-epp``, as GIE names it."""
+    return f"{service}-epp"
+
+
+def router_name(service: str) -> str:
+    """The router's Deployment, ConfigMap and the Service users send requests to."""
+    return f"{service}-router"
+
+
+def inference_pool(owner: Owner, namespace: str) -> Obj:
+    """The service's InferencePool: its serving pods at the engine's port, picked by ``<name>-epp``."""
+    return {
+        "apiVersion": POOL_API_VERSION,
+        "kind": "InferencePool",
+        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
+        "spec": {
+            "selector": {"matchLabels": serving_pods(owner.name)},
+            "targetPorts": [{"number": HTTP_PORT}],
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": picker_name(owner.name),
+                "port": {"number": PICKER_PORT},
+                # No picker, no request: a replica is never chosen blind.
+                "failureMode": "FailClose",
+            },
+        },
+    }
+
+
+def _router_pods(service: str) -> dict[str, str]:
+    # Never the service label alone: the engine's Service selects on it.
+    return {
+        "app.kubernetes.io/name": "neuronfleet-router",
+        "app.kubernetes.io/instance": service,
+        LABEL_COMPONENT: "router",
+        **MANAGED_BY,
+    }
+
+
+def _metadata(owner: Owner, name: str, namespace: str) -> Obj:
+    return owner.child_metadata(name, namespace, {**service_labels(owner.name), **MANAGED_BY})
+
+
+def picker_access(owner: Owner, namespace: str) -> list[Obj]:
+    """The picker's ServiceAccount, and a Role bound to it: read its pool, the pods, GIE's objectives."""
+    name = picker_name(owner.name)
+    read = ["get", "list", "watch"]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(owner, name, namespace)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(owner, name, namespace),
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+                {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"], "verbs": read},
+                {
+                    "apiGroups": ["inference.networking.x-k8s.io"],
+                    "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+                    "verbs": read,
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(owner, name, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    ]
+
+
+def envoy_config() -> Obj:
+    """Envoy's bootstrap: every request asks the picker (ext_proc, both bodies streamed) and goes to the
+    replica it names in :data:`DESTINATION_HEADER` (an original-destination cluster)."""
+    any_type = "type.googleapis.com/envoy.extensions"
+    connection_manager = {
+        "@type": f"{any_type}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "router",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "pool",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            # Generations stream for minutes: no route timeout, the engine's own limits hold.
+                            "route": {"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"},
+                        }
+                    ],
+                    "response_headers_to_add": [
+                        {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}},
+                    ],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.ext_proc",
+                "typed_config": {
+                    "@type": f"{any_type}.filters.http.ext_proc.v3.ExternalProcessor",
+                    "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
+                    "processing_mode": {
+                        "request_header_mode": "SEND",
+                        "response_header_mode": "SEND",
+                        "request_body_mode": "FULL_DUPLEX_STREAMED",
+                        "response_body_mode": "FULL_DUPLEX_STREAMED",
+                        "request_trailer_mode": "SEND",
+                        "response_trailer_mode": "SEND",
+                    },
+                    "message_timeout": "1000s",
+                },
+            },
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": f"{any_type}.filters.http.router.v3.Router"},
+            },
+        ],
+    }
+    picker_cluster = {
+        "name": "picker",
+        "type": "STATIC",
+        "connect_timeout": "5s",
+        "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [_endpoint(PICKER_PORT)]}]},
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": f"{any_type}.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        # The picker serves TLS with a certificate of its own making (as Gateways expect): on localhost,
+        # in the same pod, it is not verified.
+        "transport_socket": {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": f"{any_type}.transport_sockets.tls.v3.UpstreamTlsContext",
+                "common_tls_context": {"alpn_protocols": ["h2"]},
+            },
+        },
+    }
+    pool_cluster = {
+        "name": "pool",
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "5s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ENVOY_ADMIN_PORT}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "http",
+                    "address": {"socket_address": {"address": "0.0.0.0", "port_value": ENVOY_PORT}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": connection_manager,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [picker_cluster, pool_cluster],
+        },
+    }
+
+
+def _endpoint(port: int) -> Obj:
+    return {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+
+
+def router_configmap(owner: Owner, namespace: str) -> Obj:
+    """Envoy's bootstrap, as JSON (YAML's subset), for the router pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, router_name(owner.name), namespace),
+        "data": {ENVOY_FILE: json.dumps(envoy_config(), indent=1, sort_keys=True)},
+    }
+
+
+def picker_args(service: str, namespace: str) -> list[str]:
+    """The picker's command line: its pool; no tracing exporter; metrics without token review."""
+    return [
+        f"--pool-name={service}",
+        f"--pool-namespace={namespace}",
+        f"--grpc-port={PICKER_PORT}",
+        f"--grpc-health-port={PICKER_HEALTH_PORT}",
+        f"--metrics-port={PICKER_METRICS_PORT}",
+        "--tracing=false",
+        "--metrics-endpoint-auth=false",
+        "--enable-pprof=false",
+        "--zap-encoder=json",
+    ]
+
+
+def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> Obj:
+    """The router pods: the picker and its Envoy side by side."""
+    grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
+    picker: Obj = {
+        "name": "epp",
+        "image": images.picker,
+        "args": picker_args(owner.name, namespace),
+        "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "ports": [
+            {"name": "grpc", "containerPort": PICKER_PORT},
+            {"name": "grpc-health", "containerPort": PICKER_HEALTH_PORT},
+            {"name": "metrics", "containerPort": PICKER_METRICS_PORT},
+        ],
+        "readinessProbe": {**grpc_probe, "periodSeconds": 2},
+        "livenessProbe": {**grpc_probe, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "securityContext": {**container_security(), "runAsUser": PICKER_USER, "runAsGroup": PICKER_USER},
+    }
+    envoy: Obj = {
+        "name": "envoy",
+        "image": images.envoy,
+        "args": ["-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}", "--log-level", "warn", "--concurrency", "2"],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": ENVOY_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": ENVOY_PORT}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+        "securityContext": {**container_security(), "runAsUser": ENVOY_USER, "runAsGroup": ENVOY_USER},
+        "volumeMounts": [{"name": "envoy", "mountPath": ENVOY_CONFIG_DIR, "readOnly": True}],
+    }
+    pods = _router_pods(owner.name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, router_name(owner.name), namespace),
+        "spec": {
+            "replicas": routing.replicas,
+            "selector": {"matchLabels": pods},
+            "template": {
+                "metadata": {"labels": pods},
+                "spec": {
+                    "serviceAccountName": picker_name(owner.name),
+                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [picker, envoy],
+                    "volumes": [{"name": "envoy", "configMap": {"name": router_name(owner.name)}}],
+                },
+            },
+        },
+    }
+
+
+def router_services(owner: Owner, namespace: str) -> list[Obj]:
+    """``<name>-router`` (HTTP, what users send requests to) and ``<name>-epp`` (the pool's picker, for a Gateway)."""
+    pods = _router_pods(owner.name)
+
+    def service(name: str, port: Obj) -> Obj:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(owner, name, namespace),
+            "spec": {"selector": pods, "ports": [{"protocol": "TCP", **port}]},
+        }
+
+    return [
+        service(router_name(owner.name), {"name": HTTP_PORT_NAME, "port": HTTP_PORT, "targetPort": ENVOY_PORT}),
+        service(
+            picker_name(owner.name),
+            {"name": "grpc", "port": PICKER_PORT, "targetPort": PICKER_PORT, "appProtocol": "http2"},
+        ),
+    ]
+
+
+def router_objects(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> list[Obj]:
+    """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
+    return [
+        *picker_access(owner, namespace),
+        router_configmap(owner, namespace),
+        router_deployment(owner, namespace, routing, images),
+        *router_services(owner, namespace),
+    ]

@@ -1,0 +1,165 @@
+"""Routing, from the spec alone: the InferencePool, the picker's objects, Envoy's bootstrap, the condition."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import pytest
+
+from neuronfleet.engine.names import HTTP_PORT, LABEL_SERVICE
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
+from neuronfleet.operator.plan import routing
+from neuronfleet.operator.status import Reason
+
+OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
+NS = "serving"
+MODEL = {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"}
+IMAGES = plan.RouterImages(picker="localhost/epp:test", envoy="localhost/envoy:test")
+T0 = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
+
+Obj = dict[str, Any]
+
+
+def spec(**fields: Any) -> api.NeuronInferenceServiceSpec:
+    return api.parse_service_spec({"model": MODEL, **fields})
+
+
+def by_kind_and_name(objects: list[Obj]) -> dict[tuple[str, str], Obj]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def test_the_pool_selects_serving_pods_of_every_revision_at_the_engine_port() -> None:
+    pool = plan.inference_pool(OWNER, NS)
+    serving_pod_labels = plan.serving_labels("llama", "any-artifact-hash")
+    selector = pool["spec"]["selector"]["matchLabels"]
+    # Every revision's serving pods match (no artifact label in the selector); compile pods never do.
+    assert selector.items() <= serving_pod_labels.items()
+    assert not selector.items() <= plan.artifact_labels("any-artifact-hash").items()
+    assert pool["spec"]["targetPorts"] == [{"number": HTTP_PORT}]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "kind": "Service",
+        "name": "llama-epp",
+        "port": {"number": routing.PICKER_PORT},
+        "failureMode": "FailClose",
+    }
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_router_pods_are_never_selected_by_the_engine_service() -> None:
+    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES))
+    pod_labels = objects[("Deployment", "llama-router")]["spec"]["template"]["metadata"]["labels"]
+    engine_selector = plan.service(OWNER, NS)["spec"]["selector"]
+    assert not engine_selector.items() <= pod_labels.items()
+    # Yet the Deployment carries the service label: the operator's watch of Deployments sees it.
+    assert objects[("Deployment", "llama-router")]["metadata"]["labels"][LABEL_SERVICE] == "llama"
+
+
+def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
+    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(replicas=2), IMAGES))
+    assert set(objects) == {
+        ("ServiceAccount", "llama-epp"),
+        ("Role", "llama-epp"),
+        ("RoleBinding", "llama-epp"),
+        ("ConfigMap", "llama-router"),
+        ("Deployment", "llama-router"),
+        ("Service", "llama-router"),
+        ("Service", "llama-epp"),
+    }
+    deployment = objects[("Deployment", "llama-router")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["serviceAccountName"] == "llama-epp"
+    picker, envoy = pod["containers"]
+    assert (picker["image"], envoy["image"]) == (IMAGES.picker, IMAGES.envoy)
+    assert "--pool-name=llama" in picker["args"]
+    assert "--pool-namespace=serving" in picker["args"]
+    for container in (picker, envoy):
+        assert container["securityContext"]["runAsUser"] != 0
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Users send requests to the router's port 8000; a Gateway reaches the picker at the pool's reference.
+    services = {name: o["spec"]["ports"][0] for (kind, name), o in objects.items() if kind == "Service"}
+    assert services["llama-router"]["port"] == HTTP_PORT
+    assert services["llama-router"]["targetPort"] == routing.ENVOY_PORT
+    assert (
+        services["llama-epp"]["port"] == plan.inference_pool(OWNER, NS)["spec"]["endpointPickerRef"]["port"]["number"]
+    )
+
+
+def test_the_pickers_role_reads_only_what_it_watches() -> None:
+    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES))
+    rules = objects[("Role", "llama-epp")]["rules"]
+    assert all(rule["verbs"] == ["get", "list", "watch"] for rule in rules)
+    assert {r for rule in rules for r in rule["resources"]} == {
+        "pods",
+        "inferencepools",
+        "inferenceobjectives",
+        "inferencemodelrewrites",
+    }
+    binding = objects[("RoleBinding", "llama-epp")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-epp", "namespace": NS}]
+
+
+def test_envoy_asks_the_picker_and_sends_each_request_where_it_says() -> None:
+    configmap = plan.router_objects(OWNER, NS, api.Routing(), IMAGES)[3]
+    config = json.loads(configmap["data"][routing.ENVOY_FILE])
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    assert clusters["pool"]["type"] == "ORIGINAL_DST"
+    assert clusters["pool"]["original_dst_lb_config"]["http_header_name"] == routing.DESTINATION_HEADER
+    picker_address = clusters["picker"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert picker_address["address"]["socket_address"]["port_value"] == routing.PICKER_PORT
+    (listener,) = config["static_resources"]["listeners"]
+    assert listener["address"]["socket_address"]["port_value"] == routing.ENVOY_PORT
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc, router = manager["http_filters"]
+    assert ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "picker"
+    assert router["name"] == "envoy.filters.http.router"
+    # The bodies go to the picker (it reads the prompt), streamed both ways.
+    mode = ext_proc["typed_config"]["processing_mode"]
+    assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+
+
+def test_routing_is_checked_at_admission() -> None:
+    with pytest.raises(ValueError, match="replicas"):
+        spec(routing={"replicas": 0})
+    assert spec(routing={}).routing == api.Routing(replicas=1)
+    assert spec().routing is None
+
+
+def routing_condition(routing_spec: Obj | None, state: RoutingState) -> tuple[str, str, str, list[Any]]:
+    target = ArtifactView("llama-abc", "abc", "Ready")
+    s = spec(replicas=1) if routing_spec is None else spec(replicas=1, routing=routing_spec)
+    given = ServiceStatusInput(
+        name="llama",
+        generation=1,
+        spec=s,
+        target=target,
+        deployment=None,
+        unschedulable=(),
+        decision=decide(target, None, None),
+        routing_state=state,
+    )
+    status, events = service_status(given, api.NeuronInferenceServiceStatus(), T0)
+    (found,) = [c for c in status.conditions if c.type == "Routing"]
+    return found.status, found.reason, found.message, [e for e in events if e.reason in Reason.__members__.values()]
+
+
+def test_without_the_pool_crd_the_condition_says_so_and_only_a_routing_service_is_warned() -> None:
+    status, reason, message, events = routing_condition(None, RoutingState(pool_served=False))
+    assert (status, reason) == ("False", Reason.POOL_UNAVAILABLE)
+    assert "install its CRD" in message
+    assert not any(e.reason == Reason.POOL_UNAVAILABLE for e in events)
+    status, reason, message, events = routing_condition({}, RoutingState(pool_served=False))
+    assert (status, reason) == ("False", Reason.ROUTING_UNAVAILABLE)
+    assert "Service llama serves" in message
+    assert [e.type for e in events if e.reason == Reason.ROUTING_UNAVAILABLE] == ["Warning"]
+
+
+def test_the_condition_follows_the_router_pods() -> None:
+    assert routing_condition(None, RoutingState(pool_served=True))[:2] == ("True", Reason.POOL_READY)
+    assert routing_condition({"replicas": 2}, RoutingState(True, ready=1))[:2] == ("False", Reason.PICKER_STARTING)
+    status, reason, message, _ = routing_condition({"replicas": 2}, RoutingState(True, ready=2))
+    assert (status, reason) == ("True", Reason.PICKER_READY)
+    assert "Service llama-router" in message
