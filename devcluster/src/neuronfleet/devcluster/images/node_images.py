@@ -258,9 +258,31 @@ def _write_layer(rootfs: Path, entries: list[_Entry]) -> None:
                     layer.addfile(info, stream)
 
 
+_PICKER_ENV = ("SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",)
+_PICKER_ENTRYPOINT = "/epp"
+
+
+def _picker_entries(epp: Path, ca_bundle: Path) -> list[_Entry]:
+    return [
+        ("epp", 0o755, epp),
+        ("tmp", 0o1777, None),
+        ("etc", 0o755, None),
+        ("etc/passwd", 0o644, _PICKER_PASSWD),
+        ("etc/group", 0o644, _PICKER_GROUP),
+        ("etc/ssl", 0o755, None),
+        ("etc/ssl/certs", 0o755, None),
+        ("etc/ssl/certs/ca-certificates.crt", 0o644, ca_bundle),
+    ]
+
+
 def picker_key(epp: Path, ca_bundle: Path = _CA_BUNDLE) -> str:
-    """The picker image's content key: the binary's and the CA bundle's bytes, the user, the reference."""
-    return content_key(_sha256(epp), _sha256(ca_bundle), _PICKER_PASSWD, _PICKER_GROUP, PICKER_IMAGE, PICKER_USER)
+    """The picker image's content key: every file's path, mode and bytes, the environment, the entrypoint,
+    the user and the reference."""
+    files = [
+        f"{name} {mode:o} {_sha256(content) if isinstance(content, Path) else content!r}"
+        for name, mode, content in _picker_entries(epp, ca_bundle)
+    ]
+    return content_key(*files, *_PICKER_ENV, _PICKER_ENTRYPOINT, PICKER_IMAGE, PICKER_USER)
 
 
 def picker_image(epp: Path | None = None, log: Callable[[str], None] = _print) -> Path:
@@ -270,26 +292,22 @@ def picker_image(epp: Path | None = None, log: Callable[[str], None] = _print) -
 
     def build(archive: Path, scratch: Path) -> None:
         rootfs = scratch / "rootfs.tar"
-        _write_layer(
-            rootfs,
-            [
-                ("epp", 0o755, binary),
-                ("tmp", 0o1777, None),
-                ("etc", 0o755, None),
-                ("etc/passwd", 0o644, _PICKER_PASSWD),
-                ("etc/group", 0o644, _PICKER_GROUP),
-                ("etc/ssl", 0o755, None),
-                ("etc/ssl/certs", 0o755, None),
-                ("etc/ssl/certs/ca-certificates.crt", 0o644, _CA_BUNDLE),
-            ],
-        )
-        env = ("SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",)
-        made_by = "the tools/gie epp binary, copied"
+        _write_layer(rootfs, _picker_entries(binary, _CA_BUNDLE))
         write_oci_archive(
-            archive, PICKER_IMAGE, rootfs, user=PICKER_USER, env=env, created_by=made_by, Entrypoint=["/epp"]
+            archive,
+            PICKER_IMAGE,
+            rootfs,
+            user=PICKER_USER,
+            env=_PICKER_ENV,
+            created_by="the tools/gie epp binary, copied",
+            Entrypoint=[_PICKER_ENTRYPOINT],
         )
 
     return _cached("epp", picker_key(binary), build, log)
+
+
+_ENVOY_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+_ENVOY_ENTRYPOINT = "/usr/local/bin/envoy"
 
 
 def _envoy_argv(envoy: Path, rootfs: Path) -> list[str]:
@@ -314,8 +332,10 @@ def _envoy_argv(envoy: Path, rootfs: Path) -> list[str]:
 
 
 def envoy_key(envoy: Path) -> str:
-    """The Envoy image's content key: the binary's bytes, the mmdebstrap recipe, the user, the reference."""
-    return content_key(_sha256(envoy), *_envoy_argv(Path("envoy"), Path("rootfs.tar")), ENVOY_IMAGE, ENVOY_USER)
+    """The Envoy image's content key: the binary's bytes, the mmdebstrap recipe, the environment, the
+    entrypoint, the user and the reference."""
+    argv = _envoy_argv(Path("envoy"), Path("rootfs.tar"))
+    return content_key(_sha256(envoy), *argv, *_ENVOY_ENV, _ENVOY_ENTRYPOINT, ENVOY_IMAGE, ENVOY_USER)
 
 
 def envoy_image(envoy: Path | None = None, log: Callable[[str], None] = _print) -> Path:
@@ -332,15 +352,14 @@ def envoy_image(envoy: Path | None = None, log: Callable[[str], None] = _print) 
         rootfs = scratch / "rootfs.tar"
         _run(_envoy_argv(binary, rootfs), "mmdebstrap of the Envoy image", timeout=1800)
         made_by = " ".join(_envoy_argv(Path("envoy"), Path("rootfs.tar")))
-        env = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
         write_oci_archive(
             archive,
             ENVOY_IMAGE,
             rootfs,
             user=ENVOY_USER,
-            env=env,
+            env=_ENVOY_ENV,
             created_by=made_by,
-            Entrypoint=["/usr/local/bin/envoy"],
+            Entrypoint=[_ENVOY_ENTRYPOINT],
         )
 
     return _cached("envoy", envoy_key(binary), build, log)
