@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ import yaml
 from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.images.dockerfile import TARGETS, BuiltImage, Target, build
 from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.process.waiting import WaitFor, wait_for
@@ -110,6 +112,25 @@ def node_image(real_node: RealNode) -> NodeImage:
         return imported[target]
 
     return load
+
+
+@dataclass(frozen=True)
+class RouterImages:
+    """The references of the routing rig's two images, in the real node's containerd."""
+
+    picker: str
+    envoy: str
+
+
+@pytest.fixture(scope="session")
+def router_images(real_node: RealNode) -> RouterImages:
+    """The Endpoint Picker's and Envoy's images (:mod:`neuronfleet.devcluster.images.node_images`), built (or
+    found cached) and imported into the real node; pods name them with ``imagePullPolicy: Never``."""
+    for build_archive in (node_images.picker_image, node_images.envoy_image):
+        image = OciImage.read(build_archive())
+        layers = real_node.import_image(image)
+        print(f"==> {image.name} is in {REAL_NODE}'s containerd ({layers} layers sent)", flush=True)
+    return RouterImages(picker=node_images.PICKER_IMAGE, envoy=node_images.ENVOY_IMAGE)
 
 
 @pytest.fixture(scope="session")

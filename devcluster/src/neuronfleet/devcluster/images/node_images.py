@@ -1,4 +1,5 @@
-"""Container images built on this machine (no registry is reachable), as OCI archives.
+"""Container images built on this machine (no registry is reachable), as OCI archives: the node's pause
+and base images, and the routing rig's Endpoint Picker and Envoy images.
 
 Each function returns the path of an OCI archive (``oci-layout``, ``index.json``, ``blobs/``) that
 ``RealNode.import_image`` loads into the node's containerd. Archives are cached under
@@ -22,6 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
+
 #: The image references the node's pods use (``imagePullPolicy: Never``: nothing is pulled).
 PAUSE_IMAGE = "localhost/neuronfleet/pause:local"
 BASE_IMAGE = "localhost/neuronfleet/base:bookworm"
@@ -40,6 +43,18 @@ BASE_ENV = (
 )
 #: The pause process runs as nobody, as registry.k8s.io/pause does.
 PAUSE_USER = "65535:65535"
+
+#: The routing rig's images, their versions the pins' (``tools/gie/go.mod``, ``tools/envoy/requirements.txt``).
+PICKER_IMAGE = "localhost/neuronfleet/epp:v1.5.0"
+ENVOY_IMAGE = "localhost/neuronfleet/envoy:1.40.0"
+#: GIE's own image is distroless and runs as its ``nonroot`` user; Envoy's runs as uid 101.
+PICKER_USER = "65532:65532"
+ENVOY_USER = "101:101"
+#: The picker's root filesystem besides ``/epp``: a user database naming its user, and the CA bundle a
+#: distroless image has (the picker trusts the ServiceAccount's CA for the apiserver; this is for anything else).
+_PICKER_PASSWD = b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
+_PICKER_GROUP = b"root:x:0:\nnonroot:x:65532:\n"
+_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 #: Bumped when the archive layout written here changes, so old cached archives are not reused.
 #: 2: the config has a history entry per layer (buildah's layered builds need one on their base image).
@@ -208,6 +223,146 @@ def base_image(log: Callable[[str], None] = _print) -> Path:
         )
 
     return _cached("base", key, build, log)
+
+
+def _sha256(path: Path) -> str:
+    return _sha256_file(path)[0]
+
+
+def _tool_binary(kind: str, name: str) -> Path:
+    binary = bin_dir(kind) / name
+    if not binary.is_file():
+        raise ToolsMissingError(f"{binary} is not built: run `make tool-{kind}`")
+    return binary
+
+
+#: A root filesystem entry: its path, mode, and content (a file to copy, bytes, or None for a directory).
+_Entry = tuple[str, int, Path | bytes | None]
+
+
+def _write_layer(rootfs: Path, entries: list[_Entry]) -> None:
+    """An uncompressed layer of these entries, owned by root and dated 0, so equal inputs give equal bytes."""
+    with tarfile.open(rootfs, "w") as layer:
+        for name, mode, content in entries:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                layer.addfile(info)
+            elif isinstance(content, bytes):
+                info.size = len(content)
+                layer.addfile(info, io.BytesIO(content))
+            else:
+                info.size = content.stat().st_size
+                with content.open("rb") as stream:
+                    layer.addfile(info, stream)
+
+
+_PICKER_ENV = ("SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",)
+_PICKER_ENTRYPOINT = "/epp"
+
+
+def _picker_entries(epp: Path, ca_bundle: Path) -> list[_Entry]:
+    return [
+        ("epp", 0o755, epp),
+        ("tmp", 0o1777, None),
+        ("etc", 0o755, None),
+        ("etc/passwd", 0o644, _PICKER_PASSWD),
+        ("etc/group", 0o644, _PICKER_GROUP),
+        ("etc/ssl", 0o755, None),
+        ("etc/ssl/certs", 0o755, None),
+        ("etc/ssl/certs/ca-certificates.crt", 0o644, ca_bundle),
+    ]
+
+
+def picker_key(epp: Path, ca_bundle: Path = _CA_BUNDLE) -> str:
+    """The picker image's content key: every file's path, mode and bytes, the environment, the entrypoint,
+    the user and the reference."""
+    files = [
+        f"{name} {mode:o} {_sha256(content) if isinstance(content, Path) else content!r}"
+        for name, mode, content in _picker_entries(epp, ca_bundle)
+    ]
+    return content_key(*files, *_PICKER_ENV, _PICKER_ENTRYPOINT, PICKER_IMAGE, PICKER_USER)
+
+
+def picker_image(epp: Path | None = None, log: Callable[[str], None] = _print) -> Path:
+    """GIE's Endpoint Picker (``tools/gie``'s static ``epp``, or ``epp``) alone in its root filesystem, as its
+    distroless image has it: ``/epp``, a writable ``/tmp``, the CA bundle, and user ``nonroot`` (65532)."""
+    binary = epp if epp is not None else _tool_binary("gie", "epp")
+
+    def build(archive: Path, scratch: Path) -> None:
+        rootfs = scratch / "rootfs.tar"
+        _write_layer(rootfs, _picker_entries(binary, _CA_BUNDLE))
+        write_oci_archive(
+            archive,
+            PICKER_IMAGE,
+            rootfs,
+            user=PICKER_USER,
+            env=_PICKER_ENV,
+            created_by="the tools/gie epp binary, copied",
+            Entrypoint=[_PICKER_ENTRYPOINT],
+        )
+
+    return _cached("epp", picker_key(binary), build, log)
+
+
+_ENVOY_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+_ENVOY_ENTRYPOINT = "/usr/local/bin/envoy"
+
+
+def _envoy_argv(envoy: Path, rootfs: Path) -> list[str]:
+    uid, gid = ENVOY_USER.split(":")
+    create_user = (
+        f'chroot "$1" groupadd --system --gid {gid} envoy && chroot "$1" useradd --system --uid {uid} '
+        f"--gid {gid} --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin envoy"
+    )
+    return [
+        "mmdebstrap",
+        "--variant=minbase",
+        # /usr merged by mmdebstrap's hook, not by the usrmerge package, which brings 50 MB of Perl along.
+        "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+        # Documentation and translations: nothing a proxy reads.
+        *(f"--dpkgopt=path-exclude=/usr/share/{folder}/*" for folder in ("doc", "man", "info", "locale")),
+        f"--customize-hook=copy-in {envoy} /usr/local/bin",
+        f"--customize-hook={create_user}",
+        "--quiet",
+        "bookworm",
+        str(rootfs),
+    ]
+
+
+def envoy_key(envoy: Path) -> str:
+    """The Envoy image's content key: the binary's bytes, the mmdebstrap recipe, the environment, the
+    entrypoint, the user and the reference."""
+    argv = _envoy_argv(Path("envoy"), Path("rootfs.tar"))
+    return content_key(_sha256(envoy), *argv, *_ENVOY_ENV, _ENVOY_ENTRYPOINT, ENVOY_IMAGE, ENVOY_USER)
+
+
+def envoy_image(envoy: Path | None = None, log: Callable[[str], None] = _print) -> Path:
+    """Debian bookworm (minbase, no Python) with ``tools/envoy``'s binary (or ``envoy``, a file of that name)
+    at ``/usr/local/bin/envoy``, run as user ``envoy`` (uid 101, as Envoy's own image does).
+
+    Built with mmdebstrap from the machine's configured Debian mirror (first time: ~1-2 min).
+    """
+    binary = envoy if envoy is not None else _tool_binary("envoy", "envoy")
+    if binary.name != "envoy":
+        raise ImageBuildError(f"{binary}: copy-in keeps the file's name, and the image's entrypoint is envoy")
+
+    def build(archive: Path, scratch: Path) -> None:
+        rootfs = scratch / "rootfs.tar"
+        _run(_envoy_argv(binary, rootfs), "mmdebstrap of the Envoy image", timeout=1800)
+        made_by = " ".join(_envoy_argv(Path("envoy"), Path("rootfs.tar")))
+        write_oci_archive(
+            archive,
+            ENVOY_IMAGE,
+            rootfs,
+            user=ENVOY_USER,
+            env=_ENVOY_ENV,
+            created_by=made_by,
+            Entrypoint=[_ENVOY_ENTRYPOINT],
+        )
+
+    return _cached("envoy", envoy_key(binary), build, log)
 
 
 class ImageBuildError(RuntimeError):

@@ -1,7 +1,8 @@
 """Where the pinned binaries live: the control plane's (``tools/kube/build.sh``), the real node's
 (``tools/node/build.sh``), the tests' S3 server (``tools/s3/build.sh``), and the autoscaling tests'
-Prometheus and KEDA (``tools/prometheus``, ``tools/keda``), and the GitOps tests' Argo CD (``tools/argocd``),
-all run by ``make tools``."""
+Prometheus and KEDA (``tools/prometheus``, ``tools/keda``), the GitOps tests' Argo CD (``tools/argocd``), and
+the routing tests' Endpoint Picker (``tools/gie``) and Envoy (``tools/envoy``, a pinned wheel, not Go), all run
+by ``make tools``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ PROMETHEUS_TOOLS_ENV = "NEURONFLEET_PROMETHEUS_TOOLS"
 KEDA_TOOLS_ENV = "NEURONFLEET_KEDA_TOOLS"
 #: Overrides Argo CD's bin dir (its CRDs are in ``crds/`` beside it).
 ARGOCD_TOOLS_ENV = "NEURONFLEET_ARGOCD_TOOLS"
+#: Override the Endpoint Picker's bin dir (the InferencePool CRD is in ``crds/`` beside it) and Envoy's.
+GIE_TOOLS_ENV = "NEURONFLEET_GIE_TOOLS"
+ENVOY_TOOLS_ENV = "NEURONFLEET_ENVOY_TOOLS"
 _OVERRIDES = {
     "kube": TOOLS_ENV,
     "node": NODE_TOOLS_ENV,
@@ -31,6 +35,8 @@ _OVERRIDES = {
     "prometheus": PROMETHEUS_TOOLS_ENV,
     "keda": KEDA_TOOLS_ENV,
     "argocd": ARGOCD_TOOLS_ENV,
+    "gie": GIE_TOOLS_ENV,
+    "envoy": ENVOY_TOOLS_ENV,
 }
 
 #: Every binary the kube build script produces.

