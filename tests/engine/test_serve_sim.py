@@ -7,16 +7,27 @@ last test stops it.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.engine_server import SCRIPTS, EngineServer, ServerPool, error_lines, write_engine_config
+from harness.engine_server import (
+    REQUEST_TIMEOUT_S,
+    SCRIPTS,
+    EngineServer,
+    ServerPool,
+    error_lines,
+    write_engine_config,
+)
 
+from neuronfleet.devcluster.addons.metrics import Samples
+from neuronfleet.engine import names
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.serving.drain import CLOSE_CONNECTIONS_S
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
@@ -230,6 +241,171 @@ def test_the_series_autoscaling_queries_are_the_ones_vllm_exports(server: Engine
     names = {name for name, _ in server.metrics()}
     queried = {scaling.WAITING_REQUESTS, scaling.KV_CACHE_USAGE, f"{scaling.TIME_TO_FIRST_TOKEN}_bucket"}
     assert queried <= names, queried - names
+
+
+def test_the_series_the_endpoint_picker_reads_are_exported(server: EngineServer) -> None:
+    # GIE's Endpoint Picker reads vLLM's names: a renamed series and it routes to this pod blind.
+    completion(server, prompt(20), 5)
+    exported = {name for name, _ in server.metrics()}
+    assert set(names.PICKER_METRICS) <= exported, set(names.PICKER_METRICS) - exported
+    # No LoRA adapters are served, so there is no LoRA series: the picker logs it missing and keeps the pod.
+    assert names.PICKER_LORA_INFO not in exported
+
+
+#: The loaded server: Llama 3.1 8B on one Inferentia2 chip with the real clock, so a decode step takes the
+#: cost model's ~27 ms and a reply of LOAD_MAX_TOKENS streams for seconds; two running slots, twice as
+#: many requests. Its block size is not the default, so the picker's labels are seen to follow it.
+LOAD_MODEL = "meta-llama/Llama-3.1-8B"
+LOAD_ENGINE: dict[str, Any] = {
+    "max_num_seqs": 2,
+    "max_num_batched_tokens": 512,
+    "max_model_len": 1024,
+    "tensor_parallel_size": 2,
+    "block_size": 16,
+}
+LOAD_REQUESTS = 4
+LOAD_PROMPT = 40
+LOAD_MAX_TOKENS = 120
+#: The picker scrapes every 50 ms; the test scrapes as often while it waits for a state.
+SCRAPE_INTERVAL_S = 0.05
+#: Far longer than a queued request takes to reach the engine core, and than the gauges take to follow a
+#: step; shorter than the load lasts (two waves of LOAD_MAX_TOKENS decode steps).
+SCRAPE_TIMEOUT_S = 10.0
+#: What the simulated device logs it has: the picker's ``num_gpu_blocks`` must say the same.
+DEVICE_BLOCKS = re.compile(r"Simulated Neuron device: .*; KV cache (\d+) blocks")
+
+
+@pytest.fixture
+def loaded_server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+    directory = tmp_path_factory.mktemp("loaded")
+    config = write_engine_config(directory, **LOAD_ENGINE)
+    server = servers.start(
+        "--config",
+        str(config),
+        "--device",
+        "sim",
+        "--model",
+        f"hf://{LOAD_MODEL}",
+        "--target",
+        "inf2",
+        "--instance-type",
+        "inf2.xlarge",
+        "--artifact-store",
+        str(directory / "store"),
+        "--compile-on-start",
+    )
+    yield server
+    # Its CPU goes back to the module's server for the tests after this one.
+    server.terminate()
+
+
+class Streamed:
+    """A streamed completion on its own thread: whether its first token came, and whether it ended."""
+
+    def __init__(self, server: EngineServer, text: str) -> None:
+        self.first_token = threading.Event()
+        self.done = threading.Event()
+        self.completion_tokens = 0
+        self.errors: list[BaseException] = []
+        body = {
+            "model": LOAD_MODEL,
+            "prompt": text,
+            "max_tokens": LOAD_MAX_TOKENS,
+            "stream_options": {"include_usage": True},
+        }
+        self._thread = threading.Thread(target=self._run, args=(server, body), daemon=True)
+        self._thread.start()
+
+    def _run(self, server: EngineServer, body: dict[str, Any]) -> None:
+        try:
+            for event in server.stream("/v1/completions", body):
+                if event["choices"]:
+                    self.first_token.set()
+                if event.get("usage"):
+                    self.completion_tokens = event["usage"]["completion_tokens"]
+        except BaseException as error:  # reported by finish(), in the test's thread
+            self.errors.append(error)
+        finally:
+            self.done.set()
+
+    def finish(self) -> int:
+        """Wait for the stream to end; its completion tokens."""
+        self._thread.join(REQUEST_TIMEOUT_S)
+        assert self.done.is_set(), "the stream is still open"
+        assert not self.errors, self.errors
+        return self.completion_tokens
+
+
+def gauge(samples: Samples, name: str) -> float:
+    """The value of the one series of ``name`` (one engine, one model)."""
+    values = [value for (sample, _), value in samples.items() if sample == name]
+    assert len(values) == 1, (name, values)
+    return values[0]
+
+
+def picker_view(samples: Samples) -> dict[str, float]:
+    """The picker's gauges in ``samples``, for failure messages."""
+    gauges = (names.PICKER_RUNNING, names.PICKER_WAITING, names.PICKER_KV_CACHE_USAGE)
+    return {name: value for (name, _), value in samples.items() if name in gauges}
+
+
+def scrape_until(server: EngineServer, condition: Callable[[Samples], bool], what: str) -> Samples:
+    """Scrape ``/metrics`` as the picker does until ``condition`` holds; fail after ``SCRAPE_TIMEOUT_S``."""
+    deadline = time.monotonic() + SCRAPE_TIMEOUT_S
+    while True:
+        samples = server.metrics()
+        if condition(samples):
+            return samples
+        if time.monotonic() > deadline:
+            pytest.fail(f"/metrics never showed {what}: {picker_view(samples)}")
+        time.sleep(SCRAPE_INTERVAL_S)
+
+
+def test_the_picker_reads_running_waiting_and_kv_use_under_load(
+    loaded_server: EngineServer, record_property: Callable[[str, object], None]
+) -> None:
+    server = loaded_server
+    slots = LOAD_ENGINE["max_num_seqs"]
+    running = [Streamed(server, prompt(LOAD_PROMPT)) for _ in range(slots)]
+    for stream in running:
+        assert stream.first_token.wait(REQUEST_TIMEOUT_S), "a request in a free slot never started"
+    # These find every slot taken. They reach the engine core after their HTTP request does: scrape until
+    # the queue counts them, which times out if the gauge never does.
+    queued = [Streamed(server, prompt(LOAD_PROMPT)) for _ in range(LOAD_REQUESTS - slots)]
+    samples = scrape_until(
+        server, lambda samples: gauge(samples, names.PICKER_WAITING) == len(queued), f"{len(queued)} waiting"
+    )
+    # The sample was taken under load: the queued requests had not started, the running ones not ended.
+    assert not any(stream.first_token.is_set() for stream in queued)
+    assert not any(stream.done.is_set() for stream in running)
+    assert gauge(samples, names.PICKER_RUNNING) == min(LOAD_REQUESTS, slots)
+
+    # The picker parses both labels as integers: the KV cache holds num_gpu_blocks * block_size tokens.
+    ((_, labels),) = [key for key in samples if key[0] == names.PICKER_CACHE_CONFIG]
+    block_size = int(dict(labels)[names.PICKER_BLOCK_SIZE_LABEL])
+    num_blocks = int(dict(labels)[names.PICKER_NUM_BLOCKS_LABEL])
+    assert block_size == LOAD_ENGINE["block_size"]
+    device = DEVICE_BLOCKS.search(server.log.read_text())
+    assert device is not None
+    assert num_blocks == int(device[1])
+
+    # vLLM's usage is blocks held over blocks usable (all but its null block): a whole number of blocks.
+    usage = gauge(samples, names.PICKER_KV_CACHE_USAGE)
+    held = usage * (num_blocks - 1)
+    assert held == pytest.approx(round(held), abs=1e-6)
+    # Each running request holds its prompt's blocks at least; at most those of its prompt, every token
+    # it may generate and the one more async scheduling may allocate ahead. Queued ones hold none (their
+    # prompts are new: no prefix-cache hits).
+    least = slots * math.ceil(LOAD_PROMPT / block_size)
+    most = slots * math.ceil((LOAD_PROMPT + LOAD_MAX_TOKENS + 1) / block_size)
+    assert least <= round(held) <= most, (usage, held, least, most)
+    assert 0 < usage <= 1
+    record_property("under_load", {**picker_view(samples), "blocks_held": round(held), "bounds": [least, most]})
+    record_property("cache_config", {"block_size": block_size, "num_gpu_blocks": num_blocks})
+
+    assert [stream.finish() for stream in running + queued] == [LOAD_MAX_TOKENS] * LOAD_REQUESTS
+    idle = {names.PICKER_RUNNING: 0.0, names.PICKER_WAITING: 0.0, names.PICKER_KV_CACHE_USAGE: 0.0}
+    scrape_until(server, lambda samples: picker_view(samples) == idle, "an idle engine")
 
 
 def test_prompt_longer_than_max_model_len_is_a_400(server: EngineServer) -> None:

@@ -1,9 +1,10 @@
 """The names the operator and everything that looks for its objects share, defined once.
 
 The API group and kinds the operator serves, the labels it puts on what it makes, the name it applies
-and labels under, and the port the engine serves on. The operator writes them; the dev harness, which
-never imports the operator, and the tests find objects, pods and series by them (the Helm chart and the
-Argo CD checks spell them too, in YAML and Lua). It depends on the standard library alone.
+and labels under, the port the engine serves on, and the series the Endpoint Picker reads from it. The
+operator writes them; the dev harness, which never imports the operator, and the tests find objects,
+pods and series by them (the Helm chart and the Argo CD checks spell them too, in YAML and Lua). It
+depends on the standard library alone.
 """
 
 #: The operator's API group: its kinds' ``apiVersion`` is ``neuronfleet.io/<version>``.
@@ -34,3 +35,20 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 #: serving pods and their Service, which the probes and the scrapes refer to.
 HTTP_PORT = 8000
 HTTP_PORT_NAME = "http"
+
+#: The series the Gateway API Inference Extension's Endpoint Picker (GIE v1.5.0's defaults, vLLM's names)
+#: reads from each serving pod's ``/metrics`` every 50 ms to choose a pod: its queue, its batch, and how
+#: full its KV cache is.
+PICKER_WAITING = "vllm:num_requests_waiting"
+PICKER_RUNNING = "vllm:num_requests_running"
+PICKER_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+#: An info series (value 1): the picker takes the KV cache's capacity, in tokens, as the product of these
+#: two labels, each of which must parse as an integer.
+PICKER_CACHE_CONFIG = "vllm:cache_config_info"
+PICKER_BLOCK_SIZE_LABEL = "block_size"
+PICKER_NUM_BLOCKS_LABEL = "num_gpu_blocks"
+#: Every series the engine exports for the picker.
+PICKER_METRICS = (PICKER_WAITING, PICKER_RUNNING, PICKER_KV_CACHE_USAGE, PICKER_CACHE_CONFIG)
+#: Read when present. The engine serves no LoRA adapters and vLLM does not export it: the picker logs the
+#: family as missing and keeps the pod.
+PICKER_LORA_INFO = "vllm:lora_requests_info"
