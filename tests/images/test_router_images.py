@@ -19,52 +19,7 @@ import pytest
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.images.dockerfile import checkout
 from neuronfleet.devcluster.realnode.store import OciImage
-
-#: A listener whose HTTP filters send each request to an external processor (the picker), then route it to
-#: the endpoint the processor names in a header, as GIE's standalone Envoy does.
-EXT_PROC_BOOTSTRAP = """
-static_resources:
-  listeners:
-  - name: gateway
-    address: {socket_address: {address: 127.0.0.1, port_value: 18081}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: gateway
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{match: {prefix: /}, route: {cluster: backends}}]
-          http_filters:
-          - name: FILTER
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {envoy_grpc: {cluster_name: picker}}
-              processing_mode:
-                request_header_mode: SEND
-                request_body_mode: FULL_DUPLEX_STREAMED
-                request_trailer_mode: SEND
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: picker
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
-    load_assignment:
-      cluster_name: picker
-      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 9002}}}}]}]
-  - name: backends
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
-"""
+from neuronfleet.operator.plan import routing
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +124,10 @@ def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tm
     assert "/1.40.0/" in version.stdout
 
     def validate(filter_name: str, processor: str) -> subprocess.CompletedProcess[str]:
-        config = tmp_path / f"{filter_name}.yaml"
-        config.write_text(EXT_PROC_BOOTSTRAP.replace("FILTER", filter_name).replace("ext_proc.v3", processor))
+        # The bootstrap the operator gives each router pod (its ConfigMap), with one filter renamed.
+        text = json.dumps(routing.envoy_config())
+        config = tmp_path / f"{filter_name}.json"
+        config.write_text(text.replace("envoy.filters.http.ext_proc", filter_name).replace("ext_proc.v3", processor))
         argv = [str(binary), "--mode", "validate", "-c", str(config), "--log-level", "error"]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 

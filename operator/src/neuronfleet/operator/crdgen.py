@@ -186,7 +186,10 @@ def structural(node: Schema, defs: Mapping[str, Schema]) -> Schema:
         node["properties"] = {name: structural(child, defs) for name, child in node["properties"].items()}
         required = set(node.get("required", []))
         for name, child in node["properties"].items():
-            # An absent optional object still gets its inner defaults, so rules can read them.
+            # An absent optional object still gets its inner defaults, so rules can read them; unless its
+            # presence is what it says (spec.routing: present, the operator runs a picker).
+            if child.pop(api.PRESENCE_MATTERS, False):
+                continue
             optional_object = name not in required and child.get("type") == "object" and "default" not in child
             if optional_object and "properties" in child and not child.get("required"):
                 # Written out in full: the API server checks a default against the object's own

@@ -25,6 +25,7 @@ from neuronfleet.operator.api.common import CompileResources, CompileSettings, S
 from neuronfleet.operator.api.k8s import (
     API_VERSION,
     ARTIFACT_KIND,
+    PRESENCE_MATTERS,
     SERVICE_KIND,
     VERSION,
     Condition,
@@ -56,6 +57,7 @@ __all__ = [
     "ARTIFACT_KIND",
     "DEFAULT_IMAGE",
     "MAX_AUTOSCALED_REPLICAS",
+    "PRESENCE_MATTERS",
     "SERVICE_KIND",
     "VERSION",
     "ArtifactPhase",

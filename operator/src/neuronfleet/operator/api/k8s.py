@@ -138,3 +138,7 @@ CONDITIONS_SCHEMA: dict[str, Any] = {
     "x-kubernetes-list-type": "map",
     "x-kubernetes-list-map-keys": ["type"],
 }
+
+
+#: A field's ``json_schema_extra`` key: the object's presence means something, so the CRD gives it no default.
+PRESENCE_MATTERS = "x-neuronfleet-presence-matters"

@@ -24,6 +24,7 @@ from neuronfleet.operator.api.common import CompileSettings
 from neuronfleet.operator.api.k8s import (
     CONDITIONS_SCHEMA,
     IMAGE_PATTERN,
+    PRESENCE_MATTERS,
     QUANTITY_PATTERN,
     AnnotationValue,
     Condition,
@@ -248,6 +249,8 @@ class NeuronInferenceServiceSpec(K8sModel):
             "<name>-router. Without it the service still gets an InferencePool, for a Gateway that picks. "
             "Needs the InferencePool CRD (inference.networking.k8s.io/v1)."
         ),
+        # Present means "run a picker": the CRD must not fill it in (see crdgen).
+        json_schema_extra={PRESENCE_MATTERS: True},
     )
     image: str = Field(
         DEFAULT_IMAGE,

@@ -101,7 +101,8 @@ class ArtifactClaims:
                 )
         if deleted:
             return
-        for configmap in self.kube.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}={name}"):
+        # Its engine ConfigMaps only (they name an artifact): the router's stays.
+        for configmap in self.kube.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}={name},{LABEL_ARTIFACT}"):
             if configmap["metadata"]["name"] not in keep_configmaps:
                 self.kube.delete(CONFIGMAPS, namespace, configmap["metadata"]["name"])
 

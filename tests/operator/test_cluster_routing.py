@@ -1,0 +1,168 @@
+"""Routing on a real control plane with fake nodes: the InferencePool of every service, the optional CRD,
+and the Endpoint Picker's objects that ``spec.routing`` adds and its removal takes away.
+
+The picker and Envoy themselves run in ``tests/realnode/test_routing.py``; here the pods are KWOK's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness.services import Services
+
+from neuronfleet.devcluster.addons.operator_process import OperatorProcess
+from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
+from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.controlplane.status import condition, phase_of
+from neuronfleet.devcluster.process.waiting import WaitFor
+from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.operator import plan
+from neuronfleet.operator.kube import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    INFERENCE_POOLS,
+    ROLE_BINDINGS,
+    ROLES,
+    SERVICE_ACCOUNTS,
+    SERVICES,
+    SERVICES_NIS,
+    Kube,
+    Resource,
+)
+
+pytest_plugins = ["harness.operator_fixtures"]
+
+Obj = dict[str, Any]
+SPEC: Obj = {
+    "model": {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"},
+    "engine": {"max_num_seqs": 8, "tensor_parallel_size": 4},
+    "replicas": 1,
+    "compile": {"artifactStore": "s3://neuronfleet-test/neff", "resources": {"cpu": "10m", "memory": "64Mi"}},
+}
+#: What the router of service "llama" is made of.
+ROUTER = (
+    (SERVICE_ACCOUNTS, "llama-epp"),
+    (ROLES, "llama-epp"),
+    (ROLE_BINDINGS, "llama-epp"),
+    (CONFIGMAPS, "llama-router"),
+    (DEPLOYMENTS, "llama-router"),
+    (SERVICES, "llama-router"),
+    (SERVICES, "llama-epp"),
+)
+
+
+@pytest.fixture
+def router_operator(
+    cluster: LocalCluster, namespace: str, crds: Path, wait_for: WaitFor, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator, resyncing every 5 s (the pool's kinds are listed at each resync, not watched)."""
+    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0)
+    running.start(wait_for)
+    try:
+        yield running
+    finally:
+        running.stop()
+        print(f"--- operator log ---\n{running.tail(60)}")
+
+
+@pytest.fixture
+def gie_crds(cluster: LocalCluster) -> Iterator[None]:
+    """GIE's CRDs, served for one test (installed by the test itself, when it is ready for them)."""
+    try:
+        yield
+    finally:
+        remove_gie_crds(cluster)
+
+
+def routing(body: Obj) -> tuple[str, str, str]:
+    found = condition(body, "Routing")
+    return found.get("status", ""), found.get("reason", ""), found.get("message", "")
+
+
+def existing(api: Kube, namespace: str, objects: tuple[tuple[Resource, str], ...]) -> list[str]:
+    return [f"{resource.kind}/{name}" for resource, name in objects if api.get(resource, namespace, name) is not None]
+
+
+def test_a_service_serves_without_the_pool_crd_and_gets_its_pool_once_the_cluster_serves_it(
+    cluster: LocalCluster,
+    services: Services,
+    router_operator: OperatorProcess,
+    api: Kube,
+    namespace: str,
+    wait_for: WaitFor,
+    gie_crds: None,
+) -> None:
+    services.create("llama", SPEC)
+    ready = services.wait("llama", lambda b: phase_of(b) == "Ready" and routing(b)[0] != "", "Ready", timeout=90)
+    status, reason, message = routing(ready)
+    assert (status, reason) == ("False", "InferencePoolUnavailable")
+    assert "serves no InferencePool (inference.networking.k8s.io/v1)" in message
+
+    # Installed while the operator runs: its next resync lists the kind and applies the pool.
+    install_gie_crds(cluster)
+    pooled = services.wait("llama", lambda b: routing(b)[1] == "PoolReady", "Routing=True PoolReady", timeout=60)
+    assert phase_of(pooled) == "Ready"
+    pool = api.get(INFERENCE_POOLS, namespace, "llama")
+    assert pool is not None
+    assert pool["spec"]["selector"]["matchLabels"] == plan.routing.serving_pods("llama")
+    assert pool["spec"]["targetPorts"] == [{"number": HTTP_PORT}]
+    assert pool["metadata"]["ownerReferences"][0]["name"] == "llama"
+
+    # Deleted by hand: no watch tells the operator, its next resync does, and the pool comes back.
+    uid = pool["metadata"]["uid"]
+    assert api.delete(INFERENCE_POOLS, namespace, "llama")
+    back = wait_for(
+        lambda: api.get(INFERENCE_POOLS, namespace, "llama") or {},
+        lambda found: found.get("metadata", {}).get("uid") not in (None, uid),
+        what="the pool re-applied by a resync",
+        timeout=60,
+    )
+    assert back["spec"] == pool["spec"]
+
+
+def test_spec_routing_runs_a_picker_and_its_removal_takes_the_picker_away(
+    cluster: LocalCluster,
+    services: Services,
+    api: Kube,
+    namespace: str,
+    wait_for: WaitFor,
+    gie_crds: None,
+    tmp_path: Path,
+) -> None:
+    install_gie_crds(cluster)
+    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0)
+    running.start(wait_for)
+    try:
+        services.create("llama", {**SPEC, "routing": {"replicas": 1}})
+        picked = services.wait(
+            "llama", lambda b: phase_of(b) == "Ready" and routing(b)[1] == "PickerReady", "Ready, PickerReady", 90
+        )
+        assert routing(picked)[0] == "True"
+        assert "send requests to Service llama-router" in routing(picked)[2]
+        assert existing(api, namespace, ROUTER) == [f"{r.kind}/{n}" for r, n in ROUTER]
+        router = api.get(DEPLOYMENTS, namespace, "llama-router")
+        assert router is not None
+        assert router["status"]["readyReplicas"] == 1
+        assert router["metadata"]["ownerReferences"][0]["name"] == "llama"
+        # The engine's Service still selects the engines only.
+        engine_service = api.get(SERVICES, namespace, "llama")
+        assert engine_service is not None
+        assert engine_service["spec"]["selector"] == plan.service_labels("llama")
+
+        # spec.routing removed: the router goes, the pool stays for a Gateway.
+        api.merge_patch(SERVICES_NIS, namespace, "llama", {"spec": {"routing": None}})
+        services.wait("llama", lambda b: routing(b)[1] == "PoolReady", "Routing=True PoolReady", timeout=60)
+        gone = wait_for(
+            lambda: existing(api, namespace, ROUTER),
+            lambda left: left == [],
+            what="the router's objects deleted",
+            timeout=60,
+        )
+        assert gone == []
+        assert api.get(INFERENCE_POOLS, namespace, "llama") is not None
+    finally:
+        running.stop()
+        print(f"--- operator log ---\n{running.tail(60)}")
