@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ from neuronfleet.devcluster.process.waiting import WaitFor, wait_for
 from neuronfleet.devcluster.realnode import node
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
+from neuronfleet.operator.plan import RouterImages
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api
@@ -112,14 +112,6 @@ def node_image(real_node: RealNode) -> NodeImage:
         return imported[target]
 
     return load
-
-
-@dataclass(frozen=True)
-class RouterImages:
-    """The references of the routing rig's two images, in the real node's containerd."""
-
-    picker: str
-    envoy: str
 
 
 @pytest.fixture(scope="session")

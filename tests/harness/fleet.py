@@ -33,6 +33,7 @@ from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
+from neuronfleet.operator.plan import RouterImages, routing
 
 Obj = dict[str, Any]
 CHART = Path(__file__).resolve().parents[2] / "charts" / "neuronfleet"
@@ -74,12 +75,15 @@ def service_manifest(
     autoscaling: Obj | None = None,
     max_num_seqs: int = 4,
     model: str = TINY_MODEL,
+    routing: Obj | None = None,
 ) -> Obj:
     """The service of ``model``, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
 
-    Two replicas, or ``autoscaling`` in their place.
+    Two replicas, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``.
     """
     replicas: Obj = {"replicas": 2} if autoscaling is None else {"autoscaling": autoscaling}
+    if routing is not None:
+        replicas["routing"] = routing
     return {
         "apiVersion": API_VERSION,
         "kind": SERVICE_KIND.kind,
@@ -196,9 +200,10 @@ class Fleet:
             and all(pod_ready(p) and not p["metadata"].get("deletionTimestamp") for p in pods)
         )
 
-    def load(self, name: str, *, rate: float = RATE, max_tokens: int = MAX_TOKENS) -> NodeLoad:
-        """Completions through the Service from the node's network namespace, until stopped."""
-        cluster_ip = self.get("service", NAME)["spec"]["clusterIP"]
+    def load(self, name: str, *, rate: float = RATE, max_tokens: int = MAX_TOKENS, through: str = NAME) -> NodeLoad:
+        """Completions through a Service (the engines', or ``through`` another: the router's) from the node's
+        network namespace, until stopped. Each answer records the replica that served it, where Envoy says."""
+        cluster_ip = self.get("service", through)["spec"]["clusterIP"]
         workdir = self.workdir / f"load-{name}"
         workdir.mkdir()
         url = f"http://{cluster_ip}:{HTTP_PORT}/v1/completions"
@@ -211,8 +216,13 @@ class Fleet:
             max_tokens=max_tokens,
             header=ARTIFACT_HEADER,
             model=model,
-            record=RECORDED_HEADERS,
+            record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER),
         )
+
+    def routed(self) -> bool:
+        """Whether the service's router (picker and Envoy) is Ready, as its Routing condition says."""
+        found = [c for c in self.status().get("conditions", []) if c["type"] == "Routing"]
+        return bool(found) and found[0]["reason"] == "PickerReady"
 
     def next_request_started(self, pod: Obj, timeout: float = 60) -> None:
         """Return as soon as the pod's engine starts a request (its prompt-token counter rises)."""
@@ -350,10 +360,13 @@ def started(
     autoscaling: Obj | None = None,
     max_num_seqs: int = 4,
     model: str = TINY_MODEL,
+    router_images: RouterImages | None = None,
 ) -> Iterator[Fleet]:
     """The service of ``model`` Ready (two replicas, or ``autoscaling``'s minimum), rolled out by the operator.
 
     A ``prometheus`` URL installs the operator with autoscaling on, its ScaledObjects querying it.
+    ``router_images`` gives the service ``spec.routing`` (one router pod) and the operator those images, and
+    waits for the router too.
     """
     engine, operator = node_image("engine"), node_image("operator")
     s3 = S3Server.start(workdir / "s3", host=NODE_IP, netns=real_node.netns)
@@ -377,6 +390,14 @@ def started(
             watch_namespaces=[namespace],
             resync_seconds=5,
             prometheus=prometheus,
+            values=[]
+            if router_images is None
+            else [
+                "--set",
+                f"routing.pickerImage={router_images.picker}",
+                "--set",
+                f"routing.envoyImage={router_images.envoy}",
+            ],
         )
         assert installed.returncode == 0, installed.stderr
         wait_for(
@@ -388,7 +409,13 @@ def started(
         create_secret(real_cluster, namespace, KEYS, keys.access_key, keys.secret_key)
         create_secret(real_cluster, namespace, WRONG_KEYS, keys.access_key, f"revoked-{keys.secret_key[::-1]}")
         manifest = service_manifest(
-            engine.name, s3.endpoint, [128, 256], autoscaling=autoscaling, max_num_seqs=max_num_seqs, model=model
+            engine.name,
+            s3.endpoint,
+            [128, 256],
+            autoscaling=autoscaling,
+            max_num_seqs=max_num_seqs,
+            model=model,
+            routing=None if router_images is None else {"replicas": 1, **pinned_here()},
         )
         service = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
         service.apply(manifest)
@@ -399,6 +426,8 @@ def started(
             f"{NAME} Ready on artifact {first}",
             timeout=2 * POD_TIMEOUT_S,
         )
+        if router_images is not None:
+            service.wait(service.routed, f"{NAME}'s Endpoint Picker and Envoy Ready")
         yield service
     finally:
         log = real_cluster.kubectl(

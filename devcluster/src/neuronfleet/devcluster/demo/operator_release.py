@@ -50,6 +50,7 @@ def install(
     watch_namespaces: Sequence[str] = (),
     resync_seconds: int | None = None,
     prometheus: str | None = None,
+    values: Sequence[str] = (),
     timeout_s: int = 300,
 ) -> subprocess.CompletedProcess[str]:
     """``helm install --wait`` of the chart into ``namespace`` (which must exist), its pod on the real node.
@@ -71,6 +72,7 @@ def install(
         "--namespace",
         namespace,
         *settings,
+        *values,
         *real_node_values(image),
         "--wait",
         f"--timeout={timeout_s}s",

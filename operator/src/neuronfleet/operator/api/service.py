@@ -186,6 +186,12 @@ class Routing(K8sModel):
             "from the engines' queue and KV cache metrics, not at random."
         ),
     )
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Node labels router pods require (they need no Neuron device: a CPU pool, typically).",
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=16, description="Router pod tolerations.")
 
 
 class NeuronInferenceServiceSpec(K8sModel):

@@ -300,6 +300,7 @@ def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images
             "template": {
                 "metadata": {"labels": pods},
                 "spec": {
+                    **_placement(routing),
                     "serviceAccountName": picker_name(owner.name),
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [picker, envoy],
@@ -308,6 +309,15 @@ def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images
             },
         },
     }
+
+
+def _placement(routing: api.Routing) -> Obj:
+    placement: Obj = {}
+    if routing.node_selector:
+        placement["nodeSelector"] = dict(routing.node_selector)
+    if routing.tolerations:
+        placement["tolerations"] = [t.model_dump(mode="json", exclude_none=True) for t in routing.tolerations]
+    return placement
 
 
 def router_services(owner: Owner, namespace: str) -> list[Obj]:

@@ -88,6 +88,18 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
     )
 
 
+def test_router_pods_go_where_routing_places_them() -> None:
+    placed = api.Routing.model_validate(
+        {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]}
+    )
+    pod = plan.router_objects(OWNER, NS, placed, IMAGES)[4]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "cpu"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    unplaced = plan.router_objects(OWNER, NS, api.Routing(), IMAGES)[4]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in unplaced
+    assert "tolerations" not in unplaced
+
+
 def test_the_pickers_role_reads_only_what_it_watches() -> None:
     objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES))
     rules = objects[("Role", "llama-epp")]["rules"]

@@ -1,0 +1,223 @@
+"""Routing through the real Endpoint Picker and Envoy, on real pods, under load.
+
+One ``device: sim`` service with two replicas and ``spec.routing`` on the real node: the operator (in-cluster,
+from the chart) applies its InferencePool and runs GIE v1.5.0's Endpoint Picker with Envoy 1.40 in front of it
+(images built here, ``tools/gie`` and ``tools/envoy``). Load goes through the router's Service, from the node's
+network namespace; Envoy names the replica that served each request (``x-neuronfleet-endpoint``), so each
+test sees where the picker sent what. The tests share the service and leave it Ready with two replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from harness.cluster_fixtures import NodeImage
+from harness.fleet import (
+    AFTER_S,
+    DRAIN_TOKENS,
+    LLAMA_8B_MODEL,
+    NAME,
+    POD_TIMEOUT_S,
+    RATE,
+    Fleet,
+    Obj,
+    identity_hash,
+    pod_ready,
+    report,
+    started,
+)
+
+from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
+from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.realnode.node import RealNode
+from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.operator.plan import RouterImages, routing
+
+#: Long generations a second (about 8 s each): two replicas run them with room, one alone just keeps up.
+DRAIN_RATE = 0.5
+ROUTER = routing.router_name(NAME)
+
+
+@pytest.fixture(scope="module")
+def routed(
+    real_cluster: LocalCluster,
+    real_node: RealNode,
+    node_image: NodeImage,
+    router_images: RouterImages,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Fleet]:
+    """The service Ready with two replicas and its router Ready, GIE's CRDs served for the module."""
+    install_gie_crds(real_cluster)
+    try:
+        with started(
+            real_cluster,
+            real_node,
+            node_image,
+            tmp_path_factory.mktemp("routed"),
+            model=LLAMA_8B_MODEL,
+            router_images=router_images,
+        ) as service:
+            yield service
+    finally:
+        remove_gie_crds(real_cluster)
+
+
+def replica(answer_endpoint: str | None) -> str | None:
+    """The pod IP in Envoy's ``ip:port`` of the replica that answered."""
+    return None if not answer_endpoint else answer_endpoint.rsplit(":", 1)[0]
+
+
+def endpoints(pods: list[Obj]) -> dict[str, str]:
+    """Pod IP -> pod name."""
+    return {p["status"]["podIP"]: p["metadata"]["name"] for p in pods if p.get("status", {}).get("podIP")}
+
+
+def scrape(fleet: Fleet, pod: Obj) -> dict[str, list[str]]:
+    """The engine's metrics the picker reads, from the node: each family's sample lines."""
+    url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
+    script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
+    done = fleet.node.in_netns(["python3", "-I", "-c", script])
+    assert done.returncode == 0, done.stderr
+    families = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+    found: dict[str, list[str]] = {name: [] for name in (*families, "vllm:cache_config_info")}
+    for line in done.stdout.splitlines():
+        for name in found:
+            if line.startswith(name + "{"):
+                found[name].append(line)
+    return found
+
+
+def value(line: str) -> float:
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_loses_nothing(routed: Fleet) -> None:
+    fleet = routed
+    old = fleet.status()["currentRevision"]
+    pods = endpoints(fleet.pods())
+    changed = fleet.with_buckets([64, 256])
+    new = identity_hash(changed)
+    with fleet.load("routed-rollout", through=ROUTER) as load:
+        # What the picker reads, from a serving pod while it serves.
+        busy = wait_busy(fleet)
+        applied_at = fleet.apply(changed)
+        compiled_at = fleet.wait(
+            lambda: (
+                (fleet.status().get("artifact") or {}).get("hash") == new
+                and (fleet.status().get("artifact") or {}).get("phase") == "Ready"
+                and time.time()
+            ),
+            f"artifact {new} compiled",
+        )
+        done_at = fleet.wait(
+            lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
+        )
+        new_pods = endpoints(fleet.pods())
+        time.sleep(AFTER_S)
+        result = load.stop()
+    report("rollout through the picker", result, applied=applied_at, compiled=compiled_at, rolled_out=done_at)
+    assert result.failed == {}, result.summary
+    before = result.sent_between(result.answers[0].sent_at, applied_at)
+    # Both replicas took requests through the picker before the change: it spreads, it does not pin.
+    assert {replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in before} == set(pods)
+    after = result.sent_between(done_at)
+    assert len(after) >= RATE * AFTER_S * 0.8, len(after)
+    assert {a.header for a in after} == {new}
+    assert {replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in after} <= set(new_pods)
+    assert {a.header for a in result.answers} == {old, new}
+    # The metrics, read under load: integer cache labels, the request gauges, a KV usage fraction.
+    assert busy["running"] >= 1, busy
+    assert 0 < busy["kv_cache_usage_perc"] <= 1, busy
+    assert busy["block_size"] > 0
+    assert busy["num_gpu_blocks"] > 0
+
+
+def wait_busy(fleet: Fleet) -> dict[str, float]:
+    """The picker's metrics of a serving pod while it runs a request: its gauges and its cache's integers."""
+
+    def read() -> dict[str, float]:
+        for pod in fleet.pods():
+            metrics = scrape(fleet, pod)
+            (info,) = metrics["vllm:cache_config_info"]
+            labels = dict(part.split("=", 1) for part in info[info.index("{") + 1 : info.index("}")].split(","))
+            running = sum(value(line) for line in metrics["vllm:num_requests_running"])
+            if running:
+                return {
+                    "running": running,
+                    "waiting": sum(value(line) for line in metrics["vllm:num_requests_waiting"]),
+                    "kv_cache_usage_perc": max(value(line) for line in metrics["vllm:kv_cache_usage_perc"]),
+                    # int() fails on anything but an integer, as the picker's parse does.
+                    "block_size": int(labels["block_size"].strip('"')),
+                    "num_gpu_blocks": int(labels["num_gpu_blocks"].strip('"')),
+                }
+        return {}
+
+    found: dict[str, float] = fleet.wait(read, "a serving pod running a request", timeout=60)
+    return found
+
+
+def test_a_pod_that_is_not_ready_is_never_picked(routed: Fleet) -> None:
+    fleet = routed
+    serving = fleet.status()["currentRevision"]
+    victim, other = fleet.pods()
+    victim_ip, name = victim["status"]["podIP"], victim["metadata"]["name"]
+    pid = fleet.container_pid(victim)
+    with fleet.load("not-ready", through=ROUTER) as load:
+        # A frozen engine cannot serve: its readiness probe times out and the pod goes NotReady.
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stopped_at = time.time()
+            fleet.wait(lambda: not pod_ready(fleet.get("pod", name)), f"{name} NotReady", timeout=90)
+            unready_at = time.time()
+            time.sleep(AFTER_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        resumed_at = time.time()
+        fleet.wait(lambda: pod_ready(fleet.get("pod", name)), f"{name} Ready again", timeout=120)
+        ready_at = time.time()
+        time.sleep(AFTER_S)
+        result = load.stop()
+    report("not ready", result, stopped=stopped_at, unready=unready_at, resumed=resumed_at, ready=ready_at)
+    served_by = {a: replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in result.answers}
+    # From the moment the API server said NotReady until it was resumed, nothing went to the frozen pod,
+    # and nothing sent then failed: the other replica took it all.
+    while_unready = result.sent_between(unready_at, resumed_at)
+    assert len(while_unready) >= RATE * AFTER_S * 0.8, len(while_unready)
+    assert {served_by[a] for a in while_unready} == {other["status"]["podIP"]}
+    assert all(a.ok for a in while_unready), [a for a in while_unready if not a.ok][:5]
+    # Ready again, it is picked again: its readiness was what kept it out.
+    assert victim_ip in {served_by[a] for a in result.sent_between(ready_at)}
+    assert {a.header for a in result.answers if a.ok} == {serving}
+    fleet.wait(lambda: fleet.rolled_out_to(serving), "both replicas Ready")
+
+
+def test_a_drained_replica_finishes_what_the_picker_sent_it_and_none_fails(routed: Fleet) -> None:
+    fleet = routed
+    serving = fleet.status()["currentRevision"]
+    victim = fleet.pods()[0]
+    victim_ip, name = victim["status"]["podIP"], victim["metadata"]["name"]
+    grace = victim["spec"]["terminationGracePeriodSeconds"]
+    with fleet.load("routed-drain", rate=DRAIN_RATE, max_tokens=DRAIN_TOKENS, through=ROUTER) as load:
+        fleet.next_request_started(victim)
+        deleted_at = time.time()
+        fleet.kubectl("delete", "pod", name, "--wait=false")
+        fleet.wait(lambda: name not in {p["metadata"]["name"] for p in fleet.pods()}, f"pod {name} gone", grace + 30)
+        gone_at = time.time()
+        time.sleep(AFTER_S)
+        result = load.stop()
+    served_by = {a: replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in result.answers}
+    on_victim = [a for a in result.answers if served_by[a] == victim_ip]
+    in_flight = [a for a in on_victim if a.sent_at <= deleted_at < a.done_at]
+    report("drain through the picker", result, deleted=deleted_at, gone=gone_at)
+    print(f"    on {name}: {len(on_victim)} answered, {len(in_flight)} in flight at the deletion", flush=True)
+    assert in_flight, f"no request was running on {name} when it was deleted"
+    assert result.failed == {}, result.summary
+    assert all(a.tokens == DRAIN_TOKENS for a in result.answers)
+    # Once it was deleted, the picker sent new requests elsewhere.
+    assert all(served_by[a] != victim_ip for a in result.sent_between(deleted_at + 2))
+    assert {a.header for a in result.answers} == {serving}
+    fleet.wait(lambda: fleet.rolled_out_to(serving), "the replacement pod Ready")
