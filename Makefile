@@ -26,7 +26,7 @@ export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
 STAGE := tools/stages.sh run
 
 .PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit compat lock crds clean \
-	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator
+	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -109,7 +109,7 @@ crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's
 	$(BIN)/neuronfleet-operator crds --output crds
 	$(BIN)/neuronfleet-operator crds --output charts/neuronfleet/crds
 
-bench: bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator  ## Every benchmark, then one table (and summary.json, summary.png) in bench/results/.
+bench: bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing  ## Every benchmark, then one table (and summary.json, summary.png) in bench/results/.
 	$(BIN)/python bench/report.py
 
 bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
@@ -129,6 +129,9 @@ bench-serving: setup  ## Goodput, throughput, TTFT and ITL by request rate on th
 
 bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.
 	$(BIN)/python bench/control_plane.py
+
+bench-routing: setup tools images  ## Short requests' TTFT through the Endpoint Picker vs the plain Service, on the real node.
+	$(BIN)/python bench/routing.py
 
 lock:  $(UV) ## Re-resolve uv.lock (and the vLLM 0.29 environment's) after changing dependencies.
 	$(UV) lock

@@ -76,10 +76,12 @@ def service_manifest(
     max_num_seqs: int = 4,
     model: str = TINY_MODEL,
     routing: Obj | None = None,
+    engine: Obj | None = None,
 ) -> Obj:
     """The service of ``model``, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
 
-    Two replicas, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``.
+    Two replicas, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``; ``engine`` overrides
+    engine fields.
     """
     replicas: Obj = {"replicas": 2} if autoscaling is None else {"autoscaling": autoscaling}
     if routing is not None:
@@ -99,6 +101,7 @@ def service_manifest(
                 "max_model_len": 256,
                 "max_num_batched_tokens": 256,
                 "num_batched_tokens_buckets": buckets,
+                **(engine or {}),
             },
             "resources": {"cpu": "250m", "memory": "4Gi"},
             **pinned_here(),
@@ -200,7 +203,15 @@ class Fleet:
             and all(pod_ready(p) and not p["metadata"].get("deletionTimestamp") for p in pods)
         )
 
-    def load(self, name: str, *, rate: float = RATE, max_tokens: int = MAX_TOKENS, through: str = NAME) -> NodeLoad:
+    def load(
+        self,
+        name: str,
+        *,
+        rate: float = RATE,
+        max_tokens: int = MAX_TOKENS,
+        through: str = NAME,
+        prompt: str | None = None,
+    ) -> NodeLoad:
         """Completions through a Service (the engines', or ``through`` another: the router's) from the node's
         network namespace, until stopped. Each answer records the replica that served it, where Envoy says."""
         cluster_ip = self.get("service", through)["spec"]["clusterIP"]
@@ -217,6 +228,7 @@ class Fleet:
             header=ARTIFACT_HEADER,
             model=model,
             record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER),
+            prompt=prompt,
         )
 
     def routed(self) -> bool:
@@ -361,12 +373,13 @@ def started(
     max_num_seqs: int = 4,
     model: str = TINY_MODEL,
     router_images: RouterImages | None = None,
+    engine_config: Obj | None = None,
 ) -> Iterator[Fleet]:
     """The service of ``model`` Ready (two replicas, or ``autoscaling``'s minimum), rolled out by the operator.
 
     A ``prometheus`` URL installs the operator with autoscaling on, its ScaledObjects querying it.
     ``router_images`` gives the service ``spec.routing`` (one router pod) and the operator those images, and
-    waits for the router too.
+    waits for the router too. ``engine_config`` overrides fields of the service's engine configuration.
     """
     engine, operator = node_image("engine"), node_image("operator")
     s3 = S3Server.start(workdir / "s3", host=NODE_IP, netns=real_node.netns)
@@ -416,6 +429,7 @@ def started(
             max_num_seqs=max_num_seqs,
             model=model,
             routing=None if router_images is None else {"replicas": 1, **pinned_here()},
+            engine=engine_config,
         )
         service = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
         service.apply(manifest)

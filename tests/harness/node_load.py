@@ -93,6 +93,7 @@ class NodeLoad:
         header: str,
         model: str,
         record: Sequence[str] = (),
+        prompt: str | None = None,
     ) -> None:
         self.outcomes = workdir / "outcomes.jsonl"
         self.argv = [
@@ -110,6 +111,7 @@ class NodeLoad:
             f"--header={header}",
             f"--model={model}",
             *(f"--record-header={name}" for name in record),
+            *([f"--prompt={prompt}"] if prompt is not None else []),
             f"--outcomes={self.outcomes}",
             "--json",
         ]

@@ -30,6 +30,7 @@ from harness.fleet import (
     report,
     started,
 )
+from harness.node_load import Answer
 
 from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster
@@ -69,6 +70,11 @@ def routed(
 def replica(answer_endpoint: str | None) -> str | None:
     """The pod IP in Envoy's ``ip:port`` of the replica that answered."""
     return None if not answer_endpoint else answer_endpoint.rsplit(":", 1)[0]
+
+
+def served_by(answer: Answer) -> str | None:
+    """The pod IP of the replica the picker sent a request to, as Envoy named it in the answer."""
+    return replica(answer.recorded.get(routing.UPSTREAM_HEADER))
 
 
 def endpoints(pods: list[Obj]) -> dict[str, str]:
@@ -182,15 +188,14 @@ def test_a_pod_that_is_not_ready_is_never_picked(routed: Fleet) -> None:
         time.sleep(AFTER_S)
         result = load.stop()
     report("not ready", result, stopped=stopped_at, unready=unready_at, resumed=resumed_at, ready=ready_at)
-    served_by = {a: replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in result.answers}
     # From the moment the API server said NotReady until it was resumed, nothing went to the frozen pod,
     # and nothing sent then failed: the other replica took it all.
     while_unready = result.sent_between(unready_at, resumed_at)
     assert len(while_unready) >= RATE * AFTER_S * 0.8, len(while_unready)
-    assert {served_by[a] for a in while_unready} == {other["status"]["podIP"]}
+    assert {served_by(a) for a in while_unready} == {other["status"]["podIP"]}
     assert all(a.ok for a in while_unready), [a for a in while_unready if not a.ok][:5]
     # Ready again, it is picked again: its readiness was what kept it out.
-    assert victim_ip in {served_by[a] for a in result.sent_between(ready_at)}
+    assert victim_ip in {served_by(a) for a in result.sent_between(ready_at)}
     assert {a.header for a in result.answers if a.ok} == {serving}
     fleet.wait(lambda: fleet.rolled_out_to(serving), "both replicas Ready")
 
@@ -209,8 +214,7 @@ def test_a_drained_replica_finishes_what_the_picker_sent_it_and_none_fails(route
         gone_at = time.time()
         time.sleep(AFTER_S)
         result = load.stop()
-    served_by = {a: replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in result.answers}
-    on_victim = [a for a in result.answers if served_by[a] == victim_ip]
+    on_victim = [a for a in result.answers if served_by(a) == victim_ip]
     in_flight = [a for a in on_victim if a.sent_at <= deleted_at < a.done_at]
     report("drain through the picker", result, deleted=deleted_at, gone=gone_at)
     print(f"    on {name}: {len(on_victim)} answered, {len(in_flight)} in flight at the deletion", flush=True)
@@ -218,6 +222,6 @@ def test_a_drained_replica_finishes_what_the_picker_sent_it_and_none_fails(route
     assert result.failed == {}, result.summary
     assert all(a.tokens == DRAIN_TOKENS for a in result.answers)
     # Once it was deleted, the picker sent new requests elsewhere.
-    assert all(served_by[a] != victim_ip for a in result.sent_between(deleted_at + 2))
+    assert all(served_by(a) != victim_ip for a in result.sent_between(deleted_at + 2))
     assert {a.header for a in result.answers} == {serving}
     fleet.wait(lambda: fleet.rolled_out_to(serving), "the replacement pod Ready")

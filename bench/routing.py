@@ -1,0 +1,218 @@
+"""Short requests' time to first token through the Endpoint Picker, against the plain Service, on real pods.
+
+One ``device: sim`` service (Llama 3.1 8B on trn2.48xlarge's clock, TP 1: a 4,096-token prefill takes about
+0.9 s, a 20-token one about 30 ms) with two replicas on the real node, rolled out by the operator from the chart,
+with ``spec.routing``: GIE v1.5.0's Endpoint Picker and Envoy 1.40 (built here) in front of the same pods. The
+same load goes through the plain Service (kube-proxy: a random replica) and through the picker's Service, in
+alternating windows of ``--window`` seconds (``--rounds`` each, the first side alternating): two open-loop
+streams at fixed rates, long prompts (``--long-tokens`` words, near the largest bucket) and short chat-sized
+prompts (20 words) asking for one token, so a short request's latency is its time to first token. A replica
+runs one prefill per step: a short request sent to a replica in a long prefill waits it out.
+
+Reported, for the short requests on each side: TTFT p50 and p99 (inclusive quantiles), goodput (short requests
+per second whose TTFT met ``--slo-ms``), failures, and the ratio of the Service's p99 to the picker's (the
+goal: at least 1.5x lower through the picker).
+
+Run: ``make bench-routing`` (root: the real node; about 15 minutes, images and tools cached).
+Prints one table; writes bench/results/routing.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from harness.fleet import LLAMA_8B_MODEL, NAME, Fleet, started
+from harness.node_load import Answer
+
+from neuronfleet.devcluster.addons.routing import install_gie_crds
+from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
+from neuronfleet.devcluster.images import node_images
+from neuronfleet.devcluster.images.dockerfile import TARGETS, BuiltImage, Target, build
+from neuronfleet.devcluster.process.tools import NodeTools
+from neuronfleet.devcluster.realnode import node
+from neuronfleet.devcluster.realnode.node import RealNode
+from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
+from neuronfleet.operator.plan import RouterImages, routing
+
+RESULTS = Path(__file__).resolve().parent / "results" / "routing.json"
+Obj = dict[str, Any]
+#: The service's engine: room for prompts up to the long ones, one bucket for them and one for chat.
+ENGINE: Obj = {
+    "max_model_len": 4096,
+    "max_num_batched_tokens": 4096,
+    "num_batched_tokens_buckets": [128, 4096],
+    "max_num_seqs": 8,
+}
+SHORT_WORDS = 20
+#: Tokens each long request asks for: its prefill is what the short ones would wait behind.
+LONG_MAX_TOKENS = 4
+SIDES = {"service": NAME, "picker": routing.router_name(NAME)}
+
+
+def node_image(real_node: RealNode) -> Callable[[Target], BuiltImage]:
+    """The operator or engine image, built (or up to date) and imported into the real node."""
+    imported: dict[Target, BuiltImage] = {}
+
+    def load(target: Target) -> BuiltImage:
+        if target not in imported:
+            image = build(target)
+            real_node.import_image(OciImage.of(image))
+            imported[target] = image
+        return imported[target]
+
+    return load
+
+
+def router_images(real_node: RealNode) -> RouterImages:
+    """The picker's and Envoy's images, built (or cached) and imported into the real node."""
+    for archive in (node_images.picker_image(), node_images.envoy_image()):
+        real_node.import_image(OciImage.read(archive))
+    return RouterImages(picker=node_images.PICKER_IMAGE, envoy=node_images.ENVOY_IMAGE)
+
+
+def prompt(words: int, seed: int) -> str:
+    """``words`` words (tokens, to the simulated tokenizer), different per seed, so no two streams share one."""
+    vocabulary = ["bada", "bade", "badi", "bado", "badu", "beda", "bede", "bedi"]
+    return " ".join(vocabulary[(seed + i * 7) % len(vocabulary)] for i in range(words))
+
+
+def window(fleet: Fleet, side: str, seconds: float, args: argparse.Namespace, index: int) -> tuple[list[Answer], int]:
+    """One window of both streams through ``side``: the short requests' answers, and how many longs failed."""
+    through = SIDES[side]
+    longs = fleet.load(
+        f"{side}-{index}-long",
+        rate=args.long_rate,
+        max_tokens=LONG_MAX_TOKENS,
+        through=through,
+        prompt=prompt(args.long_tokens, index),
+    )
+    shorts = fleet.load(
+        f"{side}-{index}-short", rate=args.short_rate, max_tokens=1, through=through, prompt=prompt(SHORT_WORDS, 1)
+    )
+    longs.start()
+    shorts.start()
+    time.sleep(seconds)
+    short_result, long_result = shorts.stop(), longs.stop()
+    return short_result.answers, len([a for a in long_result.answers if not a.ok])
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Inclusive quantile (the median for 0.5)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def summary(answers: list[Answer], seconds: float, slo_s: float) -> Obj:
+    """TTFT p50/p99 of the short requests that succeeded, goodput at the SLO, failures."""
+    ok = sorted(a.latency_s for a in answers if a.ok)
+    return {
+        "sent": len(answers),
+        "failed": len(answers) - len(ok),
+        "ttft_p50_s": quantile(ok, 0.5),
+        "ttft_p99_s": quantile(ok, 0.99),
+        "goodput_rps": sum(1 for latency in ok if latency <= slo_s) / seconds,
+        "replicas_used": len({a.recorded.get(routing.UPSTREAM_HEADER) for a in answers if a.ok}),
+    }
+
+
+def main() -> None:
+    """Start the rig, run the windows, print the table and write the results."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
+    parser.add_argument("--rounds", type=int, default=3, help="windows per side")
+    parser.add_argument("--short-rate", type=float, default=2.0, help="short requests per second")
+    parser.add_argument("--long-rate", type=float, default=0.3, help="long requests per second")
+    parser.add_argument("--long-tokens", type=int, default=3900, help="words (tokens) in a long prompt")
+    parser.add_argument("--slo-ms", type=float, default=300.0, help="TTFT goal of a short request")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("the real node needs root")
+
+    began = time.monotonic()
+    reap_orphans()
+    store = NodeImageStore.default(NodeTools.locate().directory)
+    store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}"))
+    cluster = LocalCluster.start(
+        f"bench-routing-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
+    )
+    answers: dict[str, list[Answer]] = {side: [] for side in SIDES}
+    long_failures = dict.fromkeys(SIDES, 0)
+    try:
+        real_node = cluster.real_node
+        assert real_node is not None
+        install_gie_crds(cluster)
+        workdir = cluster.state.workdir / "bench"
+        workdir.mkdir()
+        with started(
+            cluster,
+            real_node,
+            node_image(real_node),
+            workdir,
+            model=LLAMA_8B_MODEL,
+            router_images=router_images(real_node),
+            engine_config=ENGINE,
+        ) as fleet:
+            print(f"[{time.monotonic() - began:5.0f} s] service Ready behind its picker", flush=True)
+            for index in range(args.rounds):
+                order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
+                for side in order:
+                    got, failed_longs = window(fleet, side, args.window, args, index)
+                    answers[side] += got
+                    long_failures[side] += failed_longs
+                    print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
+    finally:
+        cluster.stop()
+
+    seconds = args.window * args.rounds
+    results: Obj = {
+        "args": vars(args),
+        "engine": ENGINE,
+        "wall_s": time.monotonic() - began,
+        "sides": {
+            side: {**summary(got, seconds, args.slo_ms / 1000), "long_failed": long_failures[side]}
+            for side, got in answers.items()
+        },
+    }
+    service, picker = results["sides"]["service"], results["sides"]["picker"]
+    results["p99_ratio"] = service["ttft_p99_s"] / picker["ttft_p99_s"]
+    results["goodput_ratio"] = picker["goodput_rps"] / service["goodput_rps"] if service["goodput_rps"] else None
+    report(results)
+
+
+def report(results: Obj) -> None:
+    """Print the table and write the JSON."""
+    args = results["args"]
+    print(
+        f"\nShort requests ({SHORT_WORDS} tokens, 1 generated) at {args['short_rate']:g}/s beside long ones "
+        f"({args['long_tokens']} tokens) at {args['long_rate']:g}/s, two sim replicas (Llama 3.1 8B, trn2.48xlarge, "
+        f"TP 1), {args['rounds']} windows of {args['window']:g} s per side, alternating; took "
+        f"{results['wall_s'] / 60:.1f} min"
+    )
+    print(f"{'route':<10} {'sent':>6} {'failed':>6} {'TTFT p50':>10} {'TTFT p99':>10} {'goodput':>14} replicas")
+    for side, figures in results["sides"].items():
+        print(
+            f"{side:<10} {figures['sent']:>6} {figures['failed']:>6} {1000 * figures['ttft_p50_s']:>8.0f} ms "
+            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {figures['goodput_rps']:>8.2f} req/s {figures['replicas_used']}"
+        )
+    print(
+        f"short-request TTFT p99, Service / picker: {results['p99_ratio']:.2f}x (goal >= 1.5x); goodput at TTFT <= "
+        f"{args['slo_ms']:g} ms, picker / Service: {results['goodput_ratio'] or float('nan'):.2f}x"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
