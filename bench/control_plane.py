@@ -827,6 +827,8 @@ def main() -> None:
         for size in (args.midpoint, args.fleet):
             grown = fleet(kube, services, requests, present, size, args.fleet_identities, timeout=600)
             present = size
+            # The probe measures a settled fleet, not the growth's last writes (compile Jobs, their pods).
+            settle(requests, quiet_seconds=3, timeout=300)
             progress(began, f"{size} services Compiling")
             probes.append({**probe(kube, services, requests, size, args.probe_changes), "memory": memory(pid, size)})
             progress(began, f"probe at {size} services: {args.probe_changes} spec changes")
