@@ -71,8 +71,9 @@ tool-kube tool-node tool-s3 tool-prometheus tool-keda tool-argocd tool-gie tool-
 tool-envoy: | $(UV)
 
 # Content-keyed: a rerun with no input changed takes seconds. IMAGES=operator builds one.
+# The base image is made with mmdebstrap and the builds run podman: both come from `packages`.
 IMAGES ?= operator engine
-images: setup  ## Build the operator and engine images with podman (OCI archives in ~/.cache/neuronfleet/images).
+images: setup packages  ## Build the operator and engine images with podman (OCI archives in ~/.cache/neuronfleet/images).
 	for target in $(IMAGES); do \
 		$(STAGE) "image: $$target" "is up to date" $(BIN)/neuronfleet-dev images build --target=$$target; \
 	done
