@@ -8,6 +8,11 @@ over ext_proc (on localhost, in the same pod) which replica takes each request, 
 
 Names follow GIE's charts: the pool is the service's name, the picker's Service ``<name>-epp``; what users
 send requests to is the Service ``<name>-router``.
+
+The picker scores replicas for Neuron (:func:`picker_config`): first by the prompt tokens it has sent each one
+and not yet seen answered. A Neuron replica runs one prefill per step, so a replica holding a long prompt is
+busy for its whole prefill while vLLM counts it as one *running* request, which GIE's default queue scorer
+(waiting requests only) does not see.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_SERVICE
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
@@ -246,8 +252,55 @@ def router_configmap(owner: Owner, namespace: str) -> Obj:
     }
 
 
-def picker_args(service: str, namespace: str) -> list[str]:
-    """The picker's command line: its pool; no tracing exporter; metrics without token review."""
+#: The picker's scorers and their weights (GIE's ``EndpointPickerConfig``); see :func:`picker_config`.
+PICKER_CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+IN_FLIGHT_WEIGHT, QUEUE_WEIGHT, KV_CACHE_WEIGHT = 4.0, 1.0, 1.0
+
+
+def in_flight_capacity_tokens(engine: EngineConfig) -> int:
+    """The tokens a replica holds when full (every sequence at ``max_model_len``): the in-flight scale."""
+    return engine.max_num_seqs * engine.max_model_len
+
+
+def picker_config(engine: EngineConfig) -> Obj:
+    """The picker's scoring for Neuron replicas: tokens in flight first, then the engines' queue and KV cache.
+
+    ``token-load-scorer`` reads what ``inflight-load-producer`` counts as the picker dispatches and sees
+    answers end: each replica's estimated prompt and generation tokens, with no scrape interval behind it.
+    Its scale is the replica's capacity, so a replica half full of work scores 0.5. The scraped queue
+    (waiting requests) and KV usage break what that leaves even. GIE's default prefix-cache scorer is left
+    out: it needs a prefix producer the default omits, and scores nothing without it.
+    """
+    scorers = {
+        "token-load-scorer": (IN_FLIGHT_WEIGHT, {"queueThresholdTokens": in_flight_capacity_tokens(engine)}),
+        "queue-scorer": (QUEUE_WEIGHT, None),
+        "kv-cache-utilization-scorer": (KV_CACHE_WEIGHT, None),
+    }
+    return {
+        "apiVersion": PICKER_CONFIG_API_VERSION,
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "inflight-load-producer"},
+            *(
+                {"type": name, **({"parameters": parameters} if parameters else {})}
+                for name, (_, parameters) in scorers.items()
+            ),
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    *({"pluginRef": name, "weight": weight} for name, (weight, _) in scorers.items()),
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+
+
+def picker_args(service: str, namespace: str, engine: EngineConfig) -> list[str]:
+    """The picker's command line: its pool and scoring; no tracing exporter; metrics without token review."""
     return [
         f"--pool-name={service}",
         f"--pool-namespace={namespace}",
@@ -258,16 +311,20 @@ def picker_args(service: str, namespace: str) -> list[str]:
         "--metrics-endpoint-auth=false",
         "--enable-pprof=false",
         "--zap-encoder=json",
+        # Inline (JSON is YAML): a change of scoring rolls the router pods like any other change of theirs.
+        f"--config-text={json.dumps(picker_config(engine), sort_keys=True)}",
     ]
 
 
-def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> Obj:
+def router_deployment(
+    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, engine: EngineConfig
+) -> Obj:
     """The router pods: the picker and its Envoy side by side."""
     grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
     picker: Obj = {
         "name": "epp",
         "image": images.picker,
-        "args": picker_args(owner.name, namespace),
+        "args": picker_args(owner.name, namespace, engine),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "ports": [
             {"name": "grpc", "containerPort": PICKER_PORT},
@@ -341,11 +398,16 @@ def router_services(owner: Owner, namespace: str) -> list[Obj]:
     ]
 
 
-def router_objects(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> list[Obj]:
-    """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
+def router_objects(
+    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, engine: EngineConfig
+) -> list[Obj]:
+    """Everything the standalone picker runs with, in apply order (access and config before the pods).
+
+    ``engine`` is the service's: the picker's in-flight scale is its replicas' capacity.
+    """
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),
-        router_deployment(owner, namespace, routing, images),
+        router_deployment(owner, namespace, routing, images, engine),
         *router_services(owner, namespace),
     ]
