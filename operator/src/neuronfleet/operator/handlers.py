@@ -159,7 +159,9 @@ def build_registry(
                 state["last_resync"] = datetime.datetime.now(datetime.UTC)
                 log.info("resync done: %d objects reconciled", count)
             # What the cache holds now is long-lived: out of the cyclic collector's way, whose full passes over
-            # a thousand services' objects would otherwise stall the event loop for a tenth of a second.
+            # a thousand services' objects would otherwise stall the event loop for a tenth of a second. Collected
+            # first, so no garbage cycle is frozen for good; that pass covers only what the last freeze left.
+            gc.collect()
             gc.freeze()
 
     @kopf.on.cleanup(registry=registry)
