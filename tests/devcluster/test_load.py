@@ -120,6 +120,25 @@ def test_every_request_is_sent_and_counted_by_status(server: Server) -> None:
     assert server.bodies[0] == BODY
 
 
+def test_distinct_prompts_share_no_prefix_across_requests_or_runs(server: Server) -> None:
+    for _ in range(2):
+        assert load(LoadPlan(server.url, rate=20, duration_s=0.25, body=BODY, distinct_prompts=True)).succeeded == 5
+    prompts = [str(body["prompt"]) for body in server.bodies]
+    # The prompt asked for follows a mark of each request's own: no two first words alike, here or in another run.
+    assert {prompt.split(" ", 1)[1] for prompt in prompts} == {BODY["prompt"]}
+    assert len({prompt.split(" ", 1)[0] for prompt in prompts}) == 10
+    assert {k: v for k, v in server.bodies[0].items() if k != "prompt"} == {"model": "m", "max_tokens": 1}
+
+
+def test_the_command_marks_each_prompt_when_asked(server: Server) -> None:
+    command = [str(SCRIPTS / "neuronfleet-dev"), "load", server.url, "--rate", "10", "--duration", "0.2"]
+    done = subprocess.run([*command, "--distinct-prompts"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    first, second = (str(body["prompt"]) for body in server.bodies)
+    assert first != second
+    assert {first.split(" ", 1)[1], second.split(" ", 1)[1]} == {"The fleet"}
+
+
 def test_load_is_open_loop_a_slow_server_does_not_slow_the_sends(server: Server) -> None:
     delay = 0.5
     report = load(LoadPlan(server.url, rate=10, duration_s=1, body={**BODY, "delay": delay}))

@@ -211,9 +211,11 @@ class Fleet:
         max_tokens: int = MAX_TOKENS,
         through: str = NAME,
         prompt: str | None = None,
+        distinct_prompts: bool = False,
     ) -> NodeLoad:
         """Completions through a Service (the engines', or ``through`` another: the router's) from the node's
-        network namespace, until stopped. Each answer records the replica that served it, where Envoy says."""
+        network namespace, until stopped. Each answer records the replica that served it, where Envoy says.
+        ``distinct_prompts`` marks each prompt, so the engines' prefix cache never serves one unprefilled."""
         cluster_ip = self.get("service", through)["spec"]["clusterIP"]
         workdir = self.workdir / f"load-{name}"
         workdir.mkdir()
@@ -229,6 +231,7 @@ class Fleet:
             model=model,
             record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER),
             prompt=prompt,
+            distinct_prompts=distinct_prompts,
         )
 
     def routed(self) -> bool:

@@ -94,6 +94,7 @@ class NodeLoad:
         model: str,
         record: Sequence[str] = (),
         prompt: str | None = None,
+        distinct_prompts: bool = False,
     ) -> None:
         self.outcomes = workdir / "outcomes.jsonl"
         self.argv = [
@@ -112,6 +113,7 @@ class NodeLoad:
             f"--model={model}",
             *(f"--record-header={name}" for name in record),
             *([f"--prompt={prompt}"] if prompt is not None else []),
+            *(["--distinct-prompts"] if distinct_prompts else []),
             f"--outcomes={self.outcomes}",
             "--json",
         ]

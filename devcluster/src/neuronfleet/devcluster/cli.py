@@ -179,6 +179,13 @@ def load(
     duration: Annotated[float, typer.Option(min=0.1, help="Seconds to send for.")] = 30.0,
     model: Annotated[str, typer.Option(help="The model each completion asks for.")] = "neuronfleet/tiny",
     prompt: Annotated[str, typer.Option(help="The prompt of each completion.")] = "The fleet",
+    distinct_prompts: Annotated[
+        bool,
+        typer.Option(
+            "--distinct-prompts",
+            help="Start each prompt with a mark of its own, so the engine's prefix cache never serves one unprefilled.",
+        ),
+    ] = False,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each completion asks for.")] = 16,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds before a request counts as failed.")] = 60.0,
     max_in_flight: Annotated[
@@ -213,7 +220,17 @@ def load(
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
-        plan = LoadPlan(url, rate, duration, body, timeout, max_in_flight, header, tuple(record_header or ()))
+        plan = LoadPlan(
+            url,
+            rate,
+            duration,
+            body,
+            timeout,
+            max_in_flight,
+            header,
+            tuple(record_header or ()),
+            distinct_prompts=distinct_prompts,
+        )
     except ValueError as error:
         fail(str(error))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

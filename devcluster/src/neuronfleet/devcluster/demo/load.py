@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,10 +48,20 @@ class LoadPlan:
     record_header: str | None = None
     #: More response headers to record per request (for example a drain's Connection and Retry-After), not counted.
     also_record: tuple[str, ...] = ()
+    #: Start each prompt with a mark of its own (this plan's and the request's number), so no two requests, of
+    #: this run or another, share a cached prefix: vLLM's prefix cache serves a repeated prompt unprefilled.
+    distinct_prompts: bool = False
+    run_mark: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.duration_s <= 0 or self.timeout_s <= 0 or self.max_in_flight < 1:
             raise ValueError("rate, duration and timeout must be positive, max_in_flight at least 1")
+
+    def body_of(self, index: int) -> dict[str, Any]:
+        """The body of request ``index``: the plan's, its prompt marked when prompts are to be distinct."""
+        if not self.distinct_prompts:
+            return self.body
+        return {**self.body, "prompt": f"{self.run_mark}-{index} {self.body['prompt']}"}
 
     @property
     def requests(self) -> int:
@@ -152,7 +163,7 @@ class LoadReport:
 async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float) -> Outcome:
     began = time.monotonic()
     try:
-        response = await client.post(plan.url, json=plan.body)
+        response = await client.post(plan.url, json=plan.body_of(index))
     except httpx.TimeoutException:
         return Outcome(index, due, time.monotonic() - began, TIMEOUT)
     except httpx.ConnectError:
