@@ -100,7 +100,10 @@ def test_apply_compiles_then_rolls_out_on_trn2_nodes(
         "ArtifactReady": "True",
         "Available": "True",
         "Ready": "True",
+        # This cluster serves no InferencePool: the condition says so, and the service serves all the same.
+        "Routing": "False",
     }
+    assert condition(done, "Routing")["reason"] == "InferencePoolUnavailable"
     assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (2, 2, 2)
     assert status["currentRevision"] == status["targetRevision"] == artifact_hash(done)
 
