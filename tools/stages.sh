@@ -7,7 +7,9 @@
 #                                                     CACHED_REGEX ("-" for stages that have no cache)
 #   tools/stages.sh note NAME FROM                    record NAME as taking no time, unless it ran
 #                                                     (a make target that was up to date: FROM "cache")
-#   tools/stages.sh table                             print the recorded stages and their sum
+#   tools/stages.sh table                             print the recorded stages, their sum, and the wall
+#                                                     time since the reset (stages run side by side
+#                                                     with make -j overlap, so the sum exceeds it)
 #   tools/stages.sh reset                             forget them (the start of a run)
 #
 # The record is the file $NEURONFLEET_STAGES (one tab-separated line a stage), which the Makefile sets;
@@ -53,8 +55,12 @@ table() {
     function clock(s) { return sprintf("%d:%02d", int(s / 60), s % 60) }
     BEGIN { printf "\n%-28s %8s  %s\n", "stage", "wall", "from" }
     { printf "%-28s %8s  %s\n", $1, clock($2), $3; total += $2 }
-    END { printf "%-28s %8s\n", "total", clock(total) }
+    END { printf "%-28s %8s  %s\n", "sum of the stages", clock(total), "(those built side by side overlap)" }
   ' "${record}"
+  if [[ -s "${record}.start" ]]; then
+    awk -v a="$(cat "${record}.start")" -v b="$(now)" \
+      'BEGIN { s = b - a; printf "%-28s %8s\n", "wall, start to end", sprintf("%d:%02d", int(s / 60), s % 60) }'
+  fi
 }
 
 case "${1:-}" in
@@ -68,7 +74,7 @@ case "${1:-}" in
     note "$2" "$3"
     ;;
   table) table ;;
-  reset) rm -f "${record}" ;;
+  reset) rm -f "${record}" && now >"${record}.start" ;;
   *)
     echo "usage: $0 run NAME CACHED_REGEX COMMAND... | table | reset" >&2
     exit 2
