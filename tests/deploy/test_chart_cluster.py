@@ -163,7 +163,6 @@ def test_service_account_has_the_documented_rights_and_no_more(release: Release)
         # A service whose spec.routing goes loses its router: the Deployment, its Services, the picker's access.
         ("delete", "deployments.apps"),
         ("create", "roles.rbac.authorization.k8s.io"),
-        ("create", "inferencepools.inference.networking.k8s.io"),
     ]
     denied = [
         ("update", "neuroninferenceservices.neuronfleet.io"),
@@ -172,7 +171,6 @@ def test_service_account_has_the_documented_rights_and_no_more(release: Release)
         # The picker's Role grants only what the operator holds itself: no escalation, no binding of others'.
         ("escalate", "roles.rbac.authorization.k8s.io"),
         ("bind", "roles.rbac.authorization.k8s.io"),
-        ("delete", "inferencepools.inference.networking.k8s.io"),
         ("get", "secrets"),
         ("create", "pods"),
         ("get", "configmaps"),

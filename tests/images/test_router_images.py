@@ -112,6 +112,43 @@ def test_the_picker_holds_epp_a_writable_tmp_and_the_ca_bundle(picker: Path, tmp
     assert "--pool-name" in helped.stdout + helped.stderr
 
 
+def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Path) -> None:
+    """The picker's own config loader takes the operator's ``--config-text`` (GIE v1.5.0 refuses some scorers).
+
+    Run with a kubeconfig naming a closed port: the config loads before any API call, then the picker stops.
+    """
+    epp = extract(picker, "epp", tmp_path)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+                "current-context": "none",
+                "users": [{"name": "none", "user": {"token": "none"}}],
+            }
+        )
+    )
+    ran = subprocess.run(
+        [str(epp), *routing.picker_args("llama", "serving")],
+        env={"KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    logged = [json.loads(line) for line in ran.stderr.splitlines() if line.startswith("{")]
+    messages = [entry["msg"] for entry in logged]
+    assert "loaded configuration from file/text successfully" in messages, ran.stderr[-3000:]
+    assert "Failed to parse configuration" not in messages
+    (effective,) = [entry["config"] for entry in logged if entry["msg"].startswith("Instantiated all plugins")]
+    for scorer, weight in routing.PICKER_SCORERS.items():
+        assert f"{{PluginRef: {scorer}, Weight: {weight:.2f}}}" in effective, effective
+    assert "prefix-cache-scorer" not in effective
+
+
 def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tmp_path: Path) -> None:
     with layer(envoy) as (members, files):
         passwd = read(files, members["etc/passwd"]).decode()

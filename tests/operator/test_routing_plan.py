@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.names import HTTP_PORT, LABEL_SERVICE
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
@@ -19,7 +18,6 @@ OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
 NS = "serving"
 MODEL = {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"}
 IMAGES = plan.RouterImages(picker="localhost/epp:test", envoy="localhost/envoy:test")
-ENGINE = EngineConfig(max_num_seqs=8, max_model_len=4096)
 T0 = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
 
 Obj = dict[str, Any]
@@ -51,7 +49,7 @@ def test_the_pool_selects_serving_pods_of_every_revision_at_the_engine_port() ->
 
 
 def test_router_pods_are_never_selected_by_the_engine_service() -> None:
-    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES, ENGINE))
+    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES))
     pod_labels = objects[("Deployment", "llama-router")]["spec"]["template"]["metadata"]["labels"]
     engine_selector = plan.service(OWNER, NS)["spec"]["selector"]
     assert not engine_selector.items() <= pod_labels.items()
@@ -60,7 +58,7 @@ def test_router_pods_are_never_selected_by_the_engine_service() -> None:
 
 
 def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
-    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(replicas=2), IMAGES, ENGINE))
+    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(replicas=2), IMAGES))
     assert set(objects) == {
         ("ServiceAccount", "llama-epp"),
         ("Role", "llama-epp"),
@@ -97,42 +95,36 @@ def picker_config_of(objects: dict[tuple[str, str], Obj]) -> Obj:
     return config
 
 
-def test_the_picker_scores_by_tokens_in_flight_first_at_the_replicas_capacity() -> None:
-    config = picker_config_of(by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES, ENGINE)))
+def test_the_picker_scores_running_requests_beside_the_queue_and_kv_cache() -> None:
+    config = picker_config_of(by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES)))
     assert config["kind"] == "EndpointPickerConfig"
-    plugins = {p["type"]: p.get("parameters") for p in config["plugins"]}
-    # The producer counts what the picker sent each replica; the scorer reads it, scaled to a full replica.
-    assert "inflight-load-producer" in plugins
-    assert plugins["token-load-scorer"] == {"queueThresholdTokens": 8 * 4096}
+    plugins = {p["type"] for p in config["plugins"]}
     (profile,) = config["schedulingProfiles"]
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
-    assert set(weights) <= set(plugins), "every profile entry names a declared plugin"
-    assert max(weights, key=lambda name: weights[name] or 0) == "token-load-scorer"
-    # Its queue scorer counts waiting requests only: blind to a replica busy with one long prefill.
-    assert weights["queue-scorer"] < weights["token-load-scorer"]
+    assert set(weights) == plugins, "every profile entry names a declared plugin, and every plugin is used"
+    # A replica busy with one long prefill waits for nothing: only its running requests show it.
+    assert weights["running-requests-size-scorer"] == 1.0
+    assert weights["queue-scorer"] == 2.0
+    assert weights["kv-cache-utilization-scorer"] == 1.0
+    assert weights["max-score-picker"] is None
+    # Without its producer the prefix-cache scorer scores nothing and logs an error per pod per request.
     assert "prefix-cache-scorer" not in plugins
-    # A service with other limits gets its own scale.
-    bigger = EngineConfig(max_num_seqs=64, max_model_len=8192, max_num_batched_tokens=8192)
-    other = picker_config_of(by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES, bigger)))
-    assert {p["type"]: p.get("parameters") for p in other["plugins"]}["token-load-scorer"] == {
-        "queueThresholdTokens": 64 * 8192
-    }
 
 
 def test_router_pods_go_where_routing_places_them() -> None:
     placed = api.Routing.model_validate(
         {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]}
     )
-    pod = plan.router_objects(OWNER, NS, placed, IMAGES, ENGINE)[4]["spec"]["template"]["spec"]
+    pod = plan.router_objects(OWNER, NS, placed, IMAGES)[4]["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "cpu"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
-    unplaced = plan.router_objects(OWNER, NS, api.Routing(), IMAGES, ENGINE)[4]["spec"]["template"]["spec"]
+    unplaced = plan.router_objects(OWNER, NS, api.Routing(), IMAGES)[4]["spec"]["template"]["spec"]
     assert "nodeSelector" not in unplaced
     assert "tolerations" not in unplaced
 
 
 def test_the_pickers_role_reads_only_what_it_watches() -> None:
-    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES, ENGINE))
+    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES))
     rules = objects[("Role", "llama-epp")]["rules"]
     assert all(rule["verbs"] == ["get", "list", "watch"] for rule in rules)
     assert {r for rule in rules for r in rule["resources"]} == {
@@ -146,7 +138,7 @@ def test_the_pickers_role_reads_only_what_it_watches() -> None:
 
 
 def test_envoy_asks_the_picker_and_sends_each_request_where_it_says() -> None:
-    configmap = plan.router_objects(OWNER, NS, api.Routing(), IMAGES, ENGINE)[3]
+    configmap = plan.router_objects(OWNER, NS, api.Routing(), IMAGES)[3]
     config = json.loads(configmap["data"][routing.ENVOY_FILE])
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
     assert clusters["pool"]["type"] == "ORIGINAL_DST"

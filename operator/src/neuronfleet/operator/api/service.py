@@ -183,7 +183,7 @@ class Routing(K8sModel):
         description=(
             "Router pods, each an Endpoint Picker (Gateway API Inference Extension) with an Envoy in front of it. "
             "Send requests to the Service <name>-router (port 8000): each goes to the replica the picker chooses "
-            "by the tokens it has in flight there, then the engines' queue and KV cache, not at random."
+            "by the engines' waiting and running requests and KV cache, not at random."
         ),
     )
     node_selector: dict[str, LabelValue] = Field(

@@ -9,10 +9,10 @@ over ext_proc (on localhost, in the same pod) which replica takes each request, 
 Names follow GIE's charts: the pool is the service's name, the picker's Service ``<name>-epp``; what users
 send requests to is the Service ``<name>-router``.
 
-The picker scores replicas for Neuron (:func:`picker_config`): first by the prompt tokens it has sent each one
-and not yet seen answered. A Neuron replica runs one prefill per step, so a replica holding a long prompt is
-busy for its whole prefill while vLLM counts it as one *running* request, which GIE's default queue scorer
-(waiting requests only) does not see.
+The picker scores replicas for Neuron (:func:`picker_config`): by their waiting queue, their *running*
+requests and their KV cache. A Neuron replica runs one prefill per step, so one holding a long prompt is busy
+for its whole prefill while vLLM counts it as one running request, which GIE's default queue scorer (waiting
+requests only) does not see.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_SERVICE
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
@@ -252,46 +251,30 @@ def router_configmap(owner: Owner, namespace: str) -> Obj:
     }
 
 
-#: The picker's scorers and their weights (GIE's ``EndpointPickerConfig``); see :func:`picker_config`.
+#: GIE's ``EndpointPickerConfig``, the picker's plugins and how it weighs them (:func:`picker_config`).
 PICKER_CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
-IN_FLIGHT_WEIGHT, QUEUE_WEIGHT, KV_CACHE_WEIGHT = 4.0, 1.0, 1.0
+#: Each scorer the picker adds up, and its weight.
+PICKER_SCORERS = {"queue-scorer": 2.0, "running-requests-size-scorer": 1.0, "kv-cache-utilization-scorer": 1.0}
 
 
-def in_flight_capacity_tokens(engine: EngineConfig) -> int:
-    """The tokens a replica holds when full (every sequence at ``max_model_len``): the in-flight scale."""
-    return engine.max_num_seqs * engine.max_model_len
+def picker_config() -> Obj:
+    """The picker's scoring for Neuron replicas: the waiting queue, the running requests, the KV cache.
 
-
-def picker_config(engine: EngineConfig) -> Obj:
-    """The picker's scoring for Neuron replicas: tokens in flight first, then the engines' queue and KV cache.
-
-    ``token-load-scorer`` reads what ``inflight-load-producer`` counts as the picker dispatches and sees
-    answers end: each replica's estimated prompt and generation tokens, with no scrape interval behind it.
-    Its scale is the replica's capacity, so a replica half full of work scores 0.5. The scraped queue
-    (waiting requests) and KV usage break what that leaves even. GIE's default prefix-cache scorer is left
-    out: it needs a prefix producer the default omits, and scores nothing without it.
+    GIE's default weighs the waiting queue and KV usage (and a prefix-cache scorer that, without the prefix
+    producer the default leaves out, scores nothing and logs an error for every pod of every request). A
+    Neuron replica in a long prefill shows none waiting, and its KV usage only as the prompt's share of the
+    cache: the running-requests scorer sees it busy. Its in-flight token scorer would see it sooner, but in
+    GIE v1.5.0 the config loader refuses it (its producer's and consumer's types never compare equal).
     """
-    scorers = {
-        "token-load-scorer": (IN_FLIGHT_WEIGHT, {"queueThresholdTokens": in_flight_capacity_tokens(engine)}),
-        "queue-scorer": (QUEUE_WEIGHT, None),
-        "kv-cache-utilization-scorer": (KV_CACHE_WEIGHT, None),
-    }
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
-        "plugins": [
-            {"type": "inflight-load-producer"},
-            *(
-                {"type": name, **({"parameters": parameters} if parameters else {})}
-                for name, (_, parameters) in scorers.items()
-            ),
-            {"type": "max-score-picker"},
-        ],
+        "plugins": [*({"type": name} for name in PICKER_SCORERS), {"type": "max-score-picker"}],
         "schedulingProfiles": [
             {
                 "name": "default",
                 "plugins": [
-                    *({"pluginRef": name, "weight": weight} for name, (weight, _) in scorers.items()),
+                    *({"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()),
                     {"pluginRef": "max-score-picker"},
                 ],
             }
@@ -299,7 +282,7 @@ def picker_config(engine: EngineConfig) -> Obj:
     }
 
 
-def picker_args(service: str, namespace: str, engine: EngineConfig) -> list[str]:
+def picker_args(service: str, namespace: str) -> list[str]:
     """The picker's command line: its pool and scoring; no tracing exporter; metrics without token review."""
     return [
         f"--pool-name={service}",
@@ -312,19 +295,17 @@ def picker_args(service: str, namespace: str, engine: EngineConfig) -> list[str]
         "--enable-pprof=false",
         "--zap-encoder=json",
         # Inline (JSON is YAML): a change of scoring rolls the router pods like any other change of theirs.
-        f"--config-text={json.dumps(picker_config(engine), sort_keys=True)}",
+        f"--config-text={json.dumps(picker_config(), sort_keys=True)}",
     ]
 
 
-def router_deployment(
-    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, engine: EngineConfig
-) -> Obj:
+def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> Obj:
     """The router pods: the picker and its Envoy side by side."""
     grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
     picker: Obj = {
         "name": "epp",
         "image": images.picker,
-        "args": picker_args(owner.name, namespace, engine),
+        "args": picker_args(owner.name, namespace),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "ports": [
             {"name": "grpc", "containerPort": PICKER_PORT},
@@ -398,16 +379,11 @@ def router_services(owner: Owner, namespace: str) -> list[Obj]:
     ]
 
 
-def router_objects(
-    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, engine: EngineConfig
-) -> list[Obj]:
-    """Everything the standalone picker runs with, in apply order (access and config before the pods).
-
-    ``engine`` is the service's: the picker's in-flight scale is its replicas' capacity.
-    """
+def router_objects(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> list[Obj]:
+    """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),
-        router_deployment(owner, namespace, routing, images, engine),
+        router_deployment(owner, namespace, routing, images),
         *router_services(owner, namespace),
     ]
