@@ -10,8 +10,8 @@ windows of ``--window`` seconds (``--rounds`` each, the order rotating every rou
 streams at fixed rates, long prompts (``--long-tokens`` words, near the largest bucket) and short chat-sized
 prompts (20 words) asking for one token, so a short request's latency is its time to first token. A replica
 runs one prefill per step: a short request sent to a replica in a long prefill waits it out. Every prompt
-starts with a mark of its own (the load's ``--distinct-prompts``): vLLM's prefix cache is on, and would serve a
-repeated long prompt in about 50 ms instead of prefilling it in 0.9 s.
+starts with a mark of its own, made of its own words (the load's ``--distinct-prompts``): vLLM's prefix cache is
+on, and would serve a repeated long prompt in about 50 ms instead of prefilling it in 0.9 s.
 
 Reported, for the short requests on each side: TTFT p50 and p99 (inclusive quantiles), goodput (short requests
 per second whose TTFT met ``--slo-ms``), failures, and the ratio of the Service's p99 to each picker's (the
@@ -165,7 +165,8 @@ def summary(answers: list[Answer], seconds: float, slo_s: float) -> Obj:
         "ttft_p50_s": quantile(ok, 0.5),
         "ttft_p99_s": quantile(ok, 0.99),
         "goodput_rps": sum(1 for latency in ok if latency <= slo_s) / seconds,
-        "replicas_used": len({a.recorded.get(routing.UPSTREAM_HEADER) for a in answers if a.ok}),
+        # Envoy names the replica; through the plain Service nothing does (0: not known).
+        "replicas_used": len({a.recorded.get(routing.UPSTREAM_HEADER) for a in answers if a.ok} - {None}),
     }
 
 
@@ -251,7 +252,7 @@ def report(results: Obj) -> None:
     for side, figures in results["sides"].items():
         print(
             f"{side:<20} {figures['sent']:>6} {figures['failed']:>6} {1000 * figures['ttft_p50_s']:>8.0f} ms "
-            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {figures['goodput_rps']:>8.2f} req/s {figures['replicas_used']}"
+            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {figures['goodput_rps']:>8.2f} req/s {figures['replicas_used'] or '-'}"
         )
     for side in ("picker", "picker-gie-defaults"):
         figures = results["sides"][side]

@@ -121,13 +121,20 @@ def test_every_request_is_sent_and_counted_by_status(server: Server) -> None:
 
 
 def test_distinct_prompts_share_no_prefix_across_requests_or_runs(server: Server) -> None:
+    body = {**BODY, "prompt": "bada bade badi"}
     for _ in range(2):
-        assert load(LoadPlan(server.url, rate=20, duration_s=0.25, body=BODY, distinct_prompts=True)).succeeded == 5
-    prompts = [str(body["prompt"]) for body in server.bodies]
-    # The prompt asked for follows a mark of each request's own: no two first words alike, here or in another run.
-    assert {prompt.split(" ", 1)[1] for prompt in prompts} == {BODY["prompt"]}
-    assert len({prompt.split(" ", 1)[0] for prompt in prompts}) == 10
-    assert {k: v for k, v in server.bodies[0].items() if k != "prompt"} == {"model": "m", "max_tokens": 1}
+        assert load(LoadPlan(server.url, rate=20, duration_s=0.25, body=body, distinct_prompts=True)).succeeded == 5
+    prompts = [str(sent["prompt"]).split() for sent in server.bodies]
+    # The prompt asked for follows a mark of each request's own, made of the prompt's own words (so the
+    # simulated tokenizer, which turns unknown words into one <unk>, tells the marks apart too).
+    marks = [words[:-3] for words in prompts]
+    assert {tuple(words[-3:]) for words in prompts} == {("bada", "bade", "badi")}
+    assert {word for mark in marks for word in mark} <= {"bada", "bade", "badi"}
+    assert len({tuple(mark) for mark in marks}) == 10
+    # Their first 16 words differ for each pair: no shared prefix block of 16 tokens.
+    assert len({tuple(mark[:16]) for mark in marks}) == 10
+    with pytest.raises(ValueError, match="two different"):
+        LoadPlan(server.url, rate=1, duration_s=1, body={**BODY, "prompt": "fleet fleet"}, distinct_prompts=True)
 
 
 def test_the_command_marks_each_prompt_when_asked(server: Server) -> None:
@@ -136,7 +143,8 @@ def test_the_command_marks_each_prompt_when_asked(server: Server) -> None:
     assert done.returncode == 0, done.stderr
     first, second = (str(body["prompt"]) for body in server.bodies)
     assert first != second
-    assert {first.split(" ", 1)[1], second.split(" ", 1)[1]} == {"The fleet"}
+    assert first.endswith(" The fleet")
+    assert second.endswith(" The fleet")
 
 
 def test_load_is_open_loop_a_slow_server_does_not_slow_the_sends(server: Server) -> None:

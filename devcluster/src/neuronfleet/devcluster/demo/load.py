@@ -15,8 +15,8 @@ import contextlib
 import dataclasses
 import json
 import math
+import secrets
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +34,25 @@ TRANSPORT_ERROR = "transport error"
 DROPPED = "dropped"
 
 
+#: Random bits in each mark: no two marks alike in any run of any length here.
+MARK_BITS = 48
+
+
+def distinct_mark(prompt: str) -> str:
+    """Words of ``prompt`` spelling a random number: tokens any tokenizer of the prompt knows.
+
+    A mark of other text would not do on every engine: the simulated device's tokenizer turns any word
+    outside its vocabulary into the same ``<unk>``, so marks of new words would all tokenize alike.
+    """
+    alphabet = sorted(set(prompt.split()))
+    value = secrets.randbits(MARK_BITS)
+    words = []
+    for _ in range(math.ceil(MARK_BITS / math.log2(len(alphabet)))):
+        value, digit = divmod(value, len(alphabet))
+        words.append(alphabet[digit])
+    return " ".join(words)
+
+
 @dataclass(frozen=True)
 class LoadPlan:
     """What to send, how often and for how long."""
@@ -48,20 +67,22 @@ class LoadPlan:
     record_header: str | None = None
     #: More response headers to record per request (for example a drain's Connection and Retry-After), not counted.
     also_record: tuple[str, ...] = ()
-    #: Start each prompt with a mark of its own (this plan's and the request's number), so no two requests, of
-    #: this run or another, share a cached prefix: vLLM's prefix cache serves a repeated prompt unprefilled.
+    #: Start each prompt with a mark of its own (:func:`distinct_mark`), so no two requests, of this run or
+    #: another, share a cached prefix: vLLM's prefix cache serves a repeated prompt without prefilling it.
     distinct_prompts: bool = False
-    run_mark: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.duration_s <= 0 or self.timeout_s <= 0 or self.max_in_flight < 1:
             raise ValueError("rate, duration and timeout must be positive, max_in_flight at least 1")
+        if self.distinct_prompts and len(set(str(self.body["prompt"]).split())) < 2:
+            raise ValueError("distinct prompts are marked with the prompt's own words: it needs two different ones")
 
-    def body_of(self, index: int) -> dict[str, Any]:
-        """The body of request ``index``: the plan's, its prompt marked when prompts are to be distinct."""
+    def request_body(self) -> dict[str, Any]:
+        """The body of one request: the plan's, its prompt marked anew when prompts are to be distinct."""
         if not self.distinct_prompts:
             return self.body
-        return {**self.body, "prompt": f"{self.run_mark}-{index} {self.body['prompt']}"}
+        prompt = str(self.body["prompt"])
+        return {**self.body, "prompt": f"{distinct_mark(prompt)} {prompt}"}
 
     @property
     def requests(self) -> int:
@@ -163,7 +184,7 @@ class LoadReport:
 async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float) -> Outcome:
     began = time.monotonic()
     try:
-        response = await client.post(plan.url, json=plan.body_of(index))
+        response = await client.post(plan.url, json=plan.request_body())
     except httpx.TimeoutException:
         return Outcome(index, due, time.monotonic() - began, TIMEOUT)
     except httpx.ConnectError:
