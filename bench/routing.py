@@ -252,7 +252,8 @@ def report(results: Obj) -> None:
     for side, figures in results["sides"].items():
         print(
             f"{side:<20} {figures['sent']:>6} {figures['failed']:>6} {1000 * figures['ttft_p50_s']:>8.0f} ms "
-            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {figures['goodput_rps']:>8.2f} req/s {figures['replicas_used'] or '-'}"
+            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {figures['goodput_rps']:>8.2f} req/s "
+            f"{figures['replicas_used'] or '-'}"
         )
     for side in ("picker", "picker-gie-defaults"):
         figures = results["sides"][side]
