@@ -212,10 +212,12 @@ class Fleet:
         through: str = NAME,
         prompt: str | None = None,
         distinct_prompts: bool = False,
+        keep_alive: bool = True,
     ) -> NodeLoad:
         """Completions through a Service (the engines', or ``through`` another: the router's) from the node's
         network namespace, until stopped. Each answer records the replica that served it, where Envoy says.
-        ``distinct_prompts`` marks each prompt, so the engines' prefix cache never serves one unprefilled."""
+        ``distinct_prompts`` marks each prompt, so the engines' prefix cache never serves one unprefilled;
+        without ``keep_alive`` each request opens its own connection, which kube-proxy sends to any replica."""
         cluster_ip = self.get("service", through)["spec"]["clusterIP"]
         workdir = self.workdir / f"load-{name}"
         workdir.mkdir()
@@ -232,6 +234,7 @@ class Fleet:
             record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER),
             prompt=prompt,
             distinct_prompts=distinct_prompts,
+            keep_alive=keep_alive,
         )
 
     def routed(self) -> bool:

@@ -95,6 +95,7 @@ class NodeLoad:
         record: Sequence[str] = (),
         prompt: str | None = None,
         distinct_prompts: bool = False,
+        keep_alive: bool = True,
     ) -> None:
         self.outcomes = workdir / "outcomes.jsonl"
         self.argv = [
@@ -114,6 +115,7 @@ class NodeLoad:
             *(f"--record-header={name}" for name in record),
             *([f"--prompt={prompt}"] if prompt is not None else []),
             *(["--distinct-prompts"] if distinct_prompts else []),
+            *([] if keep_alive else ["--no-keep-alive"]),
             f"--outcomes={self.outcomes}",
             "--json",
         ]

@@ -306,7 +306,9 @@ def test_load_scales_the_service_out_and_back_in_under_load_without_losing_a_req
         PodWatch(fleet) as watch,
         fleet.load("steady", rate=STEADY_RATE, max_tokens=SCALE_TOKENS) as steady,
     ):
-        with fleet.load("burst", rate=BURST_RATE, max_tokens=SCALE_TOKENS) as burst:
+        # A connection of its own for each request of the burst: kube-proxy sends each to any replica, the
+        # new ones included, where reused connections would keep going to the first.
+        with fleet.load("burst", rate=BURST_RATE, max_tokens=SCALE_TOKENS, keep_alive=False) as burst:
             loaded_at = time.time()
             fleet.wait(lambda: fleet.rolled_out_to(serving, replicas=top), f"{top} Ready replicas under load")
             out_at = time.time()

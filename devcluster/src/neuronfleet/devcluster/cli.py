@@ -186,6 +186,13 @@ def load(
             help="Start each prompt with a mark of its own, so the engine's prefix cache never serves one unprefilled.",
         ),
     ] = False,
+    keep_alive: Annotated[
+        bool,
+        typer.Option(
+            "--keep-alive/--no-keep-alive",
+            help="Reuse connections; without, each request opens its own (a Service then spreads every request).",
+        ),
+    ] = True,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each completion asks for.")] = 16,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds before a request counts as failed.")] = 60.0,
     max_in_flight: Annotated[
@@ -230,6 +237,7 @@ def load(
             header,
             tuple(record_header or ()),
             distinct_prompts=distinct_prompts,
+            keep_alive=keep_alive,
         )
     except ValueError as error:
         fail(str(error))

@@ -70,6 +70,9 @@ class LoadPlan:
     #: Start each prompt with a mark of its own (:func:`distinct_mark`), so no two requests, of this run or
     #: another, share a cached prefix: vLLM's prefix cache serves a repeated prompt without prefilling it.
     distinct_prompts: bool = False
+    #: Reuse connections (as most clients do). Without, each request opens its own, so a Service's kube-proxy
+    #: spreads every request, not only the connections opened while the others were busy.
+    keep_alive: bool = True
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.duration_s <= 0 or self.timeout_s <= 0 or self.max_in_flight < 1:
@@ -217,7 +220,8 @@ async def run_load(
     """
     report = LoadReport(plan)
     stopping = stop or asyncio.Event()
-    limits = httpx.Limits(max_connections=plan.max_in_flight, max_keepalive_connections=plan.max_in_flight)
+    kept = plan.max_in_flight if plan.keep_alive else 0
+    limits = httpx.Limits(max_connections=plan.max_in_flight, max_keepalive_connections=kept)
     in_flight: set[asyncio.Task[Outcome]] = set()
 
     def record(outcome: Outcome) -> None:
