@@ -248,6 +248,7 @@ def test_the_series_the_endpoint_picker_reads_are_exported(server: EngineServer)
     completion(server, prompt(20), 5)
     exported = {name for name, _ in server.metrics()}
     assert set(names.PICKER_METRICS) <= exported, set(names.PICKER_METRICS) - exported
+    assert names.REQUESTS_IN_FLIGHT in exported
     # No LoRA adapters are served, so there is no LoRA series: the picker logs it missing and keeps the pod.
     assert names.PICKER_LORA_INFO not in exported
 
@@ -379,6 +380,8 @@ def test_the_picker_reads_running_waiting_and_kv_use_under_load(
     assert not any(stream.first_token.is_set() for stream in queued)
     assert not any(stream.done.is_set() for stream in running)
     assert gauge(samples, names.PICKER_RUNNING) == min(LOAD_REQUESTS, slots)
+    # The engine's own live count, which the operator's picker reads as running: every request it holds.
+    assert gauge(samples, names.REQUESTS_IN_FLIGHT) == LOAD_REQUESTS
 
     # The picker parses both labels as integers: the KV cache holds num_gpu_blocks * block_size tokens.
     ((_, labels),) = [key for key in samples if key[0] == names.PICKER_CACHE_CONFIG]
@@ -405,7 +408,8 @@ def test_the_picker_reads_running_waiting_and_kv_use_under_load(
 
     assert [stream.finish() for stream in running + queued] == [LOAD_MAX_TOKENS] * LOAD_REQUESTS
     idle = {names.PICKER_RUNNING: 0.0, names.PICKER_WAITING: 0.0, names.PICKER_KV_CACHE_USAGE: 0.0}
-    scrape_until(server, lambda samples: picker_view(samples) == idle, "an idle engine")
+    idled = scrape_until(server, lambda samples: picker_view(samples) == idle, "an idle engine")
+    assert gauge(idled, names.REQUESTS_IN_FLIGHT) == 0
 
 
 def test_prompt_longer_than_max_model_len_is_a_400(server: EngineServer) -> None:

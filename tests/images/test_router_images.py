@@ -147,6 +147,9 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
     for scorer, weight in routing.PICKER_SCORERS.items():
         assert f"{{PluginRef: {scorer}, Weight: {weight:.2f}}}" in effective, effective
     assert "prefix-cache-scorer" not in effective
+    # Pods are read with the engine mapping of ours, the default for pods without an engine-type label.
+    engines = [entry.get("engine") for entry in logged if entry["msg"] == "Registered engine mapping"]
+    assert engines[0] == routing.ENGINE
 
 
 def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.engine.names import HTTP_PORT, LABEL_SERVICE
+from neuronfleet.engine.names import HTTP_PORT, LABEL_SERVICE, REQUESTS_IN_FLIGHT
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
 from neuronfleet.operator.plan import routing
@@ -101,7 +101,8 @@ def test_the_picker_scores_running_requests_beside_the_queue_and_kv_cache() -> N
     plugins = {p["type"] for p in config["plugins"]}
     (profile,) = config["schedulingProfiles"]
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
-    assert set(weights) == plugins, "every profile entry names a declared plugin, and every plugin is used"
+    scrape = {"metrics-data-source", "core-metrics-extractor"}
+    assert set(weights) == plugins - scrape, "every profile entry names a declared plugin, and every scorer is used"
     # A replica busy with one long prefill waits for nothing: only its running requests show it.
     assert weights["running-requests-size-scorer"] == 1.0
     assert weights["queue-scorer"] == 2.0
@@ -109,6 +110,14 @@ def test_the_picker_scores_running_requests_beside_the_queue_and_kv_cache() -> N
     assert weights["max-score-picker"] is None
     # Without its producer the prefix-cache scorer scores nothing and logs an error per pod per request.
     assert "prefix-cache-scorer" not in plugins
+    # Running requests come from the engine's live count, not vLLM's gauge of the last step.
+    (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+    (engine,) = extractor["parameters"]["engineConfigs"]
+    assert extractor["parameters"]["defaultEngine"] == engine["name"]
+    assert engine["runningRequestsSpec"] == REQUESTS_IN_FLIGHT
+    assert engine["queuedRequestsSpec"] == "vllm:num_requests_waiting"
+    (source,) = config["dataLayer"]["sources"]
+    assert source["extractors"] == [{"pluginRef": "core-metrics-extractor"}]
 
 
 def test_router_pods_go_where_routing_places_them() -> None:

@@ -52,3 +52,7 @@ PICKER_METRICS = (PICKER_WAITING, PICKER_RUNNING, PICKER_KV_CACHE_USAGE, PICKER_
 #: Read when present. The engine serves no LoRA adapters and vLLM does not export it: the picker logs the
 #: family as missing and keeps the pod.
 PICKER_LORA_INFO = "vllm:lora_requests_info"
+#: The engine's own live count of the completions it holds (admitted and not yet answered), which the operator's
+#: picker reads as each pod's running requests: vLLM publishes its gauges only as each engine step ends, so a
+#: replica in a long prefill looks idle in them for the whole prefill.
+REQUESTS_IN_FLIGHT = "neuronfleet:requests_in_flight"

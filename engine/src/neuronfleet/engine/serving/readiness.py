@@ -29,9 +29,11 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from prometheus_client import Gauge
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from neuronfleet.engine.names import REQUESTS_IN_FLIGHT
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.serving.drain import (
     ACCEPT_QUEUE_WAIT_S,
@@ -67,6 +69,23 @@ def describe(args: Namespace) -> dict[str, Any]:
         "device": "sim" if sim else "neuron",
         "artifact": served_artifact(),
     }
+
+
+#: One gauge per process (prometheus_client refuses a name twice), read from the latest gate.
+_IN_FLIGHT: list[Gauge] = []
+
+
+def export_requests_in_flight(gate: DrainGate) -> Gauge:
+    """``neuronfleet:requests_in_flight``, read from ``gate`` at each scrape, in vLLM's (the default) registry.
+
+    Live: the gate counts on the server's event loop, which answers a scrape while the engine core runs a
+    step; vLLM's own gauges change only as each step ends.
+    """
+    if not _IN_FLIGHT:
+        _IN_FLIGHT.append(Gauge(REQUESTS_IN_FLIGHT, "Completions this server holds: admitted, not yet answered."))
+    gauge = _IN_FLIGHT[0]
+    gauge.set_function(lambda: gate.active)
+    return gauge
 
 
 class ArtifactHeaderMiddleware:
@@ -115,6 +134,7 @@ class ReadinessPlugin:
 
         app.include_router(router)
         app.add_middleware(DrainGateMiddleware, gate=gate)
+        export_requests_in_flight(gate)
         artifact = served_artifact()
         if artifact is not None:
             # Added last, so outermost: the drain gate's 503s name the artifact too.

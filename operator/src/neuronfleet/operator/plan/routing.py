@@ -20,7 +20,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_SERVICE
+from neuronfleet.engine.names import (
+    HTTP_PORT,
+    HTTP_PORT_NAME,
+    LABEL_SERVICE,
+    PICKER_CACHE_CONFIG,
+    PICKER_KV_CACHE_USAGE,
+    PICKER_WAITING,
+    REQUESTS_IN_FLIGHT,
+)
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
     LABEL_COMPONENT,
@@ -257,19 +265,44 @@ PICKER_CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 PICKER_SCORERS = {"queue-scorer": 2.0, "running-requests-size-scorer": 1.0, "kv-cache-utilization-scorer": 1.0}
 
 
+#: The picker's scrape of each pod's ``/metrics``, and what it reads there for an engine of ours.
+METRICS_SOURCE, METRICS_EXTRACTOR, ENGINE = "metrics-data-source", "core-metrics-extractor", "neuronfleet"
+
+
+def engine_metrics() -> Obj:
+    """Which series the picker reads from our engine: vLLM's, but running requests from :data:`REQUESTS_IN_FLIGHT`."""
+    return {
+        "name": ENGINE,
+        "queuedRequestsSpec": PICKER_WAITING,
+        # vLLM's running gauge changes as each step ends: a replica in a long prefill looks idle in it throughout.
+        "runningRequestsSpec": REQUESTS_IN_FLIGHT,
+        "kvUsageSpec": PICKER_KV_CACHE_USAGE,
+        "loraSpec": "",
+        "cacheInfoSpec": PICKER_CACHE_CONFIG,
+    }
+
+
 def picker_config() -> Obj:
     """The picker's scoring for Neuron replicas: the waiting queue, the running requests, the KV cache.
 
     GIE's default weighs the waiting queue and KV usage (and a prefix-cache scorer that, without the prefix
     producer the default leaves out, scores nothing and logs an error for every pod of every request). A
-    Neuron replica in a long prefill shows none waiting, and its KV usage only as the prompt's share of the
-    cache: the running-requests scorer sees it busy. Its in-flight token scorer would see it sooner, but in
-    GIE v1.5.0 the config loader refuses it (its producer's and consumer's types never compare equal).
+    Neuron replica in a long prefill shows none waiting: the running-requests scorer sees it busy, reading
+    the engine's live :data:`REQUESTS_IN_FLIGHT` (:func:`engine_metrics`), since vLLM's gauges change only
+    as each step ends and a long prefill is one long step. GIE's in-flight token scorer would do as well from
+    the picker's side, but GIE v1.5.0's config loader refuses it (its producer's and scorer's declared
+    types never compare equal).
     """
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
-        "plugins": [*({"type": name} for name in PICKER_SCORERS), {"type": "max-score-picker"}],
+        "plugins": [
+            *({"type": name} for name in PICKER_SCORERS),
+            {"type": "max-score-picker"},
+            {"type": METRICS_SOURCE},
+            {"type": METRICS_EXTRACTOR, "parameters": {"defaultEngine": ENGINE, "engineConfigs": [engine_metrics()]}},
+        ],
+        "dataLayer": {"sources": [{"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": METRICS_EXTRACTOR}]}]},
         "schedulingProfiles": [
             {
                 "name": "default",
