@@ -147,7 +147,9 @@ def test_the_command_marks_each_prompt_when_asked(server: Server) -> None:
     assert second.endswith(" The fleet")
 
 
-def test_without_keep_alive_each_request_opens_a_connection_of_its_own(server: Server) -> None:
+def test_without_keep_alive_each_request_opens_a_connection_of_its_own(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     connections: list[tuple[str, int]] = []
     original = Handler.setup
 
@@ -155,16 +157,12 @@ def test_without_keep_alive_each_request_opens_a_connection_of_its_own(server: S
         connections.append(handler.client_address)
         original(handler)
 
-    Handler.setup = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(Handler, "setup", counted)
     # HTTP/1.1, so the server keeps a connection open for the next request (1.0 closes each).
-    Handler.protocol_version = "HTTP/1.1"
-    try:
-        kept = load(LoadPlan(server.url, rate=20, duration_s=0.25, body=BODY))
-        opened = len(connections)
-        fresh = load(LoadPlan(server.url, rate=20, duration_s=0.25, body=BODY, keep_alive=False))
-    finally:
-        Handler.setup = original  # type: ignore[method-assign]
-        Handler.protocol_version = "HTTP/1.0"
+    monkeypatch.setattr(Handler, "protocol_version", "HTTP/1.1")
+    kept = load(LoadPlan(server.url, rate=20, duration_s=0.25, body=BODY))
+    opened = len(connections)
+    fresh = load(LoadPlan(server.url, rate=20, duration_s=0.25, body=BODY, keep_alive=False))
     assert kept.succeeded == fresh.succeeded == 5
     # Five requests 50 ms apart, each answered at once: one connection reused, then five of their own.
     assert opened == 1
