@@ -56,9 +56,13 @@ CONNECTION_CLOSE = (b"connection", b"close")
 class DrainGate:
     """Counts the requests admitted; on drain, closes connections for a while, then refuses new requests."""
 
-    def __init__(self, close_connections_s: float = CLOSE_CONNECTIONS_S) -> None:
+    def __init__(
+        self, close_connections_s: float = CLOSE_CONNECTIONS_S, on_count: Callable[[int], None] = lambda _: None
+    ) -> None:
         self._changed = threading.Condition()
         self.close_connections_s = close_connections_s
+        #: Told each new count of admitted requests, under the gate's lock (so in order).
+        self.on_count = on_count
         self._closing = False
         self._draining = False
         self._active = 0
@@ -84,12 +88,14 @@ class DrainGate:
             if self._draining:
                 return False
             self._active += 1
+            self.on_count(self._active)
             return True
 
     def release(self) -> None:
         """An admitted request has finished."""
         with self._changed:
             self._active -= 1
+            self.on_count(self._active)
             self._changed.notify_all()
 
     def drain(self, timeout: float) -> float:

@@ -71,21 +71,27 @@ def describe(args: Namespace) -> dict[str, Any]:
     }
 
 
-#: One gauge per process (prometheus_client refuses a name twice), read from the latest gate.
+#: One gauge per process (prometheus_client refuses a name twice).
 _IN_FLIGHT: list[Gauge] = []
 
 
-def export_requests_in_flight(gate: DrainGate) -> Gauge:
-    """``neuronfleet:requests_in_flight``, read from ``gate`` at each scrape, in vLLM's (the default) registry.
+def requests_in_flight_gauge() -> Gauge:
+    """``neuronfleet:requests_in_flight``, which the drain gate sets as it admits and releases requests.
 
-    Live: the gate counts on the server's event loop, which answers a scrape while the engine core runs a
-    step; vLLM's own gauges change only as each step ends.
+    Set, not computed at scrape time: ``vllm serve`` runs prometheus_client in multiprocess mode, which
+    exports what was written, and ``livesum`` leaves out a ``pid`` label. Live all the same: the gate
+    counts on the server's event loop as requests come and go, while vLLM's own gauges change only as
+    each engine step ends.
     """
     if not _IN_FLIGHT:
-        _IN_FLIGHT.append(Gauge(REQUESTS_IN_FLIGHT, "Completions this server holds: admitted, not yet answered."))
-    gauge = _IN_FLIGHT[0]
-    gauge.set_function(lambda: gate.active)
-    return gauge
+        _IN_FLIGHT.append(
+            Gauge(
+                REQUESTS_IN_FLIGHT,
+                "Completions this server holds: admitted, not yet answered.",
+                multiprocess_mode="livesum",
+            )
+        )
+    return _IN_FLIGHT[0]
 
 
 class ArtifactHeaderMiddleware:
@@ -110,7 +116,7 @@ class ReadinessPlugin:
     required_tasks = None
 
     def __init__(self) -> None:
-        self.gate = DrainGate()
+        self.gate = DrainGate(on_count=requests_in_flight_gauge().set)
 
     def attach_router(self, app: FastAPI) -> None:
         """Add ``GET /ready``, and the drain gate every POST passes."""
@@ -134,7 +140,6 @@ class ReadinessPlugin:
 
         app.include_router(router)
         app.add_middleware(DrainGateMiddleware, gate=gate)
-        export_requests_in_flight(gate)
         artifact = served_artifact()
         if artifact is not None:
             # Added last, so outermost: the drain gate's 503s name the artifact too.
