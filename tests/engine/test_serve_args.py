@@ -154,7 +154,10 @@ def test_the_plugin_allowlist_keeps_every_installed_plugin() -> None:
         ("hf://meta-llama/Meta-Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B", "llama-3.1-70b"),
         ("s3://models/llama/Llama-3.1-70B/", "Llama-3.1-70B", "llama-3.1-70b"),
         ("hf://neuronfleet/tiny", "neuronfleet/tiny", "tiny"),
-        ("hf://mistralai/Mistral-7B", "mistralai/Mistral-7B", "tiny"),
+        ("hf://mistralai/Mistral-7B-Instruct-v0.2", "mistralai/Mistral-7B-Instruct-v0.2", "mistral-7b"),
+        ("hf://meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-hf", "llama-2-13b"),
+        ("hf://meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-405B", "llama-3.1-405b"),
+        ("hf://google/gemma-2-9b", "google/gemma-2-9b", "tiny"),
     ],
 )
 def test_names_and_shapes_from_the_model_uri(uri: str, name: str, shape: str) -> None:

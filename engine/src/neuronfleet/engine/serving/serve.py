@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
@@ -88,9 +89,10 @@ def served_name(model_uri: str) -> str:
 
 
 def shape_for_model(model_uri: str) -> str:
-    """The simulated shape that stands for a model: a Llama 3.1 size it names, else the tiny shape."""
+    """The simulated shape that stands for a model: a named shape its name starts with, else the tiny shape."""
     name = served_name(model_uri).rsplit("/", 1)[-1].lower()
-    for shape in ("llama-3.1-70b", "llama-3.1-8b"):
+    # Longest first: "llama-3.1-405b" before a shorter name it starts with.
+    for shape in sorted((s for s in SHAPES if s != "tiny"), key=len, reverse=True):
         if name.startswith(shape) or name.startswith(f"meta-{shape}"):
             return shape
     return "tiny"

@@ -1,28 +1,44 @@
 """How long a Neuron device takes for one compiled step: the simulated device's clock.
 
-A prefill step is bound by compute on the *padded* tokens (the compiled graph
-computes every position of its bucket), plus each sequence's attention over its
-own context when several are packed into one bucket; a decode step by reading the weights and
-the real requests' KV cache from HBM. Both pay a fixed per-step overhead. The
-hardware figures are public (``neuronfleet.engine.hardware`` names their
-sources); the efficiencies and the overhead are assumptions, marked as such.
+A compiled graph costs what its shape costs, not what its inputs hold. A prefill step computes
+every position of its bucket: the dense layers on the padded tokens and causal attention over the
+context before them. A decode step reads the weights and, for every row of its padded batch, the KV
+cache of its *compiled* context (``max_model_len``, or the decode context bucket that holds the
+batch's longest sequence), however few tokens are there. Both pay fixed costs per layer and a host
+dispatch. The peak figures are the hardware catalogue's; how much of them each chip reaches is
+fitted on Neuron's published latencies (:mod:`neuronfleet.engine.sim.calibration`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuronfleet.engine.hardware import InstanceType
+from neuronfleet.engine.sim.calibration import Calibration, calibration_for
 from neuronfleet.engine.sim.model_shapes import ModelShape
 
-#: Assumed share of peak BF16 throughput a prefill graph reaches (approximation).
-COMPUTE_EFFICIENCY = 0.5
-#: Assumed share of peak HBM bandwidth a decode graph reaches (approximation).
-BANDWIDTH_EFFICIENCY = 0.7
-#: Assumed fixed cost of one step: host launch, collectives, sampling (approximation).
-STEP_OVERHEAD_S = 0.001
+#: Share of peak HBM bandwidth a prefill step reaches streaming the weights (bounds a short chunk).
+PREFILL_WEIGHT_READ_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    """A prefill step's work at the replica's peak: seconds of dense and of attention compute, weight streaming."""
+
+    dense_s: float
+    attention_s: float
+    weights_s: float
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """A decode step's work at the replica's peak: seconds of weight and KV reads, and of compute."""
+
+    weights_s: float
+    kv_s: float
+    compute_s: float
 
 
 @dataclass(frozen=True)
@@ -33,7 +49,8 @@ class CostModel:
     shape: ModelShape
     tensor_parallel_size: int
     dtype_bytes: int = 2
-    step_overhead_s: float = STEP_OVERHEAD_S
+    #: The chip's fitted constants (``calibration_for``); the benchmarks pass others to test their sensitivity.
+    calibration: Calibration = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if not 1 <= self.tensor_parallel_size <= self.instance.cores:
@@ -41,6 +58,8 @@ class CostModel:
                 f"tensor_parallel_size {self.tensor_parallel_size} does not fit {self.instance.name} "
                 f"({self.instance.cores} NeuronCores)"
             )
+        if self.calibration is None:
+            object.__setattr__(self, "calibration", calibration_for(self.instance.chip.name))
 
     @property
     def _core_share(self) -> float:
@@ -63,45 +82,93 @@ class CostModel:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights the replica holds and reads every step."""
+        """Bytes of weights the replica holds."""
         return self.shape.num_parameters * self.dtype_bytes
+
+    @property
+    def streamed_weight_bytes(self) -> int:
+        """Bytes of weights one step reads: every layer and the output head (the embedding table only by row)."""
+        shape = self.shape
+        return (shape.num_hidden_layers * shape.layer_parameters + shape.vocab_size * shape.hidden_size) * (
+            self.dtype_bytes
+        )
+
+    def _heads_held(self, heads: int) -> int:
+        # Each core holds a whole number of heads: replicated where there are fewer heads than cores (a KV
+        # head on tensor_parallel_size / heads cores), padded where they do not divide evenly.
+        return self.tensor_parallel_size * math.ceil(heads / self.tensor_parallel_size)
+
+    @property
+    def kv_heads_held(self) -> int:
+        """KV heads the replica's cores hold in all, replicas included."""
+        return self._heads_held(self.shape.num_key_value_heads)
+
+    def kv_bytes_per_token(self) -> int:
+        """HBM one token's keys and values take on the replica, every replicated KV head counted."""
+        shape = self.shape
+        return 2 * shape.num_hidden_layers * self.kv_heads_held * shape.head_dim * self.dtype_bytes
 
     def kv_cache_bytes(self, memory_utilization: float) -> int:
         """HBM left for the KV cache: the usable share of capacity less the weights (never negative)."""
         return max(0, int(self.hbm_bytes * memory_utilization) - self.weight_bytes)
+
+    def prefill_work(self, sequences: Sequence[tuple[int, int]]) -> PrefillWork:
+        """The work of one prefill step over ``sequences``, each ``(padded_tokens, context_tokens)``.
+
+        The bucket is the padded tokens together. Its dense layers compute every position once, and the
+        output head each sequence's last. Attention is charged as one causal sequence of the whole bucket
+        after every sequence's context: what a compiled graph that masks, rather than skips, the tiles
+        between packed sequences computes, so a pack never costs less than its largest member alone.
+        """
+        shape = self.shape
+        bucket = sum(padded for padded, _ in sequences)
+        context = sum(context for _, context in sequences)
+        dense = 2 * (shape.num_hidden_layers * shape.layer_parameters * bucket) + 2 * (
+            shape.hidden_size * shape.vocab_size * len(sequences)
+        )
+        query_width = self._heads_held(shape.num_attention_heads) * shape.head_dim
+        attention = 4 * shape.num_hidden_layers * query_width * bucket * (context + bucket / 2)
+        return PrefillWork(
+            dense_s=dense / self.peak_flops,
+            attention_s=attention / self.peak_flops,
+            weights_s=self.streamed_weight_bytes / self.hbm_bandwidth,
+        )
+
+    def decode_work(self, padded_batch: int, compiled_context: int) -> DecodeWork:
+        """The work of one decode step: every row of ``padded_batch`` reads ``compiled_context`` tokens of KV."""
+        shape = self.shape
+        query_width = self._heads_held(shape.num_attention_heads) * shape.head_dim
+        compute = padded_batch * (
+            2 * (shape.num_hidden_layers * shape.layer_parameters + shape.hidden_size * shape.vocab_size)
+            + 4 * shape.num_hidden_layers * query_width * compiled_context
+        )
+        return DecodeWork(
+            weights_s=self.streamed_weight_bytes / self.hbm_bandwidth,
+            kv_s=padded_batch * compiled_context * self.kv_bytes_per_token() / self.hbm_bandwidth,
+            compute_s=compute / self.peak_flops,
+        )
+
+    def _fixed_seconds(self, per_layer_s: float) -> float:
+        return self.calibration.host_dispatch_s + self.shape.num_hidden_layers * per_layer_s
 
     def prefill_seconds(self, padded_tokens: int, context_tokens: int) -> float:
         """One prefill chunk of ``padded_tokens`` (its bucket) after ``context_tokens`` already in the KV cache."""
         return self.packed_prefill_seconds([(padded_tokens, context_tokens)])
 
     def packed_prefill_seconds(self, sequences: Sequence[tuple[int, int]]) -> float:
-        """One prefill step running several sequences' chunks in one bucket.
-
-        ``sequences`` holds each sequence's ``(padded_tokens, context_tokens)``: its share of
-        the bucket (its real tokens; the last sequence also carries the step's padding) and
-        the tokens it already has in the KV cache. The dense layers compute every position
-        of the bucket once; attention is each sequence's own, over its own context and
-        chunk, never across sequences (a ragged prefill graph, as chunked-prefill graphs
-        are: docs/engine.md). One sequence costs what ``prefill_seconds`` says.
-        """
-        shape = self.shape
-        bucket = sum(padded for padded, _ in sequences)
-        dense = 2 * shape.num_parameters * bucket
-        attention_width = shape.num_attention_heads * shape.head_dim
-        attention = sum(
-            4 * shape.num_hidden_layers * attention_width * padded * (context + padded) for padded, context in sequences
-        )
-        compute = (dense + attention) / (self.peak_flops * COMPUTE_EFFICIENCY)
+        """One prefill step running several sequences' chunks in one bucket (``prefill_work``)."""
+        c = self.calibration
+        work = self.prefill_work(sequences)
+        compute = work.dense_s / c.dense_efficiency + work.attention_s / c.attention_efficiency
         # A short chunk still streams every weight once.
-        memory = self.weight_bytes / (self.hbm_bandwidth * BANDWIDTH_EFFICIENCY)
-        return self.step_overhead_s + max(compute, memory)
+        return self._fixed_seconds(c.prefill_layer_s) + max(compute, work.weights_s / PREFILL_WEIGHT_READ_EFFICIENCY)
 
-    def decode_seconds(self, padded_batch: int, context_tokens: int) -> float:
-        """One decode step of a batch padded to ``padded_batch`` whose real requests hold ``context_tokens``."""
-        read = self.weight_bytes + self.shape.kv_bytes_per_token(self.dtype_bytes) * context_tokens
-        memory = read / (self.hbm_bandwidth * BANDWIDTH_EFFICIENCY)
-        compute = 2 * self.shape.num_parameters * padded_batch / (self.peak_flops * COMPUTE_EFFICIENCY)
-        return self.step_overhead_s + max(memory, compute)
+    def decode_seconds(self, padded_batch: int, compiled_context: int) -> float:
+        """One decode step of a batch padded to ``padded_batch``, each row reading ``compiled_context`` of KV."""
+        c = self.calibration
+        work = self.decode_work(padded_batch, compiled_context)
+        reads = work.weights_s / c.weight_read_efficiency + work.kv_s / c.kv_read_efficiency
+        return self._fixed_seconds(c.decode_layer_s) + max(reads, work.compute_s / c.dense_efficiency)
 
     def compile_seconds(self, bucket_size: int) -> float:
         """Simulated time to compile one bucket's graph.

@@ -64,6 +64,8 @@ class SimNeuronWorker:
             list(neuron_config["num_batched_tokens_buckets"]),
             list(neuron_config["num_seqs_buckets"]),
         )
+        #: Decode contexts below max_model_len (vLLM Neuron's ``decode_context_length_buckets``).
+        self.decode_contexts = list(neuron_config.get("decode_context_length_buckets") or [])
         self.clock = Clock(settings.clock)
         self.device: SimulatedNeuronDevice | None = None
         self._pending: ModelRunnerOutput | None = None
@@ -75,7 +77,8 @@ class SimNeuronWorker:
         """One full-attention KV spec per layer, with the whole replica's KV heads."""
         spec = FullAttentionSpec(
             block_size=self.block_size,
-            num_kv_heads=self.shape.num_key_value_heads,
+            # Every head the replica holds: a KV head replicated over several cores takes HBM on each.
+            num_kv_heads=self.cost.kv_heads_held,
             head_size=self.shape.head_dim,
             dtype=self.dtype,
         )
@@ -109,7 +112,7 @@ class SimNeuronWorker:
         blocks_per_request = -(-self.vllm_config.model_config.max_model_len // self.block_size)
         # One block more for vLLM's null block, then twice that for prefix-cache reuse.
         cap_blocks = 2 * (scheduler_config.max_num_seqs * blocks_per_request + 1)
-        bytes_per_block = self.shape.kv_bytes_per_token(self.cost.dtype_bytes) * self.block_size
+        bytes_per_block = self.cost.kv_bytes_per_token() * self.block_size
         return min(available, cap_blocks * bytes_per_block)
 
     def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
@@ -121,32 +124,39 @@ class SimNeuronWorker:
         if self.settings.artifact_dir is not None:
             # `serve` checked every file before vLLM started: they are not read twice.
             manifest = artifacts.load_for_serving(
-                self.settings.artifact_dir, prefill_buckets, decode_buckets, verify_files=False
+                self.settings.artifact_dir,
+                prefill_buckets,
+                decode_buckets,
+                decode_contexts=self.decode_contexts,
+                verify_files=False,
             )
             prefill_buckets, decode_buckets = manifest.compiled_buckets()
             logger.info("Loaded compiled artifact %s from %s", manifest.hash, self.settings.artifact_dir)
         else:
-            seconds = sum(self.cost.compile_seconds(size) for size in [*prefill_buckets, *decode_buckets])
-            logger.info("No artifact given: compiling %d buckets now", len(prefill_buckets) + len(decode_buckets))
-            self.clock.advance(seconds)
+            entries = artifacts.planned_buckets(prefill_buckets, decode_buckets, self.decode_contexts)
+            logger.info("No artifact given: compiling %d graphs now", len(entries))
+            self.clock.advance(sum(self.cost.compile_seconds(entry.size) for entry in entries))
+        max_model_len = self.vllm_config.model_config.max_model_len
         self.device = SimulatedNeuronDevice(
             self.cost,
             block_size=self.block_size,
             prefill_buckets=prefill_buckets,
             decode_buckets=decode_buckets,
+            decode_context_buckets=[*self.decode_contexts, max_model_len],
             clock=self.clock,
             on_step=lambda step: metrics.record_device_step(step.kind, step.seconds, prefill_buckets[-1]),
             max_prefills_per_step=self.max_prefills_per_step,
         )
         logger.info(
-            "Simulated Neuron device: %s on %s, tensor parallel %d, %s clock; prefill buckets %s, decode buckets %s; "
-            "KV cache %d blocks",
+            "Simulated Neuron device: %s on %s, tensor parallel %d, %s clock; prefill buckets %s, decode buckets %s, "
+            "decode contexts %s; KV cache %d blocks",
             self.shape.name,
             self.settings.instance_type,
             self.cost.tensor_parallel_size,
             self.settings.clock,
             prefill_buckets,
             decode_buckets,
+            [*self.decode_contexts, max_model_len],
             kv_cache_config.num_blocks,
         )
 

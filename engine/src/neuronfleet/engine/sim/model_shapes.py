@@ -16,6 +16,8 @@ ARCHITECTURE = "LlamaForCausalLM"
 TINY_VOCAB_SIZE = 1024
 #: Vocabulary of Llama 3.1 (config.json ``vocab_size``).
 LLAMA_3_VOCAB_SIZE = 128256
+#: Vocabulary of Llama 2 and Mistral 7B v0.2.
+LLAMA_2_VOCAB_SIZE = 32000
 
 
 def tiny_llama_config(max_model_len: int) -> dict[str, Any]:
@@ -57,15 +59,19 @@ class ModelShape:
         return self.hidden_size // self.num_attention_heads
 
     @property
-    def num_parameters(self) -> int:
-        """Weights: embeddings, attention and MLP projections, norms, and the untied output head."""
+    def layer_parameters(self) -> int:
+        """Weights of one decoder layer: attention and MLP projections, norms."""
         kv_width = self.num_key_value_heads * self.head_dim
         attention = self.hidden_size * (2 * self.hidden_size + 2 * kv_width)
         mlp = 3 * self.hidden_size * self.intermediate_size
         norms = 2 * self.hidden_size
-        per_layer = attention + mlp + norms
+        return attention + mlp + norms
+
+    @property
+    def num_parameters(self) -> int:
+        """Weights: embeddings, every layer, the final norm, and the untied output head."""
         embeddings = 2 * self.vocab_size * self.hidden_size
-        return self.num_hidden_layers * per_layer + embeddings + self.hidden_size
+        return self.num_hidden_layers * self.layer_parameters + embeddings + self.hidden_size
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes one token takes over all layers (keys and values)."""
@@ -114,7 +120,10 @@ _LLAMA_3_1_ROPE = (
     ),
 )
 
-#: Named shapes. The Llama numbers are those of meta-llama/Llama-3.1-8B and -70B's config.json.
+#: Named shapes, from each model's config.json on the Hugging Face Hub: meta-llama/Llama-3.1-8B, -70B and
+#: -405B; meta-llama/Llama-2-7b-hf, -13b-hf and -70b-hf; mistralai/Mistral-7B-Instruct-v0.2. Beyond the two
+#: Llama 3.1 shapes served most, the others are the models Neuron publishes latencies for (the cost model's
+#: calibration, ``neuronfleet.engine.sim.calibration``).
 SHAPES: dict[str, ModelShape] = {
     "tiny": ModelShape(
         name="tiny",
@@ -147,6 +156,58 @@ SHAPES: dict[str, ModelShape] = {
         vocab_size=LLAMA_3_VOCAB_SIZE,
         max_position_embeddings=131072,
         extra=_LLAMA_3_1_ROPE,
+    ),
+    "llama-3.1-405b": ModelShape(
+        name="llama-3.1-405b",
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_attention_heads=128,
+        num_key_value_heads=8,
+        num_hidden_layers=126,
+        vocab_size=LLAMA_3_VOCAB_SIZE,
+        max_position_embeddings=131072,
+        extra=_LLAMA_3_1_ROPE,
+    ),
+    "llama-2-7b": ModelShape(
+        name="llama-2-7b",
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        num_hidden_layers=32,
+        vocab_size=LLAMA_2_VOCAB_SIZE,
+        max_position_embeddings=4096,
+    ),
+    "llama-2-13b": ModelShape(
+        name="llama-2-13b",
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        num_hidden_layers=40,
+        vocab_size=LLAMA_2_VOCAB_SIZE,
+        max_position_embeddings=4096,
+    ),
+    "llama-2-70b": ModelShape(
+        name="llama-2-70b",
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        num_hidden_layers=80,
+        vocab_size=LLAMA_2_VOCAB_SIZE,
+        max_position_embeddings=4096,
+    ),
+    "mistral-7b": ModelShape(
+        name="mistral-7b",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_hidden_layers=32,
+        vocab_size=LLAMA_2_VOCAB_SIZE,
+        max_position_embeddings=32768,
+        extra=(("rope_theta", 1000000.0),),
     ),
 }
 
