@@ -131,14 +131,15 @@ def test_bad_device_target_and_shape_are_one_line_each(run_cli: RunCli, tmp_path
             "error: Invalid value for '--device' (env var: 'NEURONFLEET_DEVICE'): "
             "Value error, 'gpu' is not one of 'sim', 'neuron'.\n"
         ),
-        ("--device", "sim", "--target", "trn3"): (
-            "error: Invalid value for '--target': Value error, 'trn3' is not one of 'trn1', 'trn2', 'inf2'.\n"
+        ("--device", "sim", "--target", "trn4"): (
+            "error: Invalid value for '--target': Value error, 'trn4' is not one of 'trn1', 'trn2', 'trn3', 'inf2'.\n"
         ),
         ("--device", "sim", "--clock", "fast"): (
             "error: Invalid value for '--clock': Value error, 'fast' is not one of 'real', 'virtual'.\n"
         ),
         ("--device", "sim", "--shape", "gpt"): (
-            "error: unknown --shape 'gpt'; known: tiny, llama-3.1-8b, llama-3.1-70b\n"
+            "error: unknown --shape 'gpt'; known: tiny, llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, llama-2-7b, "
+            "llama-2-13b, llama-2-70b, mistral-7b\n"
         ),
         ("--device", "sim", "--target", "inf2", "--instance-type", "trn2.48xlarge"): (
             "error: --instance-type trn2.48xlarge is not a inf2 instance\n"

@@ -57,6 +57,40 @@ def test_empty_list_is_not_the_same_as_absent() -> None:
     assert messages(caught.value) == {"num_seqs_buckets": "num_seqs_buckets cannot be empty"}
 
 
+@pytest.mark.parametrize(
+    ("buckets", "message"),
+    [
+        ([], "decode_context_length_buckets cannot be empty"),
+        ([4096, 1024], "decode_context_length_buckets must be in strictly ascending order, got [4096, 1024]"),
+        ([0, 1024], "decode_context_length_buckets[0] must be positive, got 0"),
+        (
+            [1024, 8192],
+            "Every bucket in decode_context_length_buckets must be less than max_model_len (8192), got 8192: "
+            "the max_model_len graph is always compiled",
+        ),
+        (
+            [1000],
+            "Every bucket in decode_context_length_buckets must be a multiple of 128 (the NKI attention tile), "
+            "got 1000",
+        ),
+    ],
+)
+def test_decode_context_buckets_follow_vllm_neurons_rules(buckets: list[int], message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        EngineConfig(max_model_len=8192, decode_context_length_buckets=buckets)
+    assert messages(caught.value) == {"decode_context_length_buckets": message}
+
+
+def test_decode_context_buckets_end_on_max_model_len_and_multiply_the_decode_graphs() -> None:
+    config = EngineConfig(max_num_seqs=8, max_model_len=8192, decode_context_length_buckets=[1024, 4096])
+    assert config.decode_context_buckets == [1024, 4096, 8192]
+    # 7 prefill buckets, and 4 decode batch buckets for each of 3 contexts.
+    assert config.compiled_graph_count == 7 + 4 * 3
+    assert config.neuron_config()["decode_context_length_buckets"] == [1024, 4096]
+    assert EngineConfig().decode_context_buckets == [8192]
+    assert "decode_context_length_buckets" not in EngineConfig().neuron_config()
+
+
 @pytest.mark.parametrize("field", ["max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"])
 def test_limits_must_be_positive(field: str) -> None:
     with pytest.raises(ValidationError) as caught:
@@ -87,7 +121,8 @@ def test_vllm_args_carry_limits_and_full_bucket_lists() -> None:
             "max_consecutive_prefill_steps": 1,
             "kv_admission": "request_bound",
             "max_prefills_per_step": 1,
-            "max_prefill_tokens_while_decoding": 1024,
+            "max_prefill_tokens_while_decoding": "auto",
+            "itl_target_ms": None,
         }
     }
 

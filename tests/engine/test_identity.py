@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
 from neuronfleet.engine.identity import (
+    BUCKET_FIELDS,
     COMPILE_FIELDS,
     IDENTITY_HASH_LENGTH,
     SERVING_FIELDS,
@@ -57,6 +58,7 @@ def test_omitted_buckets_and_the_same_buckets_written_out_are_one_artifact() -> 
         {"dtype": "float16"},
         {"num_seqs_buckets": [2, 8]},
         {"num_batched_tokens_buckets": [1024, 8192]},
+        {"decode_context_length_buckets": [4096]},
     ],
 )
 def test_every_compile_relevant_engine_field_changes_the_hash(change: dict[str, Any]) -> None:
@@ -76,7 +78,7 @@ def test_model_revision_target_and_image_change_the_hash() -> None:
 
 def test_every_engine_field_is_declared_compile_relevant_or_serving_only() -> None:
     # A new EngineConfig field must be declared: hashed (it changes a graph) or not (serving only).
-    compile_relevant = {*COMPILE_FIELDS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS}
+    compile_relevant = {*COMPILE_FIELDS, *BUCKET_FIELDS}
     serving_only = set(SERVING_FIELDS)
     assert not compile_relevant & serving_only, "declared both compile-relevant and serving-only"
     undeclared = set(EngineConfig.model_fields) - compile_relevant - serving_only
@@ -92,6 +94,14 @@ def test_serving_only_fields_are_not_hashed() -> None:
     reference = identity(scheduler=REFERENCE_SCHEDULER)
     assert reference.hash() == identity().hash()
     assert set(reference.document()["engine"]) == {*COMPILE_FIELDS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS}
+
+
+def test_decode_context_buckets_are_hashed_only_when_set() -> None:
+    # Unset, the document is what it was before the option existed: every artifact keeps its name.
+    assert DECODE_CONTEXT_LENGTH_BUCKETS not in identity().document()["engine"]
+    with_contexts = identity(decode_context_length_buckets=[1024, 4096])
+    assert with_contexts.document()["engine"][DECODE_CONTEXT_LENGTH_BUCKETS] == [1024, 4096]
+    assert len({identity().hash(), with_contexts.hash(), identity(decode_context_length_buckets=[1024]).hash()}) == 3
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,22 @@ def prefill_steps(engine: OfflineEngine) -> list[list[tuple[str, int, int]]]:
     ]
 
 
-def test_the_cap_is_on_by_default_and_off_in_the_design() -> None:
-    assert SchedulerOptions().max_prefill_tokens_while_decoding == 1024
+def test_the_cap_is_derived_by_default_and_off_in_the_design() -> None:
+    assert SchedulerOptions().max_prefill_tokens_while_decoding == "auto"
     assert REFERENCE_SCHEDULER.max_prefill_tokens_while_decoding is None
+
+
+def test_a_scheduler_given_auto_with_no_step_times_to_derive_it_from_runs_without_a_cap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two prompts of 1000 tokens while one decodes: no cap, so each runs in the 1024-token bucket.
+    requests = (
+        ScenarioRequest("decoding", prompt_len=100, max_tokens=50),
+        ScenarioRequest("long", prompt_len=1000, max_tokens=2, arrival_step=3),
+    )
+    engine = run_scenario(scenario(*requests, options=SchedulerOptions()), async_scheduling=False)
+    assert ("long", 1000, 1024) in [item for step in prefill_steps(engine) for item in step]
+    assert "max_prefill_tokens_while_decoding is auto but no step times were known" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -196,7 +209,7 @@ def step_checker(workload: Scenario) -> Callable[[OfflineEngine, StepRecord | No
         actual = sum(item.num_tokens for item in prefills)
         padded = sum(item.num_tokens_padded for item in prefills)
         assert padded == get_bucket_for_count(actual, buckets)
-        cap_bucket = buckets_while_decoding(buckets, scheduler.options.max_prefill_tokens_while_decoding)[-1]
+        cap_bucket = buckets_while_decoding(buckets, scheduler.prefill_cap)[-1]
         if record.num_hidden_decodes:
             # Decodes wait behind this step: it runs in a bucket within the cap.
             assert padded <= cap_bucket, record

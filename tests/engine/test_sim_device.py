@@ -53,6 +53,7 @@ def make_device(
         block_size=ENGINE.block_size,
         prefill_buckets=prefill,
         decode_buckets=decode,
+        decode_context_buckets=ENGINE.decode_context_buckets,
         clock=Clock(clock),
         on_step=on_step,
     )
@@ -115,7 +116,9 @@ def test_the_virtual_clock_counts_the_cost_model_without_sleeping() -> None:
     assert COST.prefill_seconds(64, 256) in step_seconds
     # 50 tokens: the first from each prefill, then 49 decode steps (of up to three requests).
     assert len(step_seconds) - 4 >= 49
-    assert device.clock.elapsed_s > 49 * COST.decode_seconds(1, 0)
+    # Every decode step reads the compiled context, max_model_len: no decode context buckets are set.
+    assert device.stats.decode_steps_by_context == {ENGINE.max_model_len: len(step_seconds) - 4}
+    assert device.clock.elapsed_s > 49 * COST.decode_seconds(1, ENGINE.max_model_len)
 
 
 def kept_items(device: SimulatedNeuronDevice) -> int:

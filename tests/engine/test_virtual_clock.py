@@ -25,7 +25,7 @@ ENGINE = EngineConfig(
 def run(arrivals: list[Arrival]) -> tuple[OfflineEngine, Timeline, CostModel]:
     cost = CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=8)
     engine = OfflineEngine(build_scheduler(ENGINE, num_kv_blocks=256, async_scheduling=False))
-    timeline = Timeline(cost, ENGINE.effective_num_seqs_buckets)
+    timeline = Timeline(cost, ENGINE)
     serve_arrivals(engine, timeline, arrivals)
     return engine, timeline, cost
 
@@ -36,7 +36,8 @@ def test_an_idle_engine_jumps_to_the_arrival_and_ttft_is_the_padded_prefill() ->
     # 100 tokens run in the 128-token bucket: the first token lands one padded prefill later.
     assert timeline.ttft("late") == pytest.approx(cost.prefill_seconds(128, 0))
     assert len(timeline.token_times["late"]) == 3 == len(engine.progress["late"].output_tokens)
-    decode = cost.decode_seconds(get_bucket_for_count(1, ENGINE.effective_num_seqs_buckets), 101)
+    # One request in the 1-sequence graph, reading the compiled context (max_model_len).
+    decode = cost.decode_seconds(get_bucket_for_count(1, ENGINE.effective_num_seqs_buckets), ENGINE.max_model_len)
     assert timeline.token_times["late"][1] - timeline.token_times["late"][0] == pytest.approx(decode)
 
 
@@ -90,13 +91,25 @@ def test_gaps_during_a_long_prefill_are_the_ones_that_span_its_chunks() -> None:
     assert max(gap for gap in every if gap not in during) < cost.prefill_seconds(512, 0)
 
 
-def test_a_batched_decode_step_costs_the_context_of_every_request_in_it() -> None:
+def test_a_batched_decode_step_reads_the_compiled_context_of_every_row_of_its_padded_batch() -> None:
     ids = ["r0", "r1", "r2"]
     _, timeline, cost = run([Arrival(0.0, ScenarioRequest(req_id, prompt_len=100, max_tokens=6)) for req_id in ids])
     # The first step in which all three decode together (padded to the 4-sequence bucket).
     together = min(set.intersection(*(set(timeline.token_times[req_id][1:]) for req_id in ids)))
     before = max(t for req_id in ids for t in timeline.token_times[req_id] if t < together)
-    # Each request's context is its prompt and every token it has so far.
-    context = sum(100 + sum(t < together for t in timeline.token_times[req_id]) for req_id in ids)
-    assert together - before == pytest.approx(cost.decode_seconds(4, context))
+    # However few tokens each holds, every row reads the compiled context: max_model_len.
+    assert together - before == pytest.approx(cost.decode_seconds(4, ENGINE.max_model_len))
     assert 3 in timeline.decode_batch_sizes
+
+
+def test_decode_context_buckets_read_the_smallest_context_holding_the_longest_sequence() -> None:
+    engine = ENGINE.model_copy(update={"decode_context_length_buckets": [128, 256]})
+    cost = CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=8)
+    offline = OfflineEngine(build_scheduler(engine, num_kv_blocks=256, async_scheduling=False))
+    timeline = Timeline(cost, engine)
+    # A 120-token prompt: its first decodes read 128 tokens of context, then 256 from position 128 on.
+    serve_arrivals(offline, timeline, [Arrival(0.0, ScenarioRequest("r", prompt_len=120, max_tokens=20))])
+    gaps = timeline.inter_token_latencies(["r"])
+    assert gaps[0] == pytest.approx(cost.decode_seconds(1, 128))
+    assert gaps[-1] == pytest.approx(cost.decode_seconds(1, 256))
+    assert cost.decode_seconds(1, 256) < cost.decode_seconds(1, ENGINE.max_model_len)

@@ -53,6 +53,18 @@ INVALID: list[tuple[str, Obj, str]] = [
     ),
     ("not-a-list", {"engine": {"num_seqs_buckets": "1,2,4,8"}}, "spec.engine.num_seqs_buckets: Invalid value"),
     ("zero-max-seqs", {"engine": {"max_num_seqs": 0}}, "spec.engine.max_num_seqs: Invalid value: 0"),
+    (
+        "prefill-cap-word",
+        {"engine": {"scheduler": {"max_prefill_tokens_while_decoding": "fast"}}},
+        'spec.engine.scheduler.max_prefill_tokens_while_decoding: Invalid value: "fast": must be auto, or an '
+        "integer from 1 to 1048576",
+    ),
+    (
+        "prefill-cap-zero",
+        {"engine": {"scheduler": {"max_prefill_tokens_while_decoding": 0}}},
+        "spec.engine.scheduler.max_prefill_tokens_while_decoding: Invalid value: 0: must be auto, or an "
+        "integer from 1 to 1048576",
+    ),
     ("device", {"device": "gpu"}, 'spec.device: Unsupported value: "gpu"'),
     ("instance-type", {"instanceType": "p5.48xlarge"}, 'spec.instanceType: Unsupported value: "p5.48xlarge"'),
     ("model-uri", {"model": {"uri": "meta-llama/Llama-3.1-8B"}}, "spec.model.uri: Invalid value"),

@@ -47,6 +47,10 @@ def test_checked_in_crds_match_the_models() -> None:
 @pytest.mark.parametrize("kind", ["NeuronInferenceService", "NeuronCompiledArtifact"])
 def test_schemas_are_structural_and_bounded(kind: str) -> None:
     for path, node in nodes(schema_of(kind)):
+        if node.get("x-kubernetes-int-or-string"):
+            # An integer or a word: bounded by its CEL, the one untyped node a structural schema allows.
+            assert [r["rule"] for r in node["x-kubernetes-validations"]], path
+            continue
         assert "type" in node, f"{path} has no type"
         for banned in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "const", "title", "uniqueItems"):
             assert banned not in node, f"{path} has {banned}"
@@ -61,7 +65,7 @@ def test_schemas_are_structural_and_bounded(kind: str) -> None:
 
 def test_bucket_rules_are_cel_with_the_engines_messages() -> None:
     engine = schema_of("NeuronInferenceService")["properties"]["spec"]["properties"]["engine"]
-    for name in ("num_batched_tokens_buckets", "num_seqs_buckets"):
+    for name in ("num_batched_tokens_buckets", "num_seqs_buckets", "decode_context_length_buckets"):
         bucket_list = engine["properties"][name]
         assert bucket_list["x-kubernetes-list-type"] == "set"
         assert bucket_list["items"] == {"type": "integer", "minimum": 1}
@@ -70,9 +74,22 @@ def test_bucket_rules_are_cel_with_the_engines_messages() -> None:
             f"{name} must be in strictly ascending order",
         ]
     paths = {r["fieldPath"] for r in engine["x-kubernetes-validations"]}
-    assert paths == {".num_batched_tokens_buckets", ".num_seqs_buckets"}
+    assert paths == {".num_batched_tokens_buckets", ".num_seqs_buckets", ".decode_context_length_buckets"}
     # Defaults written out in full (the API server checks them against the rules as they are).
     assert engine["default"] == EngineConfig().model_dump(mode="json", exclude_none=True)
+
+
+def test_the_auto_prefill_cap_is_an_int_or_string_bounded_by_cel() -> None:
+    scheduler = schema_of("NeuronInferenceService")["properties"]["spec"]["properties"]["engine"]["properties"]
+    cap = scheduler["scheduler"]["properties"]["max_prefill_tokens_while_decoding"]
+    assert cap["x-kubernetes-int-or-string"] is True
+    assert cap["default"] == "auto"
+    assert cap["x-kubernetes-validations"] == [
+        {
+            "rule": "type(self) == string ? self in ['auto'] : self >= 1 && self <= 1048576",
+            "message": "must be auto, or an integer from 1 to 1048576",
+        }
+    ]
 
 
 def test_the_artifact_is_immutable_and_carries_the_same_bucket_rules() -> None:

@@ -16,7 +16,9 @@ EXAMPLES = [(rule, example) for rule in rules.SERVICE_SPEC_RULES for example in 
 
 
 def cel_rules(schema: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield from schema.get("x-kubernetes-validations", [])
+    # An int-or-string's bounds are its type, as a schema's minimum is, not an admission rule.
+    if not schema.get("x-kubernetes-int-or-string"):
+        yield from schema.get("x-kubernetes-validations", [])
     for child in (schema.get("properties") or {}).values():
         yield from cel_rules(child)
     for key in ("items", "additionalProperties"):

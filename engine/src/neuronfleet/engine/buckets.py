@@ -17,12 +17,21 @@ MIN_DEFAULT_PREFILL_BUCKET = 128
 
 NUM_BATCHED_TOKENS_BUCKETS = "num_batched_tokens_buckets"
 NUM_SEQS_BUCKETS = "num_seqs_buckets"
+DECODE_CONTEXT_LENGTH_BUCKETS = "decode_context_length_buckets"
+#: Decode context buckets are multiples of the NKI attention kernel's tile (``P_MAX``).
+DECODE_CONTEXT_TILE = 128
 
 #: The rules' messages, worded as the Neuron scheduler words them; the operator's admission
 #: rules (CEL) are written from these too, so the API server says what the engine says.
 EMPTY_MESSAGE = "{name} cannot be empty"
 ASCENDING_MESSAGE = "{name} must be in strictly ascending order"
 LAST_BUCKET_MESSAGE = "Last bucket in {name} must equal {limit_name} ({limit}), got {last}"
+#: vLLM Neuron's rules for decode context buckets (its design page states them; it words no message).
+CONTEXT_BELOW_MAX_MESSAGE = (
+    "Every bucket in {name} must be less than max_model_len ({limit}), got {value}: "
+    "the max_model_len graph is always compiled"
+)
+CONTEXT_TILE_MESSAGE = "Every bucket in {name} must be a multiple of {tile} (the NKI attention tile), got {value}"
 
 
 class BucketError(ValueError):
@@ -99,6 +108,16 @@ def validate_num_seqs_buckets(buckets: object, max_num_seqs: int) -> list[int]:
     checked = validate_bucket_list(NUM_SEQS_BUCKETS, buckets)
     validate_last_bucket(NUM_SEQS_BUCKETS, checked, "max_num_seqs", max_num_seqs)
     return checked
+
+
+def validate_decode_context_length_buckets(buckets: list[int], max_model_len: int) -> None:
+    """vLLM Neuron's rules beyond a bucket list's shape: below ``max_model_len``, whole attention tiles."""
+    name = DECODE_CONTEXT_LENGTH_BUCKETS
+    for value in buckets:
+        if value >= max_model_len:
+            raise BucketError(CONTEXT_BELOW_MAX_MESSAGE.format(name=name, limit=max_model_len, value=value))
+        if value % DECODE_CONTEXT_TILE:
+            raise BucketError(CONTEXT_TILE_MESSAGE.format(name=name, tile=DECODE_CONTEXT_TILE, value=value))
 
 
 def get_bucket_for_count(count: int, buckets: Sequence[int]) -> int:

@@ -8,12 +8,13 @@ renders it to ``vllm serve`` arguments. It depends on pydantic alone.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from neuronfleet.engine.buckets import (
+    DECODE_CONTEXT_LENGTH_BUCKETS,
     NUM_BATCHED_TOKENS_BUCKETS,
     NUM_SEQS_BUCKETS,
     BucketError,
@@ -21,6 +22,7 @@ from neuronfleet.engine.buckets import (
     get_default_num_batched_tokens_buckets,
     get_default_num_seqs_buckets,
     validate_bucket_list,
+    validate_decode_context_length_buckets,
     validate_last_bucket,
 )
 
@@ -33,14 +35,19 @@ SYNC_SCHEDULER_CLS = "neuronfleet.engine.scheduler.NeuronScheduler"
 
 KvAdmission = Literal["max_model_len", "request_bound"]
 
+#: ``max_prefill_tokens_while_decoding``'s default: derived from the deployment's step times
+#: (``neuronfleet.engine.tuning.prefill_cap``) where the engine knows them, off where it does not.
+AUTO: Literal["auto"] = "auto"
+PrefillCap = Annotated[int, Field(ge=1, le=1_048_576)] | Literal["auto"] | None
+
 
 class SchedulerOptions(BaseModel):
     """Departures from the reference Neuron scheduler, each measured in ``bench/``.
 
     Every option keeps the reference guarantees: no mixed batches, no preemption,
-    no step beyond the largest prefill bucket. The first three and the prefill cap
-    while decoding are on by default; ``max_prefills_per_step`` stays at the design's 1 (packing needs a prefill graph
-    that takes several sequences; docs/engine.md says when a Neuron device has one).
+    no step beyond the largest prefill bucket. The first three are on by default, and the prefill cap
+    while decoding is derived per deployment; ``max_prefills_per_step`` stays at the design's 1 (packing needs a
+    prefill graph that takes several sequences; docs/engine.md says when a Neuron device has one).
     ``REFERENCE_SCHEDULER`` turns everything off. docs/scheduler.md gives the figures.
     """
 
@@ -80,15 +87,25 @@ class SchedulerOptions(BaseModel):
             "of ragged lengths."
         ),
     )
-    max_prefill_tokens_while_decoding: int | None = Field(
-        1024,
-        ge=1,
-        le=1_048_576,
+    max_prefill_tokens_while_decoding: PrefillCap = Field(
+        AUTO,
         description=(
             "While requests are decoding, a prefill step (one chunk, or a pack) runs in a prefill bucket no larger "
             "than this (the largest bucket within it, at least the smallest bucket): a longer prompt is chunked, so "
             "decodes never wait behind one long step. With no request decoding, prefills use every bucket. "
-            "Null: no cap (reference)."
+            "auto: derived from the compiled buckets' step times (the largest bucket whose prefill step fits "
+            "itl_target_ms beside a full decode step, else the largest costing at most twice the smallest), off where "
+            "no bucket is smaller or the step times are unknown. Null: no cap (reference)."
+        ),
+    )
+    itl_target_ms: int | None = Field(
+        None,
+        ge=1,
+        le=60_000,
+        description=(
+            "The inter-token latency the auto prefill cap aims for: a prefill step while decoding plus a decode "
+            "step of the largest batch fit within it. No bucket that fits: no cap. Null: the cap bounds a prefill "
+            "step to twice the smallest bucket's."
         ),
     )
 
@@ -128,6 +145,15 @@ class EngineConfig(BaseModel):
         max_length=64,
         description="Compiled decode batch sizes, strictly ascending, ending at max_num_seqs. Default: powers of two.",
     )
+    decode_context_length_buckets: list[int] | None = Field(
+        None,
+        max_length=64,
+        description=(
+            "Compiled decode context lengths below max_model_len, strictly ascending, each a multiple of 128. "
+            "A decode step reads the KV cache of the smallest of them (or max_model_len) that holds its longest "
+            "sequence, instead of max_model_len for every request. Default: none (every step reads max_model_len)."
+        ),
+    )
     block_size: int = Field(32, ge=1, le=1024, description="KV cache block size in tokens.")
     tensor_parallel_size: int = Field(1, ge=1, le=128, description="NeuronCores (logical) one replica shards over.")
     dtype: Dtype = Field("bfloat16", description="Weight and activation data type.")
@@ -135,7 +161,7 @@ class EngineConfig(BaseModel):
         default_factory=SchedulerOptions, description="Neuron scheduler options beyond the reference behaviour."
     )
 
-    @field_validator(NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS, mode="before")
+    @field_validator(NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS, DECODE_CONTEXT_LENGTH_BUCKETS, mode="before")
     @classmethod
     def _check_bucket_shape(cls, value: object, info: Any) -> object:
         # Absent means "use the defaults"; anything given must pass rules 1-5 as given,
@@ -168,6 +194,17 @@ class EngineConfig(BaseModel):
                 errors.append(
                     InitErrorDetails(type=PydanticCustomError("bucket", str(error)), loc=(name,), input=buckets)
                 )
+        if self.decode_context_length_buckets is not None:
+            try:
+                validate_decode_context_length_buckets(self.decode_context_length_buckets, self.max_model_len)
+            except BucketError as error:
+                errors.append(
+                    InitErrorDetails(
+                        type=PydanticCustomError("bucket", str(error)),
+                        loc=(DECODE_CONTEXT_LENGTH_BUCKETS,),
+                        input=self.decode_context_length_buckets,
+                    )
+                )
         if errors:
             raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
@@ -191,11 +228,29 @@ class EngineConfig(BaseModel):
             return list(self.num_seqs_buckets)
         return get_default_num_seqs_buckets(self.max_num_seqs)
 
+    @property
+    def decode_context_buckets(self) -> list[int]:
+        """The context lengths decode graphs are compiled for: the configured ones, then ``max_model_len``."""
+        return [*(self.decode_context_length_buckets or []), self.max_model_len]
+
+    @property
+    def compiled_graph_count(self) -> int:
+        """Graphs an artifact holds: one per prefill bucket, one per decode batch bucket and context."""
+        return len(self.effective_num_batched_tokens_buckets) + len(self.effective_num_seqs_buckets) * len(
+            self.decode_context_buckets
+        )
+
     def neuron_config(self) -> dict[str, Any]:
-        """What the scheduler reads from ``additional_config["neuron_config"]``."""
+        """What the scheduler and the model runner read from ``additional_config["neuron_config"]``."""
+        context = (
+            {}
+            if self.decode_context_length_buckets is None
+            else {DECODE_CONTEXT_LENGTH_BUCKETS: self.decode_context_length_buckets}
+        )
         return {
             NUM_BATCHED_TOKENS_BUCKETS: self.effective_num_batched_tokens_buckets,
             NUM_SEQS_BUCKETS: self.effective_num_seqs_buckets,
+            **context,
             **self.scheduler.model_dump(),
         }
 

@@ -7,8 +7,9 @@ standard library alone, so the operator imports it without vLLM.
 
 Tensor parallelism counts logical NeuronCores. At the default logical-NeuronCore
 setting (LNC=2) a Trainium2 device pairs its 8 physical NeuronCore-v3 into 4
-logical cores; Trainium and Inferentia2 devices have 2 NeuronCore-v2 each. Pods
-request whole devices, as the Neuron device plugin hands them out.
+logical cores, and a Trainium3 device its 8 NeuronCore-v4; Trainium and Inferentia2
+devices have 2 NeuronCore-v2 each. Pods request whole devices, as the Neuron device
+plugin hands them out.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 #: Neuron compiler targets: the instance family a graph is compiled for.
-NeuronTarget = Literal["trn1", "trn2", "inf2"]
+NeuronTarget = Literal["trn1", "trn2", "trn3", "inf2"]
 
 #: Every instance type the catalogue holds, in its order: the CRD's enum. A static type, so the
 #: names are written twice: mypy checks each entry below against it, a test that none is missing.
@@ -25,6 +26,7 @@ InstanceTypeName = Literal[
     "trn2.3xlarge",
     "trn2.48xlarge",
     "trn2u.48xlarge",
+    "trn3.48xlarge",
     "trn1.2xlarge",
     "trn1.32xlarge",
     "trn1n.32xlarge",
@@ -51,6 +53,8 @@ _NEURON_HARDWARE = f"{_NEURON_DOCS}/general/arch/neuron-hardware"
 _TRN2_ARCH = f"{_NEURON_HARDWARE}/trn2-arch.html"
 _TRAINIUM2_ARCH = f"{_NEURON_DOCS}/about-neuron/arch/neuron-hardware/trainium2.html"
 _TRN2_INSTANCES = "https://aws.amazon.com/ec2/instance-types/trn2/"
+_TRAINIUM3_ARCH = f"{_NEURON_DOCS}/about-neuron/arch/neuron-hardware/trainium3.html"
+_TRN3_ARCH = f"{_NEURON_DOCS}/about-neuron/arch/neuron-hardware/trn3-arch.html"
 _TRN1_ARCH = f"{_NEURON_HARDWARE}/trn1-arch.html"
 _TRAINIUM_ARCH = f"{_NEURON_HARDWARE}/trainium.html"
 _INF2_ARCH = f"{_NEURON_HARDWARE}/inf2-arch.html"
@@ -74,6 +78,10 @@ class Chip:
 
 # Eight NeuronCore-v3 (4 logical at LNC=2): 667 dense BF16 TFLOPS, 96 GiB of HBM at 2.9 TB/s.
 TRAINIUM2 = Chip("Trainium2", "trn2", 4, 667.0, 96 * GIB, 2.9e12, f"{_TRN2_ARCH}; {_TRAINIUM2_ARCH}")
+# Eight NeuronCore-v4 (4 logical at LNC=2, the default): 671 dense BF16 TFLOPS, 144 GiB of HBM at 4.9 TB/s.
+# The bandwidth is the Trainium3 and Trn3 architecture pages' (a Gen1 UltraServer's 313.6 TB/s over its 64
+# devices); the NKI Trainium3 architecture guide says 4.7 TB/s.
+TRAINIUM3 = Chip("Trainium3", "trn3", 4, 671.0, 144 * GIB, 4.9e12, f"{_TRAINIUM3_ARCH}; {_TRN3_ARCH}")
 # Two NeuronCore-v2: 190 BF16 TFLOPS, 32 GiB of HBM at 820 GiB/s.
 TRAINIUM = Chip("Trainium", "trn1", 2, 190.0, 32 * GIB, 820.0 * GIB, _TRAINIUM_ARCH)
 # Two NeuronCore-v2: 190 BF16 TFLOPS, 32 GiB of HBM at 820 GiB/s (the same figures as Trainium).
@@ -120,6 +128,12 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         # trn2u.48xlarge is the same node, four of them make a Trn2 UltraServer.
         InstanceType("trn2.48xlarge", TRAINIUM2, 16, 192, 2048, _TRN2_ARCH),
         InstanceType("trn2u.48xlarge", TRAINIUM2, 16, 192, 2048, _TRN2_ARCH),
+        # One server of a Trn3 Gen1 UltraServer: 16 Trainium3, 192 vCPUs, 2,048 GiB (the UltraServer's 64
+        # devices, 768 vCPUs and 8,192 GiB over its 4 servers). The name is the Neuron Helm chart's
+        # (neuronInstances, chart 1.10.0), not yet in a customer-facing table; the chart also names trn3n.48xlarge,
+        # trn3en.24xlarge and trn3s-es.48xlarge, and Gen2 UltraServers hold 4 devices a server, whose size no
+        # source ties to a name yet.
+        InstanceType("trn3.48xlarge", TRAINIUM3, 16, 192, 2048, _TRN3_ARCH),
         # 1 Trainium, 8 vCPUs, 32 GiB; 16 Trainium, 128 vCPUs, 512 GiB (3,040 TFLOPS, 512 GiB of HBM).
         InstanceType("trn1.2xlarge", TRAINIUM, 1, 8, 32, _TRN1_ARCH),
         InstanceType("trn1.32xlarge", TRAINIUM, 16, 128, 512, _TRN1_ARCH),

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import NeuronTarget
 from neuronfleet.engine.sim_settings import Device
@@ -43,8 +43,10 @@ COMPILE_FIELDS = (
     "tensor_parallel_size",
     "dtype",
 )
+#: The bucket sets: hashed as compiled (the defaults written out; decode contexts only when set).
+BUCKET_FIELDS = (NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS, DECODE_CONTEXT_LENGTH_BUCKETS)
 #: The ``EngineConfig`` fields that change only how requests are served, never a graph: not hashed.
-#: Every ``EngineConfig`` field is in exactly one of these, the bucket sets and COMPILE_FIELDS (a test checks).
+#: Every ``EngineConfig`` field is in exactly one of these, BUCKET_FIELDS and COMPILE_FIELDS (a test checks).
 SERVING_FIELDS = ("scheduler",)
 
 MODEL_URI_PATTERN = (
@@ -54,11 +56,21 @@ REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 
 
 def compiled_shapes(engine: EngineConfig) -> dict[str, Any]:
-    """The compile-relevant engine fields, with the bucket sets in force written out."""
+    """The compile-relevant engine fields, with the bucket sets in force written out.
+
+    Decode context buckets appear only when set, so the artifacts of services without them keep their
+    hashes (none set compiles exactly what was compiled before the option existed).
+    """
+    context = (
+        {}
+        if engine.decode_context_length_buckets is None
+        else {DECODE_CONTEXT_LENGTH_BUCKETS: engine.decode_context_length_buckets}
+    )
     return {
         **{name: getattr(engine, name) for name in COMPILE_FIELDS},
         NUM_BATCHED_TOKENS_BUCKETS: engine.effective_num_batched_tokens_buckets,
         NUM_SEQS_BUCKETS: engine.effective_num_seqs_buckets,
+        **context,
     }
 
 

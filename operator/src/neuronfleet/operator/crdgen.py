@@ -157,6 +157,27 @@ def _definition(defs: Mapping[str, Schema], ref: str) -> Schema:
     return _merge(defs[name], OVERLAYS.get(name, {}))
 
 
+def _int_or_string(branches: list[Schema]) -> Schema:
+    """A bounded integer or one of some words (``auto``): Kubernetes' int-or-string, its bounds as CEL."""
+    number = next(b for b in branches if b["type"] == "integer")
+    word = next(b for b in branches if b["type"] == "string")
+    words = [word["const"]] if "const" in word else list(word["enum"])
+    low, high = number.get("minimum"), number.get("maximum")
+    bounds = " && ".join(
+        [*([f"self >= {low}"] if low is not None else []), *([f"self <= {high}"] if high is not None else [])]
+    )
+    quoted = ", ".join(f"'{w}'" for w in words)
+    return {
+        "x-kubernetes-int-or-string": True,
+        "x-kubernetes-validations": [
+            {
+                "rule": f"type(self) == string ? self in [{quoted}] : {bounds or 'true'}",
+                "message": f"must be {' or '.join(words)}, or an integer from {low} to {high}",
+            }
+        ],
+    }
+
+
 def structural(node: Schema, defs: Mapping[str, Schema]) -> Schema:
     """Rewrite one pydantic JSON Schema node (and everything under it) into a structural schema."""
     node = dict(node)
@@ -165,9 +186,12 @@ def structural(node: Schema, defs: Mapping[str, Schema]) -> Schema:
         node = _merge(_definition(defs, node["$ref"]), siblings)
     if "anyOf" in node:
         branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
-        if len(branches) != 1:
+        if sorted(b.get("type", "") for b in branches) == ["integer", "string"]:
+            node = _merge(_int_or_string(branches), node)
+        elif len(branches) != 1:
             raise SchemaError(f"a union of several types has no structural schema: {branches}")
-        node = _merge(structural(branches[0], defs), node)
+        else:
+            node = _merge(structural(branches[0], defs), node)
     if "const" in node:
         node["enum"] = [node.pop("const")]
     # JSON Schema's numeric exclusive bounds are OpenAPI v3's bound plus a flag.
@@ -199,13 +223,18 @@ def structural(node: Schema, defs: Mapping[str, Schema]) -> Schema:
         node["items"] = structural(node["items"], defs)
     if isinstance(node.get("additionalProperties"), dict):
         node["additionalProperties"] = structural(node["additionalProperties"], defs)
-    if "type" not in node:
+    if "type" not in node and not node.get("x-kubernetes-int-or-string"):
         raise SchemaError(f"untyped schema node: {sorted(node)}")
     # Type and description first: the YAML reads like `kubectl explain`.
     return {key: node[key] for key in sorted(node, key=lambda k: (_KEY_ORDER.get(k, len(_KEY_ORDER)), k))}
 
 
-_KEY_ORDER = {key: i for i, key in enumerate(["type", "description", "default", "enum", "properties", "required"])}
+_KEY_ORDER = {
+    key: i
+    for i, key in enumerate(
+        ["type", "x-kubernetes-int-or-string", "description", "default", "enum", "properties", "required"]
+    )
+}
 
 
 def model_schema(model: type[BaseModel]) -> Schema:

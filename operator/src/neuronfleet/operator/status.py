@@ -240,12 +240,15 @@ def refused_pod(job: Obj, events: Sequence[Obj], pods: Sequence[Obj]) -> tuple[s
 
 def bucket_progress(spec: api.NeuronCompiledArtifactSpec, state: api.BucketState) -> list[api.BucketProgress]:
     """Every compiled shape, all in one state (the Job reports completion as a whole)."""
+    engine = spec.engine
     return [
+        *(api.BucketProgress(kind="prefill", size=s, state=state) for s in engine.effective_num_batched_tokens_buckets),
+        *(api.BucketProgress(kind="decode", size=s, state=state) for s in engine.effective_num_seqs_buckets),
         *(
-            api.BucketProgress(kind="prefill", size=s, state=state)
-            for s in spec.engine.effective_num_batched_tokens_buckets
+            api.BucketProgress(kind="decode", size=s, context=context, state=state)
+            for context in engine.decode_context_length_buckets or ()
+            for s in engine.effective_num_seqs_buckets
         ),
-        *(api.BucketProgress(kind="decode", size=s, state=state) for s in spec.engine.effective_num_seqs_buckets),
     ]
 
 

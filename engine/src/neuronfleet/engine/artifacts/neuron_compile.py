@@ -62,8 +62,7 @@ def neuron_compile_bucket(
         if not share:
             start = time.monotonic()
             subprocess.run(argv, env={**os.environ, **env}, check=True, stdin=subprocess.DEVNULL)
-            buckets = len(engine.effective_num_batched_tokens_buckets) + len(engine.effective_num_seqs_buckets)
-            share.append((time.monotonic() - start) / buckets)
+            share.append((time.monotonic() - start) / engine.compiled_graph_count)
         return share[0]
 
     return compile_bucket

@@ -129,8 +129,7 @@ def _compile_local(
     complete = is_complete(store, artifact_hash)
     if complete:
         return compile_artifact(store, identity, compile_bucket)
-    graphs = len(engine.effective_num_batched_tokens_buckets) + len(engine.effective_num_seqs_buckets)
-    progress.compile_started(artifact_hash, graphs)
+    progress.compile_started(artifact_hash, engine.compiled_graph_count)
     try:
         return compile_artifact(store, identity, compile_bucket, progress.graph_compiled)
     finally:
@@ -211,6 +210,7 @@ def serving_artifact(
             directory,
             engine.effective_num_batched_tokens_buckets,
             engine.effective_num_seqs_buckets,
+            decode_contexts=engine.decode_context_length_buckets or (),
             verify_files=not remote,
         )
         return ServingArtifact(directory)

@@ -64,11 +64,17 @@ class BucketEntry(BaseModel):
     kind: BucketKind
     #: Prefill: tokens of the chunk; decode: sequences in the batch.
     size: int
-    #: The graph's input shape: ``batch`` sequences of ``tokens`` tokens.
+    #: The graph's input shape: ``batch`` sequences of ``tokens`` tokens; a decode graph compiled for a context
+    #: below ``max_model_len`` (``decode_context_length_buckets``) has a ``context`` too.
     shape: dict[str, int]
     status: Literal["pending", "compiled"] = "pending"
     seconds: float | None = None
     compiled_at: str | None = None
+
+    @property
+    def context(self) -> int | None:
+        """The decode context the graph reads, when below ``max_model_len``."""
+        return self.shape.get("context")
 
 
 class ArtifactFile(BaseModel):
@@ -105,8 +111,14 @@ class Manifest(BaseModel):
     def compiled_buckets(self) -> tuple[list[int], list[int]]:
         """The compiled prefill token buckets and decode batch buckets, ascending."""
         prefill = sorted(e.size for e in self.buckets if e.kind == "prefill" and e.status == "compiled")
-        decode = sorted(e.size for e in self.buckets if e.kind == "decode" and e.status == "compiled")
+        decode = sorted(
+            e.size for e in self.buckets if e.kind == "decode" and e.status == "compiled" and e.context is None
+        )
         return prefill, decode
+
+    def compiled_decode_contexts(self) -> list[int]:
+        """The decode contexts below ``max_model_len`` graphs were compiled for, ascending."""
+        return sorted({e.context for e in self.buckets if e.context is not None and e.status == "compiled"})
 
 
 def now() -> str:
@@ -173,11 +185,18 @@ def artifact_files(directory: Path) -> list[ArtifactFile]:
     return found
 
 
-def planned_buckets(prefill_buckets: Sequence[int], decode_buckets: Sequence[int]) -> list[BucketEntry]:
-    """One pending entry per graph to compile: prefills first, then decodes."""
+def planned_buckets(
+    prefill_buckets: Sequence[int], decode_buckets: Sequence[int], decode_contexts: Sequence[int] = ()
+) -> list[BucketEntry]:
+    """One pending entry per graph to compile: prefills, decodes (``max_model_len``), decodes per shorter context."""
     return [
         *(BucketEntry(kind="prefill", size=size, shape={"batch": 1, "tokens": size}) for size in prefill_buckets),
         *(BucketEntry(kind="decode", size=size, shape={"batch": size, "tokens": 1}) for size in decode_buckets),
+        *(
+            BucketEntry(kind="decode", size=size, shape={"batch": size, "tokens": 1, "context": context})
+            for context in decode_contexts
+            for size in decode_buckets
+        ),
     ]
 
 
@@ -258,7 +277,11 @@ def compile_artifact(
                 hash=artifact_hash,
                 identity=identity.document(),
                 device=device,
-                buckets=planned_buckets(engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets),
+                buckets=planned_buckets(
+                    engine.effective_num_batched_tokens_buckets,
+                    engine.effective_num_seqs_buckets,
+                    engine.decode_context_length_buckets or (),
+                ),
                 created_at=now(),
             )
             write_manifest(directory, manifest)
@@ -287,7 +310,12 @@ def compile_artifact(
 
 
 def load_for_serving(
-    directory: str | Path, prefill_buckets: Sequence[int], decode_buckets: Sequence[int], *, verify_files: bool = True
+    directory: str | Path,
+    prefill_buckets: Sequence[int],
+    decode_buckets: Sequence[int],
+    *,
+    decode_contexts: Sequence[int] = (),
+    verify_files: bool = True,
 ) -> Manifest:
     """The complete artifact in ``directory`` whose graphs are exactly the buckets to serve.
 
@@ -309,6 +337,12 @@ def load_for_serving(
         raise ArtifactError(
             f"the artifact at {path} was compiled for prefill buckets {compiled[0]} and decode buckets "
             f"{compiled[1]}, not the configured {list(prefill_buckets)} and {list(decode_buckets)}"
+        )
+    contexts = manifest.compiled_decode_contexts()
+    if contexts != list(decode_contexts):
+        raise ArtifactError(
+            f"the artifact at {path} was compiled for decode context buckets {contexts}, not the configured "
+            f"{list(decode_contexts)}"
         )
     if verify_files:
         check_files(path, manifest)

@@ -27,13 +27,16 @@ from neuronfleet.engine.hardware import (
     INSTANCE_TYPES,
     InstanceTypeName,
     NeuronTarget,
+    get_instance_type,
     largest_instance_type,
 )
 from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
-from neuronfleet.engine.sim.model_shapes import SHAPES
+from neuronfleet.engine.sim.cost_model import CostModel
+from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
 from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
+from neuronfleet.engine.tuning.prefill_cap import resolve_prefill_cap
 
 DEFAULT_MODEL = "hf://neuronfleet/tiny"
 
@@ -49,7 +52,7 @@ ModelOption = Annotated[
     str, typer.Option("--model", help="hf://org/name or s3://bucket/path; on the sim device it picks the shape.")
 ]
 RevisionOption = Annotated[str, typer.Option("--revision", help="Model revision (part of the artifact identity).")]
-TargetOption = Annotated[NeuronTarget, typer.Option("--target", help="Neuron target: trn1, trn2 or inf2.")]
+TargetOption = Annotated[NeuronTarget, typer.Option("--target", help="Neuron target: trn1, trn2, trn3 or inf2.")]
 ImageOption = Annotated[
     str | None,
     typer.Option(
@@ -142,6 +145,16 @@ def sim_settings(
     return SimSettings(shape=shape, instance_type=instance_type, clock=clock)
 
 
+def simulated_step_times(engine: EngineConfig, settings: SimSettings) -> CostModel:
+    """The cost model of the simulated replica ``settings`` stand for; a one-line error when it cannot exist."""
+    try:
+        return CostModel(
+            get_instance_type(settings.instance_type), get_shape(settings.shape), engine.tensor_parallel_size
+        )
+    except ValueError as error:
+        fail(str(error))
+
+
 def compile_command(
     config: ConfigOption = None,
     model: ModelOption = DEFAULT_MODEL,
@@ -208,6 +221,9 @@ def serve_command(
     check_device(device)
     engine = load_config(config, None, None, None, None, None)
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
+    if device == "sim":
+        # The simulated device's step times are the cost model's: `auto` is derived from them.
+        engine = resolve_prefill_cap(engine, simulated_step_times(engine, settings))
     directory = None
     if artifact_store is not None:
         identity = compile_identity(engine, model, revision, target, engine_image, device)

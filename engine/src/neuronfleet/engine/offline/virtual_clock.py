@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord
 from neuronfleet.engine.offline.scenarios import ScenarioRequest, prompt_token_ids
 from neuronfleet.engine.sim.cost_model import CostModel
@@ -24,13 +25,19 @@ class Timeline:
     """Token times of every request, on a virtual clock driven by ``cost``."""
 
     cost: CostModel
-    num_seqs_buckets: Sequence[int]
+    #: The compiled shapes: decode batches pad to its batch buckets and read its context buckets.
+    engine: EngineConfig
     clock: float = 0.0
     arrival: dict[str, float] = field(default_factory=dict)
     token_times: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     decode_batch_sizes: list[int] = field(default_factory=list)
     #: Per request: (start of its first prefill chunk, end of its last).
     prefill_spans: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Looked up on every decode step.
+        self._batch_buckets = self.engine.effective_num_seqs_buckets
+        self._context_buckets = self.engine.decode_context_buckets
 
     def after_step(self, engine: OfflineEngine, record: StepRecord | None, in_flight_before: int) -> None:
         """``run_scenario``'s hook: advance the clock by the step and stamp its tokens."""
@@ -52,8 +59,11 @@ class Timeline:
                     self.token_times[item.req_id].append(self.clock)
             return
         batch = len(record.scheduled)
-        context = sum(item.computed_before + 1 for item in record.scheduled)
-        self.clock += self.cost.decode_seconds(get_bucket_for_count(batch, self.num_seqs_buckets), context)
+        longest = max(item.computed_before + 1 for item in record.scheduled)
+        self.clock += self.cost.decode_seconds(
+            get_bucket_for_count(batch, self._batch_buckets),
+            get_bucket_for_count(longest, self._context_buckets),
+        )
         self.decode_batch_sizes.append(batch)
         for item in record.scheduled:
             self.token_times[item.req_id].append(self.clock)

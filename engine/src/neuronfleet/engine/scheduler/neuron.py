@@ -34,7 +34,7 @@ from neuronfleet.engine.buckets import (
     validate_num_batched_tokens_buckets,
     validate_num_seqs_buckets,
 )
-from neuronfleet.engine.config import SchedulerOptions
+from neuronfleet.engine.config import AUTO, SchedulerOptions
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.packing import Pack, buckets_while_decoding, fits, pack_padding
 from neuronfleet.engine.scheduler.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput
@@ -95,9 +95,15 @@ class NeuronScheduler(Scheduler):
         )
         # The design's prefill graph takes one sequence; packing needs one that takes several.
         self.max_prefills_per_batch = self.options.max_prefills_per_step
-        self._buckets_while_decoding = buckets_while_decoding(
-            self.num_batched_tokens_buckets, self.options.max_prefill_tokens_while_decoding
-        )
+        cap = self.options.max_prefill_tokens_while_decoding
+        if cap == AUTO:
+            # `serve` derives it from the device's step times (as the benchmarks do); nothing did here.
+            logger.warning(
+                "max_prefill_tokens_while_decoding is auto but no step times were known to derive it: no cap"
+            )
+        #: The prefill cap while decoding in force (None: none).
+        self.prefill_cap: int | None = None if isinstance(cap, str) else cap
+        self._buckets_while_decoding = buckets_while_decoding(self.num_batched_tokens_buckets, self.prefill_cap)
         # The prefill buckets this step may use: narrowed while requests decode.
         self._step_buckets = self.num_batched_tokens_buckets
         self._pack = Pack()

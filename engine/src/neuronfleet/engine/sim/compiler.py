@@ -24,13 +24,15 @@ BYTES_PER_SEQUENCE = 16 * 1024
 
 def graph_name(entry: BucketEntry) -> str:
     """The graph file of a bucket, relative to the graphs' directory."""
-    return f"{entry.kind}-{entry.size}.neff"
+    context = "" if entry.context is None else f"-context-{entry.context}"
+    return f"{entry.kind}-{entry.size}{context}.neff"
 
 
 def graph_bytes(seed: str, entry: BucketEntry) -> bytes:
     """The simulated graph of a bucket: a deterministic stream, sized by the bucket."""
     size = entry.size * (BYTES_PER_TOKEN if entry.kind == "prefill" else BYTES_PER_SEQUENCE)
-    block = hashlib.sha256(f"{seed}/{entry.kind}/{entry.size}".encode()).digest()
+    context = "" if entry.context is None else f"/{entry.context}"
+    block = hashlib.sha256(f"{seed}/{entry.kind}/{entry.size}{context}".encode()).digest()
     return (block * (size // len(block) + 1))[:size]
 
 

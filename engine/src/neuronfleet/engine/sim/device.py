@@ -3,7 +3,7 @@
 Each step it receives vLLM's ``SchedulerOutput`` from the Neuron scheduler and
 does what a Neuron model runner does with it: builds the padded inputs of exactly
 one compiled graph (a prefill chunk, or several packed prompts, padded to a token bucket, or a decode batch
-padded to its batch bucket), refuses anything no compiled graph accepts, takes
+padded to its batch bucket and read over its compiled context), refuses anything no compiled graph accepts, takes
 the time the cost model gives for that graph, and samples one token per request
 that completes its prompt or decodes. Tokens are a fixed function of the prompt
 and the position, so the same prompt always gets the same reply.
@@ -66,6 +66,8 @@ class DeviceStats:
 
     prefill_steps_by_bucket: Counter[int] = field(default_factory=Counter)
     decode_steps_by_bucket: Counter[int] = field(default_factory=Counter)
+    #: Decode steps by the compiled context their graph read.
+    decode_steps_by_context: Counter[int] = field(default_factory=Counter)
     padding_tokens_by_bucket: Counter[int] = field(default_factory=Counter)
     #: Prefill chunks by their real token count: at most one entry per chunk length.
     prefill_chunks_by_tokens: Counter[int] = field(default_factory=Counter)
@@ -98,6 +100,7 @@ class SimulatedNeuronDevice:
         block_size: int,
         prefill_buckets: Sequence[int],
         decode_buckets: Sequence[int],
+        decode_context_buckets: Sequence[int],
         clock: Clock,
         on_step: Callable[[StepResult], None] | None = None,
         max_prefills_per_step: int = 1,
@@ -106,6 +109,8 @@ class SimulatedNeuronDevice:
         self.block_size = block_size
         self.prefill_buckets = list(prefill_buckets)
         self.decode_buckets = list(decode_buckets)
+        #: Context lengths decode graphs were compiled for, ``max_model_len`` last.
+        self.decode_context_buckets = list(decode_context_buckets)
         self.clock = clock
         self.vocab_size = cost.shape.vocab_size
         self.requests: dict[str, RequestState] = {}
@@ -225,12 +230,15 @@ class SimulatedNeuronDevice:
                 self.decode_buckets,
             )
             bucket = get_bucket_for_count(len(req_ids), self.decode_buckets)
+            # The graph whose context holds the longest sequence after this step's token (vLLM Neuron's choice).
+            context = get_bucket_for_count(max(positions) + 1, self.decode_context_buckets)
         except ValueError as error:
             raise ShapeNotCompiledError(f"no compiled decode graph: {error}") from None
         assert len(inputs.input_ids) == bucket, "the padded batch must have the graph's shape"
         sampled = [[self._sample(state, position + 1)] for state, position in zip(states, positions, strict=True)]
-        seconds = self.cost.decode_seconds(bucket, sum(p + 1 for p in positions))
+        seconds = self.cost.decode_seconds(bucket, context)
         self.stats.decode_steps_by_bucket[bucket] += 1
+        self.stats.decode_steps_by_context[context] += 1
         output = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.identity import CompileIdentity
 from neuronfleet.operator.api import rules
 from neuronfleet.operator.api.common import CompileSettings
@@ -57,6 +57,9 @@ class BucketProgress(K8sModel):
         description=f"prefill ({NUM_BATCHED_TOKENS_BUCKETS}) or decode ({NUM_SEQS_BUCKETS})."
     )
     size: int = Field(ge=1, description="Tokens (prefill) or sequences (decode).")
+    context: int | None = Field(
+        None, ge=1, description=f"A decode graph's context, when below max_model_len ({DECODE_CONTEXT_LENGTH_BUCKETS})."
+    )
     state: BucketState = Field(description="Pending, Compiled or Failed.")
 
 

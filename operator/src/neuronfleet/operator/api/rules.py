@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from neuronfleet.engine.buckets import (
     ASCENDING_MESSAGE,
+    CONTEXT_BELOW_MAX_MESSAGE,
+    CONTEXT_TILE_MESSAGE,
+    DECODE_CONTEXT_LENGTH_BUCKETS,
+    DECODE_CONTEXT_TILE,
     EMPTY_MESSAGE,
     LAST_BUCKET_MESSAGE,
     NUM_BATCHED_TOKENS_BUCKETS,
@@ -186,6 +190,21 @@ def _last_bucket_rule(
     )
 
 
+def _context_rule(name: str, condition: str, message: str, limit: str, examples: tuple[Schema, ...]) -> Rule[Any]:
+    """A rule every decode context bucket must keep; the message names the first that breaks it."""
+    buckets = f"self.{DECODE_CONTEXT_LENGTH_BUCKETS}"
+    return Rule(
+        name=name,
+        field=f".{DECODE_CONTEXT_LENGTH_BUCKETS}",
+        cel=f"!has({buckets}) || {buckets}.all(b, {condition})",
+        message=message,
+        args=(limit, f"{buckets}.filter(b, !({condition}))[0]"),
+        checked_by="engine",
+        examples=examples,
+        reason="FieldValueInvalid",
+    )
+
+
 #: On ``EngineConfig``, in both kinds' ``spec.engine``.
 ENGINE: tuple[Rule[Any], ...] = (
     *_bucket_list_rules(NUM_BATCHED_TOKENS_BUCKETS, "prefill", [1024, 512, 8192]),
@@ -207,12 +226,27 @@ ENGINE: tuple[Rule[Any], ...] = (
         "self.max_num_seqs",
         ({"engine": {"max_num_seqs": 8, NUM_SEQS_BUCKETS: [1, 2, 4]}},),
     ),
+    *_bucket_list_rules(DECODE_CONTEXT_LENGTH_BUCKETS, "context", [4096, 1024]),
+    _context_rule(
+        "context-below-max",
+        "b < self.max_model_len",
+        CONTEXT_BELOW_MAX_MESSAGE.format(name=DECODE_CONTEXT_LENGTH_BUCKETS, limit="%d", value="%d"),
+        "self.max_model_len",
+        ({"engine": {"max_model_len": 4096, DECODE_CONTEXT_LENGTH_BUCKETS: [1024, 4096]}},),
+    ),
+    _context_rule(
+        "context-tile",
+        f"b % {DECODE_CONTEXT_TILE} == 0",
+        CONTEXT_TILE_MESSAGE.format(name=DECODE_CONTEXT_LENGTH_BUCKETS, tile="%d", value="%d"),
+        str(DECODE_CONTEXT_TILE),
+        ({"engine": {DECODE_CONTEXT_LENGTH_BUCKETS: [1000]}},),
+    ),
 )
 
 
 def _engine_schema() -> Schema:
     schema = cel_schema(ENGINE)
-    for name in (NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS):
+    for name in (NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS, DECODE_CONTEXT_LENGTH_BUCKETS):
         # No duplicates (with isSorted(): strictly ascending), and every bucket positive.
         schema["properties"][name].update({"x-kubernetes-list-type": "set", "items": {"minimum": 1}})
     return schema
