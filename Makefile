@@ -26,7 +26,7 @@ export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
 STAGE := tools/stages.sh run
 
 .PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit compat lock crds clean \
-	bench bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing
+	bench bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -110,8 +110,11 @@ crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's
 	$(BIN)/neuronfleet-operator crds --output crds
 	$(BIN)/neuronfleet-operator crds --output charts/neuronfleet/crds
 
-bench: bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing  ## Every benchmark, then one table (and summary.json, summary.png) in bench/results/.
+bench: bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing  ## Every benchmark, then one table (and summary.json, summary.png) in bench/results/.
 	$(BIN)/python bench/report.py
+
+bench-calibration: setup  ## The simulated device against Neuron's published latencies: every row, the fit, the holdout.
+	$(BIN)/python bench/calibration.py
 
 bench-padding: setup  ## Padding waste: default vs recommended prefill buckets per workload.
 	$(BIN)/python bench/padding_waste.py
@@ -125,8 +128,9 @@ bench-stalls: setup  ## Decode ITL during 32k-token prefills, with and without a
 bench-kv: setup  ## Chat concurrency and throughput: KV admission by max_model_len vs per request.
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/kv_admission.py
 
-bench-serving: setup  ## Goodput, throughput, TTFT and ITL by request rate on the simulated trn2: design, defaults, packed prefills.
+bench-serving: setup  ## Goodput by request rate on three simulated deployments, the design's scheduler vs the defaults; then the sensitivity band.
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/serving.py
+	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/serving.py --band
 
 bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.
 	$(BIN)/python bench/control_plane.py

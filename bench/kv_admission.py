@@ -1,17 +1,16 @@
 """Concurrency and throughput on the chat workload: KV admission by max_model_len vs by each request's bound.
 
-llama-3.1-70b on a trn2.48xlarge (tensor parallelism 32) serving a 131,072-token
-context: the KV cache left beside the weights holds a dozen requests at full
-length, so the reference admission (every request may grow to max_model_len)
-caps concurrency there, while chat requests use a few hundred tokens each. 400
-chat requests (prompt lengths from the chat workload, output lengths lognormal
-around 250 tokens, fixed seeds) arrive at once. The scheduling is the real vLLM
-scheduler's, times come from the simulated device's cost model on a virtual
-clock. Reports the mean decode batch, output tokens per second and the mean
-TTFT, with ratios to the reference measured in the same run; further rows add to
-request-bound admission packed prefills (``max_prefills_per_step``), the cap on a
-prefill step while requests decode (``max_prefill_tokens_while_decoding``, the default
-1,024), and both.
+Each deployment of ``deployments.DEPLOYMENTS`` serves a 131,072-token context, with decode context
+buckets (``CONTEXT_BUCKETS``) so that a decode step reads the context its requests reach rather than
+131,072 tokens a row. The KV cache left beside the weights holds a few requests at full length (fewer
+still where KV heads are replicated), so the reference admission (every request may grow to
+max_model_len) caps concurrency there, while chat requests use a few hundred tokens each. 400 chat
+requests (prompt lengths from the chat workload, output lengths lognormal around 250 tokens) arrive at
+once. The scheduling is the real vLLM scheduler's, times come from the calibrated cost model on a
+virtual clock. Reports the mean decode batch, output tokens per second and the mean TTFT as medians
+[min-max] over ``SEEDS``, with ratios to the reference seed by seed; further rows add to request-bound
+admission packed prefills (``max_prefills_per_step``), the prefill cap while decoding (``auto``), and
+both.
 
 Run: ``make bench-kv`` (or ``.venv/bin/python bench/kv_admission.py``).
 """
@@ -21,127 +20,125 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, KvAdmission, SchedulerOptions
-from neuronfleet.engine.hardware import get_instance_type
+from deployments import DEPLOYMENTS, Deployment, num_kv_blocks, prefill_cap
+from provenance import commit, show, spread
+
+from neuronfleet.engine.config import AUTO, REFERENCE_SCHEDULER
 from neuronfleet.engine.offline.driver import run_scenario
 from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Timeline
-from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.tuning.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kv_admission.json"
 NUM_REQUESTS = 400
 MAX_MODEL_LEN = 131072
-BLOCK_SIZE = 32
-TENSOR_PARALLEL = 32
-MEMORY_UTILIZATION = 0.9
-#: Packed prefills, measured with request-bound admission: packing must not lose what it gained.
-PACKED_PREFILLS = 8
-#: ``max_prefill_tokens_while_decoding``, the default.
-PREFILL_CAP = SchedulerOptions().max_prefill_tokens_while_decoding
+CONTEXT_BUCKETS = [4096, 16384, 65536]
+SEEDS = (0, 1, 2, 3, 4)
+#: (kv_admission, max_prefills_per_step, max_prefill_tokens_while_decoding) of each row; the first is the reference.
+VARIANTS: tuple[tuple[str, int, str | None], ...] = (
+    ("max_model_len", 1, None),
+    ("request_bound", 1, None),
+    ("request_bound", 8, None),
+    ("request_bound", 1, AUTO),
+    ("request_bound", 8, AUTO),
+)
 
 
-def cost_model() -> CostModel:
-    """llama-3.1-70b over 32 logical NeuronCores of a trn2.48xlarge."""
-    return CostModel(
-        get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-70b"), tensor_parallel_size=TENSOR_PARALLEL
+def scenario(deployment: Deployment, variant: tuple[str, int, str | None], seed: int) -> Scenario:
+    """The chat requests, all arriving at once, on the replica's KV cache."""
+    admission, packed, cap = variant
+    options = REFERENCE_SCHEDULER.model_copy(
+        update={"kv_admission": admission, "max_prefills_per_step": packed, "max_prefill_tokens_while_decoding": cap}
     )
-
-
-def num_kv_blocks(cost: CostModel) -> int:
-    """KV blocks the replica's HBM holds beside the weights."""
-    block_bytes = cost.shape.kv_bytes_per_token(cost.dtype_bytes) * BLOCK_SIZE
-    return cost.kv_cache_bytes(MEMORY_UTILIZATION) // block_bytes
-
-
-def scenario(kv_admission: KvAdmission, blocks: int, packed: int = 1, cap: int | None = None) -> Scenario:
-    """The chat requests, all arriving at once, on a KV cache of ``blocks`` blocks.
-
-    ``packed``: ``max_prefills_per_step``; ``cap``: ``max_prefill_tokens_while_decoding``.
-    """
-    engine = EngineConfig(
-        max_num_seqs=64,
-        max_num_batched_tokens=8192,
-        max_model_len=MAX_MODEL_LEN,
-        block_size=BLOCK_SIZE,
-        tensor_parallel_size=TENSOR_PARALLEL,
-        scheduler=REFERENCE_SCHEDULER.model_copy(
-            update={
-                "kv_admission": kv_admission,
-                "max_prefills_per_step": packed,
-                "max_prefill_tokens_while_decoding": cap,
-            }
-        ),
+    cost = deployment.cost()
+    engine = deployment.engine(
+        options, cost, max_model_len=MAX_MODEL_LEN, decode_context_length_buckets=CONTEXT_BUCKETS
     )
-    prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=0, max_model_len=MAX_MODEL_LEN // 2)
-    outputs = random.Random(1)
+    prompts = WORKLOADS["chat"].sample(NUM_REQUESTS, seed=seed, max_model_len=MAX_MODEL_LEN // 2)
+    outputs = random.Random(1000 + seed)
     requests = tuple(
         ScenarioRequest(
-            f"chat-{i}", prompt_len=prompt, max_tokens=max(1, min(2048, round(outputs.lognormvariate(5.5, 0.8))))
+            f"chat-{i}", prompt_len=p, max_tokens=max(1, min(2048, round(outputs.lognormvariate(5.5, 0.8))))
         )
-        for i, prompt in enumerate(prompts)
+        for i, p in enumerate(prompts)
     )
-    return Scenario("kv-admission", "bench", engine, num_kv_blocks=blocks, requests=requests)
+    return Scenario("kv-admission", "bench", engine, num_kv_blocks=num_kv_blocks(cost), requests=requests)
 
 
-def measure(kv_admission: KvAdmission, packed: int = 1, cap: int | None = None) -> dict[str, Any]:
-    """Concurrency, throughput and TTFT of the chat requests under ``kv_admission``."""
-    cost = cost_model()
-    chosen = scenario(kv_admission, num_kv_blocks(cost), packed, cap)
-    timeline = Timeline(cost, chosen.engine.effective_num_seqs_buckets)
+def measure(job: tuple[Deployment, tuple[str, int, str | None], int]) -> dict[str, float]:
+    """Concurrency, throughput and TTFT of the chat requests."""
+    deployment, variant, seed = job
+    chosen = scenario(deployment, variant, seed)
+    timeline = Timeline(deployment.cost(), chosen.engine)
     engine = run_scenario(chosen, async_scheduling=False, after_step=timeline.after_step)
     assert not [step for step in engine.steps if step.preempted], "a request was preempted"
     output_tokens = sum(len(progress.output_tokens) for progress in engine.progress.values())
     return {
-        "kv_admission": kv_admission,
-        "max_prefills_per_step": packed,
-        "max_prefill_tokens_while_decoding": cap,
-        "num_kv_blocks": chosen.num_kv_blocks,
-        "max_full_length_requests": engine.scheduler._max_kv_concurrent,
+        "max_full_length_requests": float(engine.scheduler._max_kv_concurrent),
         "mean_decode_batch": statistics.mean(timeline.decode_batch_sizes),
-        "max_running": max(step.num_running for step in engine.steps),
         "output_tokens_per_s": output_tokens / timeline.clock,
         "mean_ttft_s": statistics.mean(timeline.ttft(r.req_id) for r in chosen.requests),
-        "makespan_s": timeline.clock,
+        "cap": float(prefill_cap(chosen.engine)),
     }
 
 
+def label(variant: tuple[str, int, str | None], cap: int) -> str:
+    """A row's admission and options, as the table names them."""
+    admission, packed, wanted = variant
+    return (
+        admission + (f", {packed} packed" if packed > 1 else "") + (f", cap auto ({cap or 'none'})" if wanted else "")
+    )
+
+
 def main() -> None:
-    """Print the table and write it as JSON."""
-    rows = [
-        measure("max_model_len"),
-        measure("request_bound"),
-        measure("request_bound", PACKED_PREFILLS),
-        measure("request_bound", cap=PREFILL_CAP),
-        measure("request_bound", PACKED_PREFILLS, PREFILL_CAP),
-    ]
-    reference = rows[0]
+    """Print the tables and write them as JSON."""
+    jobs = [(deployment, variant, seed) for deployment in DEPLOYMENTS for variant in VARIANTS for seed in SEEDS]
+    with Pool(2) as pool:
+        results = iter(pool.map(measure, jobs, chunksize=1))
+    ran_on = commit()
     print(
-        f"chat workload, {NUM_REQUESTS} requests, llama-3.1-70b on trn2.48xlarge TP {TENSOR_PARALLEL}, "
-        f"max_model_len {MAX_MODEL_LEN}: {reference['num_kv_blocks']} KV blocks hold "
-        f"{reference['max_full_length_requests']} full-length requests"
+        f"chat, {NUM_REQUESTS} requests at once, max_model_len {MAX_MODEL_LEN}, decode context buckets "
+        f"{CONTEXT_BUCKETS}; medians [min-max] over {len(SEEDS)} seeds, ratios to admission by max_model_len seed "
+        f"by seed. Commit {ran_on}."
     )
-    print(
-        f"{'kv_admission':>34} {'mean batch':>10} {'max running':>11} {'tokens/s':>10} {'vs ref':>7} "
-        f"{'mean TTFT s':>11}"
-    )
-    for row in rows:
-        packed = row["max_prefills_per_step"]
-        label = row["kv_admission"] + (f", {packed} packed" if packed > 1 else "")
-        if row["max_prefill_tokens_while_decoding"] is not None:
-            label += f", cap {row['max_prefill_tokens_while_decoding']}"
-        print(
-            f"{label:>34} {row['mean_decode_batch']:>10.1f} {row['max_running']:>11} "
-            f"{row['output_tokens_per_s']:>10.0f} "
-            f"{row['output_tokens_per_s'] / reference['output_tokens_per_s']:>7.2f} "
-            f"{row['mean_ttft_s']:>11.2f}"
-        )
+    rows: list[dict[str, Any]] = []
+    for deployment in DEPLOYMENTS:
+        measured = {variant: [next(results) for _ in SEEDS] for variant in VARIANTS}
+        reference = measured[VARIANTS[0]]
+        full = int(reference[0]["max_full_length_requests"])
+        print(f"\n{deployment.name}: the KV cache holds {full} full-length requests")
+        print(f"  {'kv_admission':>38} {'mean batch':>18} {'tokens/s':>22} {'vs ref':>18} {'mean TTFT s':>20}")
+        for variant, figures in measured.items():
+            row: dict[str, Any] = {
+                "deployment": deployment.name,
+                "kv_admission": variant[0],
+                "max_prefills_per_step": variant[1],
+                "max_prefill_tokens_while_decoding": (int(figures[0]["cap"]) or None) if variant[2] else None,
+                "auto": variant[2] is not None,
+                "max_full_length_requests": full,
+                **{
+                    key: spread([f[key] for f in figures])
+                    for key in ("mean_decode_batch", "output_tokens_per_s", "mean_ttft_s")
+                },
+                "throughput_vs_reference": spread(
+                    [
+                        f["output_tokens_per_s"] / r["output_tokens_per_s"]
+                        for f, r in zip(figures, reference, strict=True)
+                    ]
+                ),
+            }
+            rows.append(row)
+            print(
+                f"  {label(variant, int(figures[0]['cap'])):>38} {show(row['mean_decode_batch'], '{:.1f}'):>18} "
+                f"{show(row['output_tokens_per_s'], '{:.0f}'):>22} {show(row['throughput_vs_reference']):>18} "
+                f"{show(row['mean_ttft_s'], '{:.1f}'):>20}"
+            )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=2))
+    RESULTS.write_text(json.dumps({"commit": ran_on, "rows": rows}, indent=2))
     print(f"wrote {RESULTS}")
 
 

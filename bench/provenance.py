@@ -1,0 +1,34 @@
+"""What every benchmark records beside its figures: the commit it ran on, and each figure's spread."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def commit() -> str:
+    """The checkout's commit, with ``-dirty`` when tracked files differ from it (``unknown`` outside git)."""
+    try:
+        described = subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return described.stdout.strip()
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min and max of repeated measurements (seeds or runs)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def show(figure: dict[str, float], fmt: str = "{:.2f}") -> str:
+    """A spread as ``median [min-max]``."""
+    return f"{fmt.format(figure['median'])} [{fmt.format(figure['min'])}-{fmt.format(figure['max'])}]"
