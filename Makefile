@@ -96,7 +96,7 @@ unit: setup  ## pytest (the cluster tests start a local control plane; tests/ima
 	$(STAGE) pytest - $(BIN)/pytest
 
 # The suites marked vllm_matrix (pyproject.toml; all in tests/engine, whose imports this venv has) run
-# here; `unit` runs them on 0.33 with everything else.
+# here; `unit` runs them on 0.34 with everything else.
 compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated device on vLLM 0.29.0 (pytest -m vllm_matrix).
 	@tools/stages.sh note "set-up: compat venv" cache
 	$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -29,6 +30,8 @@ def scheduler_output(*requests: Scheduled) -> SchedulerOutput:
     """vLLM's ``SchedulerOutput`` for ``requests``, in that schedule order."""
     output = SchedulerOutput.make_empty()
     cached = [request for request in requests if not request.new]
+    # vLLM 0.34 sends a resumed request as a new one (prefill_token_ids required); 0.29 lists it in the cached part.
+    new_fields: dict[str, Any] = {"prefill_token_ids": [7] * PROMPT_LEN} if vllm_compat.RESUMED_AS_NEW else {}
     output.scheduled_new_reqs = [
         NewRequestData(
             req_id=request.req_id,
@@ -39,18 +42,27 @@ def scheduler_output(*requests: Scheduled) -> SchedulerOutput:
             block_ids=([],),
             num_computed_tokens=request.computed,
             lora_request=None,
+            **new_fields,
         )
         for request in requests
-        if request.new
+        if request.new or (request.resumed and vllm_compat.RESUMED_AS_NEW)
     ]
+    cached = [request for request in cached if request.req_id not in {r.req_id for r in output.scheduled_new_reqs}]
+    resumed: dict[str, Any] = (
+        {}
+        if vllm_compat.RESUMED_AS_NEW
+        else {
+            "resumed_req_ids": {request.req_id for request in cached if request.resumed},
+            "all_token_ids": {},
+        }
+    )
     output.scheduled_cached_reqs = CachedRequestData(
         req_ids=[request.req_id for request in cached],
-        resumed_req_ids={request.req_id for request in cached if request.resumed},
         new_token_ids=[[] for _ in cached],
-        all_token_ids={},
         new_block_ids=[None for _ in cached],
         num_computed_tokens=[request.computed for request in cached],
         num_output_tokens=[max(0, request.computed - PROMPT_LEN) for request in cached],
+        **resumed,
     )
     output.num_scheduled_tokens = {request.req_id: request.tokens for request in requests}
     output.total_num_scheduled_tokens = sum(output.num_scheduled_tokens.values())

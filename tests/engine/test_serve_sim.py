@@ -124,13 +124,9 @@ def test_every_response_names_the_artifact_that_served_it(server: EngineServer) 
 def test_completion_returns_max_tokens_deterministically(server: EngineServer) -> None:
     text = prompt(12)
     first = completion(server, text, 9)
-    assert first["usage"] == {
-        "prompt_tokens": 12,
-        "completion_tokens": 9,
-        "total_tokens": 21,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
+    # vLLM 0.34 leaves out the details that are None; 0.29 sends them as null.
+    usage = {key: value for key, value in first["usage"].items() if value is not None}
+    assert usage == {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
     assert first["choices"][0]["finish_reason"] == "length"
     # Each token is one word of the local tokenizer.
     assert len(first["choices"][0]["text"].split()) == 9

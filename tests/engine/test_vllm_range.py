@@ -22,13 +22,15 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.mark.parametrize(
     ("version", "series"),
-    [("0.29.0", "0.29"), ("0.29.0+neuron.2.33", "0.29"), ("0.29.1", "0.29"), ("0.33.0", "0.33"), ("0.33.2rc1", "0.33")],
+    [("0.29.0", "0.29"), ("0.29.0+neuron.2.33", "0.29"), ("0.29.1", "0.29"), ("0.34.0", "0.34"), ("0.34.2rc1", "0.34")],
 )
 def test_supported_versions(version: str, series: str) -> None:
     assert supported_series(version) == series
 
 
-@pytest.mark.parametrize("version", ["0.28.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0", "0.290.0", "1.0", "dev", ""])
+@pytest.mark.parametrize(
+    "version", ["0.28.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.35.0", "0.290.0", "1.0", "dev", ""]
+)
 def test_unsupported_versions_name_the_range(version: str) -> None:
     with pytest.raises(UnsupportedVllmError) as raised:
         supported_series(version)
@@ -50,12 +52,12 @@ def test_importing_the_scheduler_on_an_unsupported_vllm_fails_with_one_line(tmp_
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "neuronfleet.engine.scheduler.vllm_range.UnsupportedVllmError: neuronfleet's Neuron scheduler supports "
-        "vLLM 0.29.x (Neuron SDK 2.33) or 0.33.x; this environment has vLLM 0.31.0"
+        "vLLM 0.29.x (Neuron SDK 2.33) or 0.34.x; this environment has vLLM 0.31.0"
     )
 
 
 @pytest.mark.parametrize(
-    "version", ["0.28.9", "0.29.0", "0.29.3", "0.30.0", "0.31.1", "0.32.0", "0.33.0", "0.33.4", "0.34.0"]
+    "version", ["0.28.9", "0.29.0", "0.29.3", "0.30.0", "0.31.1", "0.32.0", "0.33.0", "0.33.4", "0.34.0", "0.35.0"]
 )
 def test_the_engine_extra_admits_exactly_the_supported_series(version: str) -> None:
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["engine"]

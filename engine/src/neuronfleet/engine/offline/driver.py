@@ -127,11 +127,7 @@ def stand_in_device_output(output: vllm_compat.SchedulerOutput, prompt_lens: Map
         end = computed[req_id] + output.num_scheduled_tokens[req_id]
         # A chunk that stops inside the prompt samples nothing.
         sampled.append([sampled_token(req_id, end)] if end >= prompt_lens[req_id] else [])
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
-        sampled_token_ids=sampled,
-    )
+    return vllm_compat.runner_output(req_ids, sampled)
 
 
 def sampled_token(req_id: str, position: int) -> int:

@@ -73,6 +73,11 @@ class NeuronScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         if self.policy != vllm_compat.SchedulingPolicy.FCFS:
             raise ValueError(f"NeuronScheduler supports only the 'fcfs' scheduling policy, got {self.policy.value!r}")
+        unsupported = vllm_compat.unsupported_admission(self.scheduler_config)
+        if unsupported:
+            raise ValueError(
+                f"NeuronScheduler admits in FIFO order through its own checks; unset {', '.join(unsupported)}"
+            )
         self.max_num_seqs: int = self.scheduler_config.max_num_seqs
         max_prefill_tokens = effective_max_num_batched_tokens(
             self.scheduler_config.max_num_batched_tokens, self.max_model_len

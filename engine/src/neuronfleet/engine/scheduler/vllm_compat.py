@@ -1,4 +1,4 @@
-"""Everything neuronfleet knows about vLLM's internals, for vLLM 0.29 and 0.33.
+"""Everything neuronfleet knows about vLLM's internals, for vLLM 0.29 and 0.34.
 
 The scheduler works by rearranging the base scheduler's queues and limits around
 its ``schedule()`` call; the server drains before vLLM's own shutdown begins. The
@@ -7,16 +7,25 @@ reviewed in one file, and every branch on the version is here, each saying which
 upstream change made it necessary. ``vllm_range`` says which releases are supported;
 importing this module on any other raises an ``ImportError`` whose one-line message names them.
 
-What differs between 0.29 and 0.33, as far as neuronfleet reaches:
+What differs between 0.29 and 0.34, as far as neuronfleet reaches:
 
 - The waiting queues (``KV_HOLDING_QUEUE``): 0.29 has ``skipped_waiting`` before
-  ``waiting``, 0.33 ``kv_holding_waiting`` before ``waiting``. The functions on waiting
+  ``waiting``, 0.34 ``kv_holding_waiting`` before ``waiting``. The functions on waiting
   requests below branch on it.
 - The admission limit (``ACTIVE_REQS_LIMIT``): 0.29 admits against
-  ``max_num_running_reqs``, 0.33 against ``max_num_active_reqs``
+  ``max_num_running_reqs``, 0.34 against ``max_num_active_reqs``
   (``hidden_limit_attributes``, ``cap_admissions``).
+- What a model runner hands back and is handed (``RESUMED_AS_NEW``): 0.34's ``ModelRunnerOutput``
+  has no ``req_id_to_index`` (``runner_output``), and a request resumed after preemption comes back as
+  a new request, so ``CachedRequestData`` has no ``resumed_req_ids`` (``resumed_req_ids``).
+- The KV cache's share of device memory: 0.34 leaves ``gpu_memory_utilization`` unset and resolves
+  it (``gpu_memory_utilization``).
+- Two scheduler features 0.34 adds that reorder or bypass admission from inside the base scheduler,
+  KV loads started from a queue of their own (``max_num_inflight_kv_loads``) and cache-aware
+  reordering of the waiting queue (``cache_aware_admission_window``): refused
+  (``unsupported_admission``).
 - Two calls the engine core makes on the simulated worker (``sim/executor.py``): 0.29
-  calls ``set_kv_cache_layout(layout)`` without 0.33's context-parallel interleave size,
+  calls ``set_kv_cache_layout(layout)`` without 0.34's context-parallel interleave size,
   and asks ``supports_draft_weight_updates()`` at start-up. The worker answers both forms,
   so nothing branches.
 
@@ -51,25 +60,32 @@ from neuronfleet.engine.scheduler.vllm_range import supported_series
 # Before the internals below: on another release they may be missing or mean something else.
 VLLM_SERIES = supported_series(vllm.__version__)
 
+from vllm.config import CacheConfig, SchedulerConfig
 from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-#: vLLM 0.33 keeps waiting requests that hold KV blocks in their own queue, ``kv_holding_waiting``,
+#: Since vLLM 0.33, waiting requests that hold KV blocks have their own queue, ``kv_holding_waiting``,
 #: drained before ``waiting`` (upstream PR #57841, "Avoid Deadlocks in Skipped Waiting under KV
 #: Pressure", which replaced 0.29's ``skipped_waiting`` queue by it and the ``deferred_waiting`` set).
-KV_HOLDING_QUEUE = VLLM_SERIES == "0.33"
-#: vLLM 0.33 caps admission into ``running`` by ``max_num_active_reqs``, apart from the runner's
-#: slot count ``max_num_running_reqs`` (upstream PR #56758, "Add --max-num-active-seqs to cap
+KV_HOLDING_QUEUE = VLLM_SERIES == "0.34"
+#: Since vLLM 0.33, admission into ``running`` is capped by ``max_num_active_reqs``, apart from the
+#: runner's slot count ``max_num_running_reqs`` (upstream PR #56758, "Add --max-num-active-seqs to cap
 #: RUNNING admission"); 0.29 admits against ``max_num_running_reqs``.
-ACTIVE_REQS_LIMIT = VLLM_SERIES == "0.33"
+ACTIVE_REQS_LIMIT = VLLM_SERIES == "0.34"
+#: vLLM 0.34 sends a request resumed after preemption as a new request (``prefill_token_ids`` holds its
+#: prompt and outputs), so ``CachedRequestData`` lost ``resumed_req_ids`` and ``all_token_ids``, and
+#: ``ModelRunnerOutput`` its ``req_id_to_index``: the runner's output follows ``req_ids``' order.
+RESUMED_AS_NEW = VLLM_SERIES == "0.34"
 
 __all__ = [
     "ACTIVE_REQS_LIMIT",
     "KV_HOLDING_QUEUE",
+    "RESUMED_AS_NEW",
     "STEP_TOKEN_BUDGET",
     "VLLM_SERIES",
     "AsyncScheduler",
@@ -79,14 +95,18 @@ __all__ = [
     "SchedulingPolicy",
     "cap_admissions",
     "drain_before_shutdown",
+    "gpu_memory_utilization",
     "hidden_limit_attributes",
     "max_full_length_requests",
     "padded_counts",
     "pre_increment_computed_tokens",
     "requeue_waiting",
+    "resumed_req_ids",
+    "runner_output",
     "scheduled_prefill_ids",
     "set_padded_counts",
     "take_all_waiting",
+    "unsupported_admission",
     "usable_kv_blocks",
     "waiting_count",
     "waiting_head",
@@ -98,22 +118,22 @@ __all__ = [
 hidden_limit_attributes: tuple[str, ...] = (
     ("max_num_running_reqs", "max_num_active_reqs") if ACTIVE_REQS_LIMIT else ("max_num_running_reqs",)
 )
-#: The base scheduler's token budget per step (the same name in 0.29 and 0.33): lowered for a
+#: The base scheduler's token budget per step (the same name in 0.29 and 0.34): lowered for a
 #: step, it chunks a prefill to the lower budget and asserts the step stays within it.
 STEP_TOKEN_BUDGET = "max_num_scheduled_tokens"
 #: The limit the base scheduler's admission loop stops at.
 _ADMISSION_LIMIT = "max_num_active_reqs" if ACTIVE_REQS_LIMIT else "max_num_running_reqs"
 
 
-def _on_0_29(scheduler: Scheduler) -> Any:
-    """``scheduler`` typed for names only 0.29 has: mypy checks against 0.33's annotations."""
-    return scheduler
+def _on_0_29(value: object) -> Any:
+    """``value`` typed for names only 0.29 has: mypy checks against 0.34's annotations."""
+    return value
 
 
 def _waiting_queues(scheduler: Scheduler) -> tuple[RequestQueue, RequestQueue]:
     """The base scheduler's waiting queues, in the order it admits from them under fcfs.
 
-    0.33 drains ``kv_holding_waiting`` (requests that already hold KV blocks) before
+    0.34 drains ``kv_holding_waiting`` (requests that already hold KV blocks) before
     ``waiting``; 0.29 drains ``skipped_waiting`` (requests it passed over, or enqueued
     in a blocked status) before ``waiting`` (``_select_waiting_queue_for_scheduling``).
     """
@@ -138,7 +158,7 @@ def take_all_waiting(scheduler: Scheduler) -> list[Request]:
 def requeue_waiting(scheduler: Scheduler, request: Request) -> None:
     """Put a held-back request at the tail of the queue the base scheduler keeps it in."""
     if KV_HOLDING_QUEUE:
-        # 0.33's own _enqueue_waiting_request would also mark a blocked request deferred
+        # 0.34's own _enqueue_waiting_request would also mark a blocked request deferred
         # again; the request is requeued, not newly deferred.
         queue = scheduler.kv_holding_waiting if scheduler._holds_kv_blocks(request) else scheduler.waiting
         queue.add_request(request)
@@ -296,3 +316,36 @@ def _stop_output_handler(engine_client: Any) -> None:
     stopped = asyncio.run_coroutine_threadsafe(cancel(), handler.get_loop())
     with contextlib.suppress(concurrent.futures.TimeoutError):
         stopped.result(_HANDLER_STOP_TIMEOUT_S)
+
+
+def runner_output(req_ids: list[str], sampled_token_ids: list[list[int]]) -> ModelRunnerOutput:
+    """A model runner's output for ``req_ids``, one list of sampled tokens each (``RESUMED_AS_NEW``)."""
+    if RESUMED_AS_NEW:
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_token_ids)
+    index = {req_id: position for position, req_id in enumerate(req_ids)}
+    output: ModelRunnerOutput = _on_0_29(ModelRunnerOutput)(
+        req_ids=req_ids, req_id_to_index=index, sampled_token_ids=sampled_token_ids
+    )
+    return output
+
+
+def resumed_req_ids(cached: CachedRequestData) -> set[str]:
+    """Requests of a step's cached part resumed after preemption: none on 0.34, which sends them as new."""
+    return set() if RESUMED_AS_NEW else set(_on_0_29(cached).resumed_req_ids)
+
+
+def gpu_memory_utilization(cache_config: CacheConfig) -> float:
+    """The share of device memory the KV cache may fill: 0.34 resolves an unset one to its default."""
+    if RESUMED_AS_NEW:
+        return float(cache_config.resolved_gpu_memory_utilization)
+    return float(_on_0_29(cache_config).gpu_memory_utilization)
+
+
+def unsupported_admission(scheduler_config: SchedulerConfig) -> list[str]:
+    """The base scheduler's admission features the Neuron scheduler cannot keep FIFO and within its checks."""
+    found = []
+    if getattr(scheduler_config, "max_num_inflight_kv_loads", None):
+        found.append("max_num_inflight_kv_loads (KV loads started past the admission checks)")
+    if getattr(scheduler_config, "cache_aware_admission_window", 0):
+        found.append("cache_aware_admission_window (the waiting queue reordered inside the base scheduler)")
+    return found

@@ -1,7 +1,7 @@
 """The vLLM releases the Neuron scheduler supports, as a pure check of a version string.
 
 Two release series: 0.29, the vLLM that the vLLM Neuron plugin of Neuron SDK 2.33 pins (what a
-Neuron host runs), and 0.33, the project's own pin. Both are tested (``make test``); the releases
+Neuron host runs), and 0.34, the project's own pin. Both are tested (``make test``); the releases
 between them changed the scheduler internals the Neuron scheduler rearranges more than once and
 are untested, so they are refused rather than guessed at.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 
 #: The release series (major.minor) the scheduler supports, oldest first.
-SUPPORTED_SERIES = ("0.29", "0.33")
+SUPPORTED_SERIES = ("0.29", "0.34")
 #: The same, as users read it (the line an unsupported vLLM fails with names it).
-SUPPORTED_RANGE = "vLLM 0.29.x (Neuron SDK 2.33) or 0.33.x"
+SUPPORTED_RANGE = "vLLM 0.29.x (Neuron SDK 2.33) or 0.34.x"
 
 
 class UnsupportedVllmError(ImportError):

@@ -123,7 +123,7 @@ class SimulatedNeuronDevice:
         """Run one step and return vLLM's ``ModelRunnerOutput`` for it."""
         self._update_requests(scheduler_output)
         if not scheduler_output.num_scheduled_tokens:
-            return StepResult(ModelRunnerOutput(req_ids=[], req_id_to_index={}), "empty", 0, 0, 0.0)
+            return StepResult(vllm_compat.runner_output([], []), "empty", 0, 0, 0.0)
         computed = vllm_compat.pre_increment_computed_tokens(scheduler_output)
         padded = vllm_compat.padded_counts(scheduler_output)
         req_ids = list(scheduler_output.num_scheduled_tokens)
@@ -168,9 +168,10 @@ class SimulatedNeuronDevice:
                 digest=zlib.crc32(repr(prompt).encode()),
             )
         cached = scheduler_output.scheduled_cached_reqs
+        resumed = vllm_compat.resumed_req_ids(cached)
         for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
             state = self.requests[req_id]
-            if req_id in cached.resumed_req_ids:
+            if req_id in resumed:
                 # A resumed request's blocks are all given again.
                 state.block_ids = []
             if new_block_ids is not None:
@@ -208,12 +209,7 @@ class SimulatedNeuronDevice:
         seconds = self.cost.packed_prefill_seconds(shares)
         self.stats.prefill_steps_by_bucket[padded_len] += 1
         self.stats.padding_tokens_by_bucket[padded_len] += padded_len - real
-        req_ids = [req_id for req_id, _, _ in chunks]
-        output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
+        output = vllm_compat.runner_output([req_id for req_id, _, _ in chunks], sampled)
         return StepResult(output, "prefill", padded_len, real, seconds)
 
     def _decode(self, req_ids: list[str], computed: dict[str, int]) -> StepResult:
@@ -239,11 +235,7 @@ class SimulatedNeuronDevice:
         seconds = self.cost.decode_seconds(bucket, context)
         self.stats.decode_steps_by_bucket[bucket] += 1
         self.stats.decode_steps_by_context[context] += 1
-        output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
+        output = vllm_compat.runner_output(req_ids, sampled)
         return StepResult(output, "decode", bucket, len(req_ids), seconds)
 
     def _sample(self, state: RequestState, position: int) -> int:

@@ -27,7 +27,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 
 from neuronfleet.engine.artifacts import store as artifacts
 from neuronfleet.engine.hardware import get_instance_type
-from neuronfleet.engine.scheduler import metrics
+from neuronfleet.engine.scheduler import metrics, vllm_compat
 from neuronfleet.engine.scheduler.neuron import read_neuron_config
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
@@ -102,7 +102,7 @@ class SimNeuronWorker:
         admit changes nothing but prefix-cache retention.
         """
         scheduler_config = self.vllm_config.scheduler_config
-        available = self.cost.kv_cache_bytes(self.vllm_config.cache_config.gpu_memory_utilization)
+        available = self.cost.kv_cache_bytes(vllm_compat.gpu_memory_utilization(self.vllm_config.cache_config))
         if available <= 0:
             raise ValueError(
                 f"{self.shape.name} ({self.cost.weight_bytes / 2**30:.1f} GiB of weights) does not fit "
