@@ -68,6 +68,7 @@ from typing import Any
 import httpx
 import psutil
 import yaml
+from provenance import commit
 
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
@@ -469,9 +470,15 @@ def is_available(deployment: Obj) -> bool:
 
 
 def summary(samples: list[float]) -> Obj:
-    """Median, p99 (inclusive quantiles) and the count of latency samples, in seconds."""
+    """Median, p99 (inclusive quantiles), min, max and the count of latency samples, in seconds."""
     p99 = statistics.quantiles(samples, n=100, method="inclusive")[98] if len(samples) > 1 else samples[0]
-    return {"median_s": statistics.median(samples), "p99_s": p99, "n": len(samples)}
+    return {
+        "median_s": statistics.median(samples),
+        "p99_s": p99,
+        "min_s": min(samples),
+        "max_s": max(samples),
+        "n": len(samples),
+    }
 
 
 # The phases
@@ -852,6 +859,7 @@ def main() -> None:
         cluster.stop()
 
     results: Obj = {
+        "commit": commit(),
         "args": vars(args),
         "wall_s": time.monotonic() - began,
         "apply_to_ready": {key: summary(values) for key, values in ready.items()},
@@ -894,7 +902,8 @@ def report(results: Obj) -> None:
     print(
         f"\nneuronfleet operator on a local control plane (KWOK nodes): {args['services']} of each kind applied one "
         f"at a time, {args['rounds']} spec change(s) each, {args['fleet']} services over {args['fleet_identities']} "
-        f"compile identities, resync every {args['resync_seconds']:g} s; took {seconds(results['wall_s'])}"
+        f"compile identities, resync every {args['resync_seconds']:g} s; took {seconds(results['wall_s'])}; "
+        f"commit {results['commit']}"
     )
     print(f"{'measure':<{width}}  {'median':>10}  {'p99':>16}  vs baseline / note")
     for label, median, p99, note in rows:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import commit
+
 from neuronfleet.engine.buckets import effective_max_num_batched_tokens, get_default_num_batched_tokens_buckets
 from neuronfleet.engine.tuning.recommend import (
     Histogram,
@@ -135,9 +137,10 @@ def main() -> None:
         )
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    document = {"python": platform.python_version(), "machine": platform.machine(), "results": rows}
+    ran_on = commit()
+    document = {"commit": ran_on, "python": platform.python_version(), "machine": platform.machine(), "results": rows}
     RESULTS.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"commit {ran_on}; wrote {RESULTS}")
 
 
 if __name__ == "__main__":

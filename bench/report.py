@@ -75,128 +75,94 @@ def padding_rows(data: Obj) -> Iterator[Row]:
         )
 
 
-def _packed(row: Obj) -> int:
-    return int(row.get("max_prefills_per_step", 1))
+def _spread(figure: Obj, fmt: str = "{:.2f}") -> str:
+    """A benchmark's ``median [min-max]``."""
+    return f"{fmt.format(figure['median'])} [{fmt.format(figure['min'])}-{fmt.format(figure['max'])}]"
 
 
-def _cap(row: Obj) -> int | None:
-    cap = row.get("max_prefill_tokens_while_decoding")
-    return None if cap is None else int(cap)
+def calibration_rows(data: Obj) -> Iterator[Row]:
+    """The simulated device against Neuron's published latencies."""
+    for role, errors in data["errors"].items():
+        yield Row(
+            "calibration",
+            f"|model - published| / published, {role} rows (TTFT and TPOT)",
+            f"median {errors['median']:.1%}",
+            "",
+            None,
+            f"max {errors['max']:.1%}",
+        )
+    mean = data["reference_geometric_mean"]
+    yield Row(
+        "calibration",
+        "model / published on the reference rows, geometric mean",
+        f"TTFT {mean['ttft_ratio']:.2f}, TPOT {mean['tpot_ratio']:.2f}",
+        "",
+        None,
+        f"commit {data['commit']}",
+    )
 
 
-def _variant(row: Obj) -> str:
-    """What a row adds to the option its section measures: packing, the prefill cap while decoding."""
-    parts = [f"up to {_packed(row)} prefills packed per step"] if _packed(row) > 1 else []
-    if _cap(row) is not None:
-        parts.append(f"prefill steps capped at {_cap(row)} tokens while decoding")
+def _option(row: Obj) -> str:
+    """What a stall or KV row adds: packing, the prefill cap while decoding."""
+    parts = [f"{row['max_prefills_per_step']} packed"] if row["max_prefills_per_step"] > 1 else []
+    if row["auto"]:
+        parts.append(f"cap auto ({row['max_prefill_tokens_while_decoding'] or 'none'})")
     return ", ".join(parts)
 
 
-def stall_rows(data: list[Obj]) -> Iterator[Row]:
-    """Decode ITL during long prefills with a stall bound of 1 against the unbounded design, then packed and capped."""
-    reference = next(row for row in data if row["bound"] is None)
-    bounded = next(row for row in data if row["bound"] == 1 and not _variant(row))
-    yield Row(
-        "decode stalls",
-        "ITL p99 during 32k-token prefills, 1 prefill step between decodes",
-        f"{bounded['itl_p99_ms']:,.0f} ms",
-        f"{reference['itl_p99_ms']:,.0f} ms (unbounded)",
-        _ratio(bounded["itl_p99_ms"], reference["itl_p99_ms"]),
-        f"32k TTFT x{bounded['long_prompt_ttft_s'] / reference['long_prompt_ttft_s']:.3f}",
-    )
-    for row in data:
-        if row["bound"] == 1 and _variant(row):
-            yield Row(
-                "decode stalls",
-                f"the same, {_variant(row)}",
-                f"{row['itl_p99_ms']:,.0f} ms",
-                f"{bounded['itl_p99_ms']:,.0f} ms (neither)",
-                _ratio(row["itl_p99_ms"], bounded["itl_p99_ms"]),
-                f"32k TTFT x{row['long_prompt_ttft_s'] / bounded['long_prompt_ttft_s']:.3f}",
-            )
-
-
-def kv_rows(data: list[Obj]) -> Iterator[Row]:
-    """Chat throughput with per-request KV admission against admission by max_model_len, then packed and capped."""
-    by_mode = {(row["kv_admission"], _variant(row)): row for row in data}
-    ours, reference = by_mode[("request_bound", "")], by_mode[("max_model_len", "")]
-    yield Row(
-        "KV admission",
-        "chat output tokens/s, 70B TP 32, 131k context, request-bound admission",
-        f"{ours['output_tokens_per_s']:,.0f}",
-        f"{reference['output_tokens_per_s']:,.0f} (by max_model_len)",
-        _ratio(ours["output_tokens_per_s"], reference["output_tokens_per_s"]),
-        f"mean batch {ours['mean_decode_batch']:.1f} vs {reference['mean_decode_batch']:.1f}",
-    )
-    for (mode, variant), row in by_mode.items():
-        if mode == "request_bound" and variant:
-            yield Row(
-                "KV admission",
-                f"the same, {variant}",
-                f"{row['output_tokens_per_s']:,.0f}",
-                f"{ours['output_tokens_per_s']:,.0f} (neither)",
-                _ratio(row["output_tokens_per_s"], ours["output_tokens_per_s"]),
-                f"mean TTFT {row['mean_ttft_s']:.1f} s vs {ours['mean_ttft_s']:.1f} s",
-            )
-
-
-#: The serving benchmark's schedulers beside the design's, as the table names them.
-SERVING_LABELS = {
-    "uncapped": "defaults without the prefill cap",
-    "uncapped-packing": "packed prefills without the prefill cap",
-    "neuronfleet": "defaults (prefill cap while decoding)",
-    "packing": "packed prefills and the prefill cap",
-}
-#: Schedulers shown by saturation and goodput only: what the prefill cap adds is read against them.
-SERVING_GOODPUT_ONLY = {"uncapped", "uncapped-packing"}
-
-
-def serving_rows(data: list[Obj]) -> Iterator[Row]:
-    """Saturation, then goodput, throughput and latency by load, each scheduler against the design's."""
-    reference = {row["load"]: row for row in data if row["scheduler"] == "reference"}
-    for row in data:
-        label = SERVING_LABELS.get(row["scheduler"])
-        if label is None:
+def stall_rows(data: Obj) -> Iterator[Row]:
+    """Decode ITL during long prefills, each variant against the unbounded design on its deployment."""
+    for row in data["rows"]:
+        if row["bound"] is None:
+            reference = row
             continue
-        base = reference[row["load"]]
-        if row["load"] is None:
-            yield Row(
-                "serving (sim trn2)",
-                f"chat, all requests at once: output tokens/s (saturation), {label}",
-                f"{row['output_tokens_per_s']:,.0f}",
-                f"{base['output_tokens_per_s']:,.0f} (design)",
-                _ratio(row["output_tokens_per_s"], base["output_tokens_per_s"]),
-            )
+        if row["bound"] != 1:
             continue
-        at = f"chat at {row['load']:.0%} of saturation ({row['rate']:.1f} req/s), {label}"
-        if "goodput_rps" in row:
-            yield Row(
-                "serving (sim trn2)",
-                f"{at}: goodput (TTFT <= 500 ms, ITL p99 <= 50 ms)",
-                f"{row['goodput_rps']:,.2f} req/s",
-                f"{base['goodput_rps']:,.2f} req/s (design)",
-                _ratio(row["goodput_rps"], base["goodput_rps"]),
-            )
-        if row["scheduler"] in SERVING_GOODPUT_ONLY:
-            continue
+        label = ", ".join(filter(None, ["stall bound 1", _option(row)]))
         yield Row(
-            "serving (sim trn2)",
-            f"{at}: output tokens/s",
-            f"{row['output_tokens_per_s']:,.0f}",
-            f"{base['output_tokens_per_s']:,.0f} (design)",
-            _ratio(row["output_tokens_per_s"], base["output_tokens_per_s"]),
+            "decode stalls",
+            f"{row['deployment']}: ITL p99 during 32k prefills, {label}",
+            f"{_spread(row['itl_p99_ms'], '{:.0f}')} ms",
+            f"{reference['itl_p99_ms']['median']:,.0f} ms (unbounded)",
+            row["itl_p99_vs_reference"]["median"],
+            f"32k TTFT x{_spread(row['ttft_vs_reference'], '{:.2f}')}",
         )
-        for metric in ("ttft", "itl"):
-            p50, p99 = row[f"{metric}_p50_ms"], row[f"{metric}_p99_ms"]
-            base_p50, base_p99 = base[f"{metric}_p50_ms"], base[f"{metric}_p99_ms"]
-            yield Row(
-                "serving (sim trn2)",
-                f"{at}: {metric.upper()} p50 / p99",
-                f"{p50:,.1f} / {p99:,.1f} ms",
-                f"{base_p50:,.1f} / {base_p99:,.1f} ms",
-                _ratio(p99, base_p99),
-                f"ratio of p99; p50 {p50 / base_p50:.2f}x",
-            )
+
+
+def kv_rows(data: Obj) -> Iterator[Row]:
+    """Chat throughput with per-request KV admission against admission by max_model_len, per deployment."""
+    for row in data["rows"]:
+        if row["kv_admission"] == "max_model_len":
+            reference = row
+            continue
+        label = ", ".join(filter(None, ["request-bound admission", _option(row)]))
+        yield Row(
+            "KV admission",
+            f"{row['deployment']}, 131k context: output tokens/s, {label}",
+            _spread(row["output_tokens_per_s"], "{:,.0f}"),
+            f"{reference['output_tokens_per_s']['median']:,.0f} (by max_model_len)",
+            row["throughput_vs_reference"]["median"],
+            f"mean TTFT {row['mean_ttft_s']['median']:.1f} s vs {reference['mean_ttft_s']['median']:.1f} s",
+        )
+
+
+def serving_rows(data: Obj) -> Iterator[Row]:
+    """Goodput of the defaults against the design's, by deployment, workload and load."""
+    reachable = {deployment["name"]: deployment["reachable"] for deployment in data["deployments"]}
+    design = {(r["deployment"], r["workload"], r["load"]): r for r in data["rows"] if r["scheduler"] == "design"}
+    for row in data["rows"]:
+        if row["scheduler"] != "defaults":
+            continue
+        base = design[(row["deployment"], row["workload"], row["load"])]
+        ratio = row.get("goodput_vs_design") if reachable[row["deployment"]] else None
+        yield Row(
+            "serving (calibrated sim)",
+            f"{row['deployment']}, {row['workload']} at {row['load']:.0%}: goodput, cap {row['prefill_cap']}",
+            f"{_spread(row['goodput_rps'])} req/s",
+            f"{base['goodput_rps']['median']:.2f} req/s (design)",
+            None if ratio is None else ratio["median"],
+            "" if ratio is None else f"seed by seed {_spread(ratio)}",
+        )
 
 
 def operator_rows(data: Obj) -> Iterator[Row]:
@@ -265,6 +231,15 @@ def routing_rows(data: Obj) -> Iterator[Row]:
                 _ratio(picker[key], base[key]),
                 mix if label == "p99" else f"{picker['failed']} + {base['failed']} failed",
             )
+        if side == "service":
+            yield Row(
+                "routing",
+                "the same p99, window by window: Service / picker",
+                _spread(picker["window_p99_ratio"]),
+                "",
+                None,
+                f"{args['rounds']} windows of {args['window']:g} s a side, a connection per request",
+            )
         yield Row(
             "routing",
             f"short-request goodput at TTFT <= {args['slo_ms']:g} ms through the picker",
@@ -275,6 +250,7 @@ def routing_rows(data: Obj) -> Iterator[Row]:
 
 
 SOURCES: dict[str, tuple[str, Callable[[Any], Iterator[Row]]]] = {
+    "calibration.json": ("make bench-calibration", calibration_rows),
     "scheduler_cost.json": ("make bench-scheduler", scheduler_rows),
     "padding_waste.json": ("make bench-padding", padding_rows),
     "decode_stalls.json": ("make bench-stalls", stall_rows),
@@ -320,7 +296,7 @@ def print_table(rows: list[Row]) -> None:
 
 
 def plot(found: dict[str, Any], path: Path) -> None:
-    """Four panels: scheduler cost, padding waste, serving latency, operator apply -> Ready."""
+    """Four panels: scheduler cost, padding waste, serving goodput, operator apply -> Ready."""
     # A bare Figure draws to a file with no pyplot state and no display.
     figure = Figure(figsize=(13, 9))
     axes = figure.subplots(2, 2)
@@ -349,16 +325,19 @@ def plot(found: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=8)
     if "serving.json" in found:
         ax = axes[1][0]
-        data = found["serving.json"]
-        for scheduler, style in (("reference", "--"), ("neuronfleet", "-"), ("packing", ":")):
-            loaded = (row for row in data if row["scheduler"] == scheduler and row["rate"] is not None)
-            rows = sorted(loaded, key=lambda row: row["rate"])
-            rates = [row["rate"] for row in rows]
-            for metric, color in (("ttft", "tab:blue"), ("itl", "tab:orange")):
-                values = [row[f"{metric}_p99_ms"] for row in rows]
-                ax.plot(rates, values, style, color=color, marker="o", label=f"{metric.upper()} p99, {scheduler}")
-        ax.set(xlabel="request rate (req/s)", ylabel="ms", yscale="log")
-        ax.set_title("Serving chat on a simulated trn2 (8B, TP 8)")
+        rows = found["serving.json"]["rows"]
+        for deployment in dict.fromkeys(row["deployment"] for row in rows):
+            chat = [r for r in rows if r["deployment"] == deployment and r["workload"] == "chat"]
+            ratios = [
+                (r["load"], r["goodput_vs_design"]["median"])
+                for r in chat
+                if "goodput_vs_design" in r and r["scheduler"] == "defaults"
+            ]
+            if ratios:
+                ax.plot(*zip(*ratios, strict=True), marker="o", label=deployment)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(xlabel="load (fraction of the design's capacity)", ylabel="goodput, defaults / design", yscale="log")
+        ax.set_title("Chat goodput on the calibrated simulated device")
         ax.legend(fontsize=8)
     if "operator.json" in found:
         ax = axes[1][1]

@@ -1,24 +1,26 @@
 """Short requests' time to first token through the Endpoint Picker, against the plain Service, on real pods.
 
-One ``device: sim`` service (Llama 3.1 8B on trn2.48xlarge's clock, TP 1: a 4,096-token prefill takes about
-0.9 s, a 20-token one about 30 ms) with two replicas on the real node, rolled out by the operator from the chart,
+One ``device: sim`` service (Llama 3.1 8B on trn2.48xlarge's calibrated clock, TP 1: a 4,096-token prefill takes
+about 1.26 s, a 20-token one 66 ms) with two replicas on the real node, rolled out by the operator from the chart,
 with ``spec.routing``: GIE v1.5.0's Endpoint Picker and Envoy 1.40 (built here) in front of the same pods. Beside
 the operator's router the bench runs a copy of it whose picker keeps GIE's default scorers (no ``--config-text``),
 so the operator's scoring for Neuron is measured against GIE's as well as against no picker. The
 same load goes through the plain Service (kube-proxy: a random replica) and through each router's Service, in
-windows of ``--window`` seconds (``--rounds`` each, the order rotating every round): two open-loop
+windows of ``--window`` seconds (``--rounds`` each, the order rotating every round), every request on a
+connection of its own on every side (so kube-proxy picks a replica per request, as a picker does): two open-loop
 streams at fixed rates, long prompts (``--long-tokens`` words, near the largest bucket) and short chat-sized
 prompts (20 words) asking for one token, so a short request's latency is its time to first token. A replica
 runs one prefill per step: a short request sent to a replica in a long prefill waits it out. Every prompt
 starts with a mark of its own, made of its own words (the load's ``--distinct-prompts``): vLLM's prefix cache is
-on, and would serve a repeated long prompt in about 50 ms instead of prefilling it in 0.9 s.
+on, and would serve a repeated long prompt in about 70 ms instead of prefilling it in 1.26 s.
 
-Reported, for the short requests on each side: TTFT p50 and p99 (inclusive quantiles), goodput (short requests
-per second whose TTFT met ``--slo-ms``), failures, and the ratio of the Service's p99 to each picker's (the
-goal: at least 1.5x lower through the operator's picker).
+Reported, for the short requests on each side: TTFT p50 and p99 (inclusive quantiles) over all windows and
+each window's as median [min-max], goodput (short requests per second whose TTFT met ``--slo-ms``), failures,
+and the ratio of the Service's p99 to each picker's, round by round (the goal: at least 1.5x lower through the
+operator's picker).
 
-Run: ``make bench-routing`` (root: the real node; about 17 minutes, images and tools cached).
-Prints one table; writes bench/results/routing.json.
+Run: ``make bench-routing`` (root: the real node). Prints one table and the commit it ran on; writes
+bench/results/routing.json.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from harness.fleet import LLAMA_8B_MODEL, NAME, Fleet, started
 from harness.node_load import Answer
+from provenance import commit, show, spread
 
 from neuronfleet.devcluster.addons.routing import install_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
@@ -133,6 +136,7 @@ def window(fleet: Fleet, side: str, seconds: float, args: argparse.Namespace, in
         through=through,
         prompt=prompt(args.long_tokens),
         distinct_prompts=True,
+        keep_alive=False,
     )
     shorts = fleet.load(
         f"{side}-{index}-short",
@@ -141,6 +145,7 @@ def window(fleet: Fleet, side: str, seconds: float, args: argparse.Namespace, in
         through=through,
         prompt=prompt(SHORT_WORDS),
         distinct_prompts=True,
+        keep_alive=False,
     )
     longs.start()
     shorts.start()
@@ -174,7 +179,7 @@ def main() -> None:
     """Start the rig, run the windows, print the table and write the results."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
-    parser.add_argument("--rounds", type=int, default=3, help="windows per side")
+    parser.add_argument("--rounds", type=int, default=5, help="windows per side")
     parser.add_argument("--short-rate", type=float, default=2.0, help="short requests per second")
     parser.add_argument("--long-rate", type=float, default=0.3, help="long requests per second")
     parser.add_argument("--long-tokens", type=int, default=3900, help="words (tokens) in a long prompt")
@@ -190,7 +195,7 @@ def main() -> None:
     cluster = LocalCluster.start(
         f"bench-routing-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
     )
-    answers: dict[str, list[Answer]] = {side: [] for side in SIDES}
+    windows: dict[str, list[list[Answer]]] = {side: [] for side in SIDES}
     long_failures = dict.fromkeys(SIDES, 0)
     try:
         real_node = cluster.real_node
@@ -215,26 +220,38 @@ def main() -> None:
                 order = sides[index % len(sides) :] + sides[: index % len(sides)]
                 for side in order:
                     got, failed_longs = window(fleet, side, args.window, args, index)
-                    answers[side] += got
+                    windows[side].append(got)
                     long_failures[side] += failed_longs
                     print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
     finally:
         cluster.stop()
 
     seconds = args.window * args.rounds
+    slo_s = args.slo_ms / 1000
     results: Obj = {
+        "commit": commit(),
         "args": vars(args),
         "engine": ENGINE,
         "wall_s": time.monotonic() - began,
         "sides": {
-            side: {**summary(got, seconds, args.slo_ms / 1000), "long_failed": long_failures[side]}
-            for side, got in answers.items()
+            side: {
+                **summary([a for got in rounds for a in got], seconds, slo_s),
+                "long_failed": long_failures[side],
+                "window_ttft_p99_s": spread([summary(got, args.window, slo_s)["ttft_p99_s"] for got in rounds]),
+            }
+            for side, rounds in windows.items()
         },
     }
     service = results["sides"]["service"]
     for side in ("picker", "picker-gie-defaults"):
         picker = results["sides"][side]
         picker["p99_ratio"] = service["ttft_p99_s"] / picker["ttft_p99_s"]
+        picker["window_p99_ratio"] = spread(
+            [
+                summary(theirs, args.window, slo_s)["ttft_p99_s"] / summary(ours, args.window, slo_s)["ttft_p99_s"]
+                for ours, theirs in zip(windows[side], windows["service"], strict=True)
+            ]
+        )
         picker["goodput_ratio"] = picker["goodput_rps"] / service["goodput_rps"] if service["goodput_rps"] else None
     report(results)
 
@@ -245,20 +262,25 @@ def report(results: Obj) -> None:
     print(
         f"\nShort requests ({SHORT_WORDS} tokens, 1 generated) at {args['short_rate']:g}/s beside long ones "
         f"({args['long_tokens']} tokens) at {args['long_rate']:g}/s, two sim replicas (Llama 3.1 8B, trn2.48xlarge, "
-        f"TP 1), {args['rounds']} windows of {args['window']:g} s per side, alternating; took "
-        f"{results['wall_s'] / 60:.1f} min"
+        f"TP 1), {args['rounds']} windows of {args['window']:g} s per side, alternating, a connection per request; "
+        f"took {results['wall_s'] / 60:.1f} min; commit {results['commit']}"
     )
-    print(f"{'route':<20} {'sent':>6} {'failed':>6} {'TTFT p50':>10} {'TTFT p99':>10} {'goodput':>14} replicas")
+    print(
+        f"{'route':<20} {'sent':>6} {'failed':>6} {'TTFT p50':>10} {'TTFT p99':>10} {'p99 by window, ms':>22} "
+        f"{'goodput':>14} replicas"
+    )
     for side, figures in results["sides"].items():
+        by_window = {key: 1000 * value for key, value in figures["window_ttft_p99_s"].items()}
         print(
             f"{side:<20} {figures['sent']:>6} {figures['failed']:>6} {1000 * figures['ttft_p50_s']:>8.0f} ms "
-            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {figures['goodput_rps']:>8.2f} req/s "
-            f"{figures['replicas_used'] or '-'}"
+            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {show(by_window, '{:.0f}'):>22} "
+            f"{figures['goodput_rps']:>8.2f} req/s {figures['replicas_used'] or '-'}"
         )
     for side in ("picker", "picker-gie-defaults"):
         figures = results["sides"][side]
         print(
-            f"short-request TTFT p99, Service / {side}: {figures['p99_ratio']:.2f}x (goal >= 1.5x); goodput at "
+            f"short-request TTFT p99, Service / {side}: {figures['p99_ratio']:.2f}x over all windows, "
+            f"{show(figures['window_p99_ratio'])} window by window (goal >= 1.5x); goodput at "
             f"TTFT <= {args['slo_ms']:g} ms, {side} / Service: {figures['goodput_ratio'] or float('nan'):.2f}x"
         )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import commit
 from vllm.sampling_params import SamplingParams
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
@@ -142,8 +143,9 @@ def main() -> None:
             spread = f"{min(runs):.0f}-{max(runs):.0f}"
             print(f"{waiting:>8}  {name:<32} {micros:>10.1f} {spread:>16} {micros / base_us:>8.2f}", flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"running": RUNNING, "rows": rows}, indent=2))
-    print(f"wrote {RESULTS}")
+    ran_on = commit()
+    RESULTS.write_text(json.dumps({"commit": ran_on, "running": RUNNING, "rows": rows}, indent=2))
+    print(f"commit {ran_on}; wrote {RESULTS}")
 
 
 if __name__ == "__main__":

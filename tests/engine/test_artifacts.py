@@ -87,6 +87,23 @@ def test_an_interrupted_compile_is_incomplete_and_resumes(tmp_path: Path) -> Non
     assert load_for_serving(directory, PREFILL, DECODE) == manifest
 
 
+def test_serving_needs_the_configured_decode_contexts(tmp_path: Path) -> None:
+    with_contexts = IDENTITY.model_copy(
+        update={"engine": IDENTITY.engine.model_copy(update={"decode_context_length_buckets": [256]})}
+    )
+    manifest, compiled = compile_artifact(str(tmp_path), with_contexts, one_second)
+    # The prefills, the decodes at max_model_len and the decodes at 256 tokens of context.
+    assert compiled == len(PREFILL) + 2 * len(DECODE)
+    assert manifest.compiled_buckets() == (PREFILL, DECODE)
+    assert manifest.compiled_decode_contexts() == [256]
+    directory = tmp_path / with_contexts.hash()
+    assert load_for_serving(directory, PREFILL, DECODE, decode_contexts=[256]) == manifest
+    with pytest.raises(
+        ArtifactError, match=re.escape("compiled for decode context buckets [256], not the configured []")
+    ):
+        load_for_serving(directory, PREFILL, DECODE)
+
+
 def test_serving_needs_a_manifest(tmp_path: Path) -> None:
     message = f"no compiled artifact at {tmp_path} (no manifest.json): run `neuronfleet-engine compile` first"
     with pytest.raises(ArtifactError, match=re.escape(message)):

@@ -11,6 +11,7 @@ from pathlib import Path
 from harness.damage import flip_bytes
 from harness.engine_server import write_engine_config
 
+from neuronfleet.engine.artifacts.store import GRAPHS_DIR
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity, ModelSource
 
@@ -47,6 +48,32 @@ def test_compile_twice_the_second_is_a_no_op(run_cli: RunCli, tmp_path: Path) ->
     assert manifest.read_bytes() == before
     assert [entry["size"] for entry in json.loads(before)["buckets"]] == [128, 256, 1, 2]
     assert "bucket" not in json.loads(before)
+
+
+def test_trainium3_and_decode_contexts_compile_a_graph_per_batch_and_context(run_cli: RunCli, tmp_path: Path) -> None:
+    settings = {**SETTINGS, "decode_context_length_buckets": [128, 256]}
+    config = write_engine_config(tmp_path, **settings)
+    model = ModelSource(uri="hf://neuronfleet/tiny")
+    artifact = CompileIdentity.of(model, EngineConfig(**settings), "trn3", "neuronfleet/engine:0.1.0", "sim").hash()
+    compiled = compile_sim(run_cli, config, tmp_path / "store", "--target", "trn3")
+    assert compiled.returncode == 0, compiled.stderr
+    # 2 prefill buckets, and 2 decode batch buckets for each of 3 contexts (128, 256, max_model_len 512).
+    assert compiled.stdout == f"compiled 8 of 8 graphs: artifact {artifact} complete at {tmp_path}/store/{artifact}\n"
+    manifest = json.loads((tmp_path / "store" / artifact / "manifest.json").read_text())
+    assert manifest["identity"]["target"] == "trn3"
+    assert [(e["kind"], e["size"], e["shape"].get("context")) for e in manifest["buckets"]] == [
+        ("prefill", 128, None),
+        ("prefill", 256, None),
+        ("decode", 1, None),
+        ("decode", 2, None),
+        ("decode", 1, 128),
+        ("decode", 2, 128),
+        ("decode", 1, 256),
+        ("decode", 2, 256),
+    ]
+    graphs = sorted(path.name for path in (tmp_path / "store" / artifact / GRAPHS_DIR).iterdir())
+    assert "decode-2-context-256.neff" in graphs
+    assert len(graphs) == 8
 
 
 def test_the_hash_is_the_operators_identity_and_must_match(run_cli: RunCli, tmp_path: Path) -> None:

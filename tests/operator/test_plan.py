@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from neuronfleet.engine.config import EngineConfig
@@ -176,14 +177,21 @@ def test_deployment_is_pinned_to_its_artifact() -> None:
     assert {"name": "config", "configMap": {"name": plan.engine_configmap_name("llama", s.engine)}} in volumes
 
 
-def test_deployment_runs_on_neuron_nodes_with_derived_devices() -> None:
-    s = spec(instanceType="trn2.48xlarge", engine={"tensor_parallel_size": 32})
+@pytest.mark.parametrize(
+    ("instance", "tensor_parallel_size", "devices"),
+    # Trainium2 and Trainium3 have 4 logical cores a device at LNC=2, Inferentia2 2.
+    [("trn2.48xlarge", 32, "8"), ("trn3.48xlarge", 64, "16"), ("trn3.48xlarge", 6, "2"), ("inf2.48xlarge", 24, "12")],
+)
+def test_deployment_runs_on_neuron_nodes_with_derived_devices(
+    instance: str, tensor_parallel_size: int, devices: str
+) -> None:
+    s = spec(instanceType=instance, engine={"tensor_parallel_size": tensor_parallel_size})
     deployment = plan.deployment(OWNER, NS, s, served(s))
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": instance}
     assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
     resources = container(deployment)["resources"]
-    assert resources["requests"]["aws.amazon.com/neuron"] == resources["limits"]["aws.amazon.com/neuron"] == "8"
+    assert resources["requests"]["aws.amazon.com/neuron"] == resources["limits"]["aws.amazon.com/neuron"] == devices
 
 
 def test_deployment_surges_first_and_drains() -> None:
