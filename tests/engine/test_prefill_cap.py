@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from neuronfleet.engine.cli.serve import resolve_on_neuron
 from neuronfleet.engine.config import EngineConfig, SchedulerOptions
 from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.sim.cost_model import CostModel
@@ -65,3 +66,12 @@ def test_resolve_replaces_auto_only() -> None:
     for chosen in (512, None):
         given = engine.model_copy(update={"scheduler": SchedulerOptions(max_prefill_tokens_while_decoding=chosen)})
         assert resolve_prefill_cap(given, cost) == given
+
+
+def test_on_neuron_serve_derives_it_for_an_architecture_it_knows() -> None:
+    engine = EngineConfig(max_num_seqs=64, max_model_len=8192, tensor_parallel_size=8)
+    known = resolve_on_neuron(engine, "hf://meta-llama/Llama-3.1-8B-Instruct", "trn2", None, "trn2.48xlarge")
+    assert known.scheduler.max_prefill_tokens_while_decoding == 1024
+    # An architecture the cost model has no shape for keeps auto: the scheduler runs it as no cap.
+    unknown = resolve_on_neuron(engine, "hf://google/gemma-2-9b", "trn2", None, "trn2.48xlarge")
+    assert unknown.scheduler.max_prefill_tokens_while_decoding == "auto"

@@ -192,6 +192,8 @@ def test_deployment_runs_on_neuron_nodes_with_derived_devices(
     assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
     resources = container(deployment)["resources"]
     assert resources["requests"]["aws.amazon.com/neuron"] == resources["limits"]["aws.amazon.com/neuron"] == devices
+    # The engine derives the prefill cap from the instance type's step times.
+    assert arg(container(deployment)["args"], "--instance-type") == instance
 
 
 def test_deployment_surges_first_and_drains() -> None:

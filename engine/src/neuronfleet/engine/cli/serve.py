@@ -97,7 +97,10 @@ InstanceOption = Annotated[
     InstanceTypeName | None,
     typer.Option(
         "--instance-type",
-        help="Instance type the simulated device stands for. Default: the target's largest.",
+        help=(
+            "Instance type the simulated device stands for, or the Neuron host is (its step times derive the "
+            "prefill cap, auto). Default: the target's largest."
+        ),
         show_default=False,
     ),
 ]
@@ -153,6 +156,25 @@ def simulated_step_times(engine: EngineConfig, settings: SimSettings) -> CostMod
         )
     except ValueError as error:
         fail(str(error))
+
+
+def resolve_on_neuron(
+    engine: EngineConfig, model: str, target: NeuronTarget, shape: str | None, instance_type: InstanceTypeName | None
+) -> EngineConfig:
+    """``auto`` derived from the calibrated cost model of a model whose architecture is known here.
+
+    The cost model predicts Neuron's published step times within 25% (docs/engine.md, "Calibration"). A
+    model of another architecture keeps ``auto``, which the scheduler runs as no cap and says so.
+    """
+    shape = shape or shape_for_model(model)
+    if shape not in SHAPES or shape == "tiny":
+        return engine
+    instance = get_instance_type(instance_type or largest_instance_type(target).name)
+    try:
+        cost = CostModel(instance, get_shape(shape), engine.tensor_parallel_size)
+    except ValueError as error:
+        fail(str(error))
+    return resolve_prefill_cap(engine, cost)
 
 
 def compile_command(
@@ -224,6 +246,8 @@ def serve_command(
     if device == "sim":
         # The simulated device's step times are the cost model's: `auto` is derived from them.
         engine = resolve_prefill_cap(engine, simulated_step_times(engine, settings))
+    else:
+        engine = resolve_on_neuron(engine, model, target, shape, instance_type)
     directory = None
     if artifact_store is not None:
         identity = compile_identity(engine, model, revision, target, engine_image, device)

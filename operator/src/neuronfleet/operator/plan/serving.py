@@ -60,10 +60,12 @@ def engine_configmap(owner: Owner, namespace: str, spec: api.NeuronInferenceServ
 
 
 def serve_args(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> list[str]:
-    """The engine's serve command, pinned to one artifact; on the simulated device, the instance's cost model."""
-    device = device_args(spec.device)
-    if spec.device == "sim":
-        device += ["--instance-type", spec.instance_type]
+    """The engine's serve command, pinned to one artifact, on the instance type it runs on.
+
+    The instance type picks the simulated device's cost model, and on Neuron the step times the prefill cap
+    (``auto``) is derived from.
+    """
+    device = [*device_args(spec.device), "--instance-type", spec.instance_type]
     return [
         "serve",
         "--config",
