@@ -19,7 +19,7 @@ Three schedulers: the design's (``REFERENCE_SCHEDULER``), neuronfleet's defaults
 decoding ``auto``, derived here from the cost model as ``serve`` derives it), and the defaults without
 the cap. Every figure is the median over ``SEEDS`` with its min-max; a ratio is taken seed by seed.
 ``--band`` runs the design and the defaults again with each fitted constant of the cost model moved
-by ±30% (``BAND``).
+by ±30% (``BAND``), at 25% and 75% load, two seeds, 200 requests a run.
 
 Run: ``make bench-serving`` (or ``.venv/bin/python bench/serving.py [--band]``).
 """
@@ -61,8 +61,9 @@ SCHEDULERS = {
 }
 #: The sensitivity band: each fitted constant times these, at these loads and seeds, for these schedulers.
 BAND = (0.7, 1.3)
-BAND_LOADS = (0.25, 0.75, 1.0)
+BAND_LOADS = (0.25, 0.75)
 BAND_SEEDS = (0, 1)
+BAND_REQUESTS = 200
 BAND_SCHEDULERS = ("design", "defaults")
 
 
@@ -83,12 +84,13 @@ class Run:
     rate: float | None
     seed: int
     calibration: Calibration | None = None
+    num_requests: int = NUM_REQUESTS
 
 
-def arrivals(workload: str, rate: float | None, seed: int) -> list[Arrival]:
+def arrivals(workload: str, rate: float | None, seed: int, count: int = NUM_REQUESTS) -> list[Arrival]:
     """Requests with Poisson arrivals at ``rate`` per second (None: all at once); a seed fixes prompts and outputs."""
     # vLLM refuses a prompt of max_model_len tokens (no room for a reply): the longest it serves is one less.
-    prompts = WORKLOADS[workload].sample(NUM_REQUESTS, seed=seed, max_model_len=MAX_MODEL_LEN - 1)
+    prompts = WORKLOADS[workload].sample(count, seed=seed, max_model_len=MAX_MODEL_LEN - 1)
     outputs, gaps = random.Random(1000 + seed), random.Random(2000 + seed)
     at, result = 0.0, []
     for i, prompt in enumerate(prompts):
@@ -105,7 +107,7 @@ def simulate(run: Run) -> dict[str, float]:
     engine_config = deployment.engine(SCHEDULERS[run.scheduler], cost)
     engine = OfflineEngine(build_scheduler(engine_config, num_kv_blocks=num_kv_blocks(cost), async_scheduling=False))
     timeline = Timeline(cost, engine_config)
-    chosen = arrivals(run.workload, run.rate, run.seed)
+    chosen = arrivals(run.workload, run.rate, run.seed, run.num_requests)
     serve_arrivals(engine, timeline, chosen)
     # A preempted request recomputes its prompt, which the timeline would stamp as new tokens.
     assert not [step for step in engine.steps if step.preempted], "a request was preempted"
@@ -143,10 +145,15 @@ def run_all(runs: Sequence[Run], processes: int) -> list[dict[str, float]]:
 
 
 def capacity(
-    deployment: Deployment, workload: str, seeds: Iterable[int], calibration: Calibration | None, processes: int
+    deployment: Deployment,
+    workload: str,
+    seeds: Iterable[int],
+    calibration: Calibration | None,
+    processes: int,
+    num_requests: int = NUM_REQUESTS,
 ) -> float:
     """The design's steady-state completions per second with every request queued at once (median over seeds)."""
-    runs = [Run(deployment, workload, "design", None, seed, calibration) for seed in seeds]
+    runs = [Run(deployment, workload, "design", None, seed, calibration, num_requests) for seed in seeds]
     return statistics.median(result["completions_per_s"] for result in run_all(runs, processes))
 
 
@@ -158,11 +165,12 @@ def measure(
     seeds: Sequence[int],
     calibration: Calibration | None,
     processes: int,
+    num_requests: int = NUM_REQUESTS,
 ) -> list[dict[str, Any]]:
     """Per load and scheduler: each figure's spread over seeds, and goodput against the design's seed by seed."""
-    rps = capacity(deployment, workload, seeds, calibration, processes)
+    rps = capacity(deployment, workload, seeds, calibration, processes, num_requests)
     runs = [
-        Run(deployment, workload, name, load * rps, seed, calibration)
+        Run(deployment, workload, name, load * rps, seed, calibration, num_requests)
         for load in loads
         for name in schedulers
         for seed in seeds
@@ -232,7 +240,14 @@ def band(processes: int) -> list[dict[str, Any]]:
                 calibration = fitted.scaled(constant, factor)
                 for workload in ("chat", "code"):
                     measured = measure(
-                        deployment, workload, BAND_SCHEDULERS, BAND_LOADS, BAND_SEEDS, calibration, processes
+                        deployment,
+                        workload,
+                        BAND_SCHEDULERS,
+                        BAND_LOADS,
+                        BAND_SEEDS,
+                        calibration,
+                        processes,
+                        BAND_REQUESTS,
                     )
                     for row in measured:
                         if row["scheduler"] == "defaults" and reachable(deployment, calibration):
