@@ -383,12 +383,15 @@ def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], 
     dependencies = dependencies_key(target, recipe.inputs, recipe.base_key)
     cached = dependencies in layout_annotations(layout, DEPENDENCIES_ANNOTATION)
     needed = NEEDED_BYTES_CACHED if cached else NEEDED_BYTES[target]
+    podman = build_store(cache)
+    if free_bytes(cache) < needed:
+        # The target's older images are about to be replaced: let their room go to the build first.
+        _make_room(podman, layout, image, recipe.base_key, say)
     if free_bytes(cache) < needed:
         raise ImageError(
             f"building the {target} image needs {needed / 1e9:.0f} GB free under {cache}, "
             f"there are {free_bytes(cache) / 1e9:.1f} GB"
         )
-    podman = build_store(cache)
     started = time.monotonic()
     layers = "its dependencies' layer from the cache" if cached else "its dependencies installed"
     say(f"building the {target} image {image.key}, {layers} (podman, store in {podman.root}, into {layout})")
@@ -432,6 +435,17 @@ def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], 
         raise ImageError(f"pruning the build store: {error}") from error
     if removed:
         say(f"pruned {', '.join(removed)} and what only they used in {time.monotonic() - started:.0f} s")
+
+
+def _make_room(podman: Podman, layout: Path, image: BuiltImage, base_key: str, say: Callable[[str], None]) -> None:
+    """Drop the target's older images from the layout and the store before a build that needs their room."""
+    removed = prune_layout(layout, image.target, keep=image.name)
+    try:
+        prune_store(podman, image.target, keep=image.name, base_tag=base_tag(base_key))
+    except PodmanError as error:
+        raise ImageError(f"pruning the build store: {error}") from error
+    if removed:
+        say(f"pruned {', '.join(removed)} before the build, for its room")
 
 
 def stage_tag(stage: str) -> str:
