@@ -74,7 +74,8 @@ def measure(job: tuple[Deployment, tuple[str, int, str | None], int]) -> dict[st
     deployment, variant, seed = job
     chosen = scenario(deployment, variant, seed)
     timeline = Timeline(deployment.cost(), chosen.engine)
-    engine = run_scenario(chosen, async_scheduling=False, after_step=timeline.after_step)
+    # Admitted by max_model_len, one request at a time on a small KV cache: a step for each of their ~100k tokens.
+    engine = run_scenario(chosen, async_scheduling=False, after_step=timeline.after_step, max_iterations=1_000_000)
     assert not [step for step in engine.steps if step.preempted], "a request was preempted"
     output_tokens = sum(len(progress.output_tokens) for progress in engine.progress.values())
     return {
