@@ -84,7 +84,8 @@ TRAINIUM = Calibration(
     fitted_on=_TRN1_FIT,
 )
 #: Trainium2 (NeuronCore-v3): three published rows, so two constants each for prefill and decode, with
-#: Inferentia2's ratios as for Trainium.
+#: Inferentia2's ratios as for Trainium; the weight read efficiency is held at the fit's ceiling (0.8), since
+#: three rows would put it above the HBM's peak.
 TRAINIUM2 = Calibration(
     chip="Trainium2",
     dense_efficiency=0.529,
