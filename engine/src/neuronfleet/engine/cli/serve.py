@@ -148,12 +148,10 @@ def sim_settings(
     return SimSettings(shape=shape, instance_type=instance_type, clock=clock)
 
 
-def simulated_step_times(engine: EngineConfig, settings: SimSettings) -> CostModel:
-    """The cost model of the simulated replica ``settings`` stand for; a one-line error when it cannot exist."""
+def step_times(instance_type: str, shape: str, engine: EngineConfig) -> CostModel:
+    """The cost model of a replica of ``shape`` on ``instance_type``; a one-line error when it cannot exist."""
     try:
-        return CostModel(
-            get_instance_type(settings.instance_type), get_shape(settings.shape), engine.tensor_parallel_size
-        )
+        return CostModel(get_instance_type(instance_type), get_shape(shape), engine.tensor_parallel_size)
     except ValueError as error:
         fail(str(error))
 
@@ -169,12 +167,8 @@ def resolve_on_neuron(
     shape = shape or shape_for_model(model)
     if shape not in SHAPES or shape == "tiny":
         return engine
-    instance = get_instance_type(instance_type or largest_instance_type(target).name)
-    try:
-        cost = CostModel(instance, get_shape(shape), engine.tensor_parallel_size)
-    except ValueError as error:
-        fail(str(error))
-    return resolve_prefill_cap(engine, cost)
+    instance = instance_type or largest_instance_type(target).name
+    return resolve_prefill_cap(engine, step_times(instance, shape, engine))
 
 
 def compile_command(
@@ -245,7 +239,7 @@ def serve_command(
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
     if device == "sim":
         # The simulated device's step times are the cost model's: `auto` is derived from them.
-        engine = resolve_prefill_cap(engine, simulated_step_times(engine, settings))
+        engine = resolve_prefill_cap(engine, step_times(settings.instance_type, settings.shape, engine))
     else:
         engine = resolve_on_neuron(engine, model, target, shape, instance_type)
     directory = None

@@ -157,8 +157,11 @@ class CostModel:
 
     def packed_prefill_seconds(self, sequences: Sequence[tuple[int, int]]) -> float:
         """One prefill step running several sequences' chunks in one bucket (``prefill_work``)."""
+        return self.prefill_step_seconds(self.prefill_work(sequences))
+
+    def prefill_step_seconds(self, work: PrefillWork) -> float:
+        """The time of a prefill step doing ``work``: fixed costs, then compute or weight streaming."""
         c = self.calibration
-        work = self.prefill_work(sequences)
         compute = work.dense_s / c.dense_efficiency + work.attention_s / c.attention_efficiency
         # A short chunk still streams every weight once.
         return self._fixed_seconds(c.prefill_layer_s) + max(compute, work.weights_s / PREFILL_WEIGHT_READ_EFFICIENCY)

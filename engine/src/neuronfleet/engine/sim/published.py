@@ -34,7 +34,7 @@ import numpy as np
 
 from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.sim.calibration import FITTED_CONSTANTS, HOST_DISPATCH_S, Calibration
-from neuronfleet.engine.sim.cost_model import PREFILL_WEIGHT_READ_EFFICIENCY, CostModel, PrefillWork
+from neuronfleet.engine.sim.cost_model import CostModel, PrefillWork
 from neuronfleet.engine.sim.model_shapes import get_shape
 
 _BENCHMARKS = "about-neuron/benchmarks"
@@ -224,12 +224,7 @@ def _prefill_terms(row: PublishedRow, cost: CostModel) -> PrefillWork:
 def predict(row: PublishedRow, calibration: Calibration | None = None) -> tuple[float, float]:
     """The cost model's TTFT and TPOT for a row, in seconds: its prefill step, and its median decode step."""
     cost = cost_model(row, calibration)
-    c = cost.calibration
-    work = _prefill_terms(row, cost)
-    compute = work.dense_s / c.dense_efficiency + work.attention_s / c.attention_efficiency
-    fixed = c.host_dispatch_s + cost.shape.num_hidden_layers * c.prefill_layer_s
-    ttft = fixed + max(compute, work.weights_s / PREFILL_WEIGHT_READ_EFFICIENCY)
-    return ttft, cost.decode_seconds(row.batch, row.decode_context)
+    return cost.prefill_step_seconds(_prefill_terms(row, cost)), cost.decode_seconds(row.batch, row.decode_context)
 
 
 def fit(chip: str, *, ratios_from: Calibration | None = None) -> Calibration:
