@@ -18,7 +18,14 @@ from harness.programs import run_program
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.demo import completion
-from neuronfleet.devcluster.demo.run import DEFAULT_EXAMPLE, DemoError, load_example, store_claim, with_image
+from neuronfleet.devcluster.demo.run import (
+    DEFAULT_EXAMPLE,
+    DemoError,
+    load_example,
+    rbac_refusals,
+    store_claim,
+    with_image,
+)
 from neuronfleet.devcluster.demo.view import headline, stages
 from neuronfleet.devcluster.images.dockerfile import base_archive, checkout_key, file_digest
 from neuronfleet.devcluster.process.managed import SCRIPTS
@@ -105,6 +112,21 @@ def test_the_demo_refuses_a_service_its_node_cannot_serve(tmp_path: Path) -> Non
     path.write_text(yaml.safe_dump(neuron))
     with pytest.raises(DemoError, match="is not `device: sim`"):
         load_example(path)
+
+
+def test_rbac_refusals_are_the_forbidden_lines_not_a_timestamp_ending_in_403() -> None:
+    refused = (
+        "2026-12-04 15:36:46,118 ERROR kopf.objects: Handler 'reconcile' failed: "
+        "403 Forbidden: jobs.batch is forbidden: User cannot create resource"
+    )
+    log = "\n".join(
+        [
+            "2026-12-04 15:36:45,403 INFO kopf.objects: Handler 'build_registry.<locals>.compile_job' succeeded.",
+            refused,
+            "2026-12-04 15:36:47,001 INFO kopf.objects: 403 buckets compiled",
+        ]
+    )
+    assert rbac_refusals(log) == [refused]
 
 
 def test_curl_output_gives_the_final_response_and_its_headers() -> None:
