@@ -41,6 +41,8 @@ pytestmark = pytest.mark.vllm_matrix
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 MODEL = "neuronfleet/tiny"
+#: The pod name the operator would give the replica.
+REPLICA = "tiny-7d4b9c-x2kq9"
 PREFILL_BUCKETS = [64, 128, 256]
 MAX_BATCHED_TOKENS = 256
 ENGINE: dict[str, Any] = {
@@ -81,7 +83,15 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
     )
     assert compiled.returncode == 0, compiled.stderr
     server = servers.start(
-        "--config", str(config), "--device", "sim", "--clock", "virtual", "--artifact-store", str(store)
+        "--config",
+        str(config),
+        "--device",
+        "sim",
+        "--clock",
+        "virtual",
+        "--artifact-store",
+        str(store),
+        env={names.REPLICA_ENV: REPLICA},
     )
     server.extra["artifact"] = compiled.stdout.split("artifact ")[1].split()[0]
     return server
@@ -112,13 +122,15 @@ def test_models_and_health(server: EngineServer) -> None:
     assert models["data"][0]["max_model_len"] == ENGINE["max_model_len"]
 
 
-def test_every_response_names_the_artifact_that_served_it(server: EngineServer) -> None:
+def test_every_response_names_the_replica_and_the_artifact_that_served_it(server: EngineServer) -> None:
     answered = server.post("/v1/completions", {"model": MODEL, "prompt": prompt(4), "max_tokens": 2})
     assert answered.status == 200, answered.body
     refused = server.post("/v1/completions", {"model": MODEL, "prompt": prompt(4), "max_tokens": 0})
     assert refused.status == 400, refused.body
-    for response in (answered, refused, server.request("/health")):
+    streamed = server.request_stream("/v1/completions", {"model": MODEL, "prompt": prompt(4), "max_tokens": 2})
+    for response in (answered, refused, streamed, server.request("/health")):
         assert response.headers[ARTIFACT_HEADER] == server.extra["artifact"]
+        assert response.headers[names.REPLICA_HEADER] == REPLICA
 
 
 def test_completion_returns_max_tokens_deterministically(server: EngineServer) -> None:

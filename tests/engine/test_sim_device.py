@@ -13,6 +13,7 @@ from vllm.model_executor.models import ModelRegistry
 from vllm.sampling_params import SamplingParams
 
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.faults import NeuronRuntimeError
 from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import build_scheduler, construct_scheduler
 from neuronfleet.engine.scheduler import vllm_compat
@@ -24,6 +25,7 @@ from neuronfleet.engine.sim.device import (
     StepResult,
     sampled_token,
 )
+from neuronfleet.engine.sim.faults import InjectedFault
 from neuronfleet.engine.sim.model_shapes import ARCHITECTURE, get_shape
 from neuronfleet.engine.sim.platform import SimNeuronPlatform
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
@@ -183,6 +185,49 @@ def serve_staggered(scheduler: vllm_compat.Scheduler, device: SimulatedNeuronDev
     scheduler.add_request(vllm_compat.Request("second", [6] * 8, SamplingParams(max_tokens=8, ignore_eos=True), None))
     output = scheduler.schedule()
     device.execute(output)
+
+
+def test_an_injected_error_fails_the_next_step_with_its_runtime_status_and_only_that_step() -> None:
+    scheduler = build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False)
+    device = make_device()
+    scheduler.add_request(vllm_compat.Request("a", [7] * 10, SamplingParams(max_tokens=4, ignore_eos=True), None))
+    device.faults.inject(InjectedFault(kind="error", status=1202))
+    with pytest.raises(NeuronRuntimeError) as failed:
+        device.execute(scheduler.schedule())
+    assert failed.value.status.name == "NRT_EXEC_HW_ERR_NC_UE"
+    assert failed.value.status.device_fault
+    assert "a prefill step (bucket 64, 1 requests)" in str(failed.value)
+    assert device.clock.elapsed_s == 0
+    # Taken once: a fresh engine on the same device runs.
+    outputs = serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), device, {"b": [7] * 10}, 3)
+    assert len(outputs["b"]) == 3
+
+
+def test_an_injected_timeout_hangs_the_step_then_fails_it_with_nrt_timeout() -> None:
+    scheduler = build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False)
+    device = make_device()
+    scheduler.add_request(vllm_compat.Request("a", [7] * 10, SamplingParams(max_tokens=4, ignore_eos=True), None))
+    device.faults.inject(InjectedFault(kind="timeout", hang_s=30))
+    with pytest.raises(NeuronRuntimeError) as failed:
+        device.execute(scheduler.schedule())
+    assert (failed.value.status.name, failed.value.status.device_fault) == ("NRT_TIMEOUT", False)
+    assert device.clock.elapsed_s == 30
+
+
+def test_a_slow_device_takes_factor_times_the_cost_of_every_step() -> None:
+    healthy: list[StepResult] = []
+    slow: list[StepResult] = []
+    serve(
+        build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False),
+        make_device(on_step=healthy.append),
+        PROMPTS,
+        8,
+    )
+    degraded = make_device(on_step=slow.append)
+    degraded.faults.inject(InjectedFault(kind="slow", factor=2.5))
+    serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), degraded, PROMPTS, 8)
+    assert [step.seconds for step in slow] == pytest.approx([2.5 * step.seconds for step in healthy])
+    assert degraded.clock.elapsed_s == pytest.approx(2.5 * sum(step.seconds for step in healthy))
 
 
 def test_sampled_tokens_are_words_of_the_vocabulary() -> None:

@@ -90,6 +90,12 @@ class EngineServer:
         """POST ``document`` as JSON."""
         return self.request(path, json.dumps(document).encode())
 
+    def request_stream(self, path: str, document: dict[str, Any]) -> Response:
+        """POST with ``stream: true`` and read the whole stream: its status, raw events and headers."""
+        body = {**document, "stream": True}
+        with httpx.stream("POST", self.url(path), json=body, timeout=REQUEST_TIMEOUT_S) as response:
+            return Response(response.status_code, response.read(), dict(response.headers))
+
     def stream(self, path: str, document: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST with ``stream: true``; yield each server-sent event's JSON until ``[DONE]``."""
         body = {**document, "stream": True}

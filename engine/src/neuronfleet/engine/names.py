@@ -36,6 +36,11 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 HTTP_PORT = 8000
 HTTP_PORT_NAME = "http"
 
+#: The response header naming the replica (its pod) that answered, on every answer the engine sends; the
+#: operator gives each serving pod its own name in this environment variable (the host name otherwise).
+REPLICA_HEADER = "x-neuronfleet-replica"
+REPLICA_ENV = "NEURONFLEET_REPLICA"
+
 #: The series the Gateway API Inference Extension's Endpoint Picker (GIE v1.5.0's defaults, vLLM's names)
 #: reads from each serving pod's ``/metrics`` every 50 ms to choose a pod: its queue, its batch, and how
 #: full its KV cache is.

@@ -22,6 +22,7 @@ from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
 
 from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.engine.faults import RuntimeStatus
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler, SchedulerState
 from neuronfleet.engine.tuning.exposition import CHUNK_METRIC
@@ -87,6 +88,12 @@ class NeuronMetrics:
             f"{PREFIX}sim_device_seconds",
             "Simulated device time spent in steps, by step kind (virtual or slept).",
             ["kind"],
+            registry=registry,
+        )
+        self.device_faults = PromCounter(
+            f"{PREFIX}device_faults",
+            "Steps the Neuron runtime failed, stopping the engine, by runtime status; device_fault=true: replace it.",
+            ["status", "code", "device_fault"],
             registry=registry,
         )
 
@@ -177,6 +184,13 @@ def observe_default(scheduler: NeuronScheduler, scheduler_output: vllm_compat.Sc
 def record_device_step(kind: str, seconds: float, max_chunk: int) -> None:
     """Count a simulated device step's time in the default registry."""
     default_metrics(max_chunk).device_seconds.labels(kind=kind).inc(seconds)
+
+
+def record_device_fault(status: RuntimeStatus, max_chunk: int) -> None:
+    """Count a step the Neuron runtime failed, in the default registry."""
+    default_metrics(max_chunk).device_faults.labels(
+        status=status.name, code=str(status.code), device_fault=str(status.device_fault).lower()
+    ).inc()
 
 
 def subscribe() -> None:

@@ -15,7 +15,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vllm.v1.outputs import ModelRunnerOutput
@@ -24,6 +24,7 @@ from neuronfleet.engine.buckets import get_bucket_for_count
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.padding import PrefillSequence, kv_slot, pad_decode, pad_packed_prefill
 from neuronfleet.engine.sim.cost_model import CostModel
+from neuronfleet.engine.sim.faults import FaultInjector, step_failure
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
 from neuronfleet.engine.sim_settings import ClockMode
 
@@ -104,6 +105,7 @@ class SimulatedNeuronDevice:
         clock: Clock,
         on_step: Callable[[StepResult], None] | None = None,
         max_prefills_per_step: int = 1,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.cost = cost
         self.block_size = block_size
@@ -118,6 +120,8 @@ class SimulatedNeuronDevice:
         self.on_step = on_step
         #: Sequences one prefill graph takes (the scheduler's ``max_prefills_per_step``).
         self.max_prefills_per_step = max_prefills_per_step
+        #: Faults a test injects at run time; none by default.
+        self.faults = faults or FaultInjector()
 
     def execute(self, scheduler_output: vllm_compat.SchedulerOutput) -> StepResult:
         """Run one step and return vLLM's ``ModelRunnerOutput`` for it."""
@@ -147,6 +151,13 @@ class SimulatedNeuronDevice:
             )
         else:
             result = self._decode(req_ids, computed)
+        fault = self.faults.take()
+        if fault is not None:
+            if fault.kind == "timeout":
+                self.clock.advance(fault.hang_s)
+            raise step_failure(fault, f"a {result.kind} step (bucket {result.bucket}, {len(req_ids)} requests)")
+        if self.faults.slowdown != 1.0:
+            result = replace(result, seconds=result.seconds * self.faults.slowdown)
         self.clock.advance(result.seconds)
         if self.on_step is not None:
             self.on_step(result)

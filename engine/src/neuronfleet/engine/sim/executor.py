@@ -26,11 +26,13 @@ from vllm.v1.serial_utils import run_method
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from neuronfleet.engine.artifacts import store as artifacts
+from neuronfleet.engine.faults import NeuronRuntimeError, write_termination_message
 from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.scheduler import metrics, vllm_compat
 from neuronfleet.engine.scheduler.neuron import read_neuron_config
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
+from neuronfleet.engine.sim.faults import FaultInjector, InjectedFault
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim_settings import SimSettings, read_settings
 
@@ -67,6 +69,7 @@ class SimNeuronWorker:
         #: Decode contexts below max_model_len (vLLM Neuron's ``decode_context_length_buckets``).
         self.decode_contexts = list(neuron_config.get("decode_context_length_buckets") or [])
         self.clock = Clock(settings.clock)
+        self.faults = FaultInjector()
         self.device: SimulatedNeuronDevice | None = None
         self._pending: ModelRunnerOutput | None = None
         self.kv_cache_config: KVCacheConfig | None = None
@@ -146,6 +149,7 @@ class SimNeuronWorker:
             clock=self.clock,
             on_step=lambda step: metrics.record_device_step(step.kind, step.seconds, prefill_buckets[-1]),
             max_prefills_per_step=self.max_prefills_per_step,
+            faults=self.faults,
         )
         logger.info(
             "Simulated Neuron device: %s on %s, tensor parallel %d, %s clock; prefill buckets %s, decode buckets %s, "
@@ -173,7 +177,14 @@ class SimNeuronWorker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """Run the step; its tokens are handed over by :meth:`sample_tokens` (vLLM's two-phase step)."""
         assert self.device is not None, "initialize_from_config runs before any step"
-        result = self.device.execute(scheduler_output)
+        try:
+            result = self.device.execute(scheduler_output)
+        except NeuronRuntimeError as error:
+            # The engine core dies of this (vLLM's way with a failed step); first say why, where it stays.
+            message = write_termination_message(error)
+            metrics.record_device_fault(error.status, self.device.prefill_buckets[-1])
+            logger.error("%s; this replica stops", message)
+            raise
         if result.kind == "empty":
             return result.output
         self._pending = result.output
@@ -184,6 +195,12 @@ class SimNeuronWorker:
         output, self._pending = self._pending, None
         assert output is not None, "sample_tokens follows a non-empty execute_model"
         return output
+
+    def inject_fault(self, fault: dict[str, Any]) -> None:
+        """Take ``fault`` (an :class:`InjectedFault`) on the next step: the fault endpoint's call."""
+        injected = InjectedFault.model_validate(fault)
+        self.faults.inject(injected)
+        logger.warning("Fault injected into the simulated device: %s", injected.model_dump_json())
 
     def take_draft_token_ids(self) -> None:
         """No speculative decoding."""
