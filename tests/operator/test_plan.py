@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE, REPLICA_ENV
 from neuronfleet.operator import api, plan
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
@@ -136,7 +136,7 @@ def test_s3_store_gives_pods_a_local_cache_and_the_aws_environment_but_no_claim(
     assert pod["serviceAccountName"] == "neff-reader"
     assert pod["automountServiceAccountToken"] is False
     engine = container(plan.deployment(OWNER, NS, s, served(s)))
-    assert engine["env"][2:] == [
+    assert engine["env"][3:] == [
         {"name": "NEURONFLEET_ARTIFACT_CACHE", "value": plan.CACHE_MOUNT},
         {"name": "AWS_REGION", "value": "eu-west-1"},
         {"name": "AWS_ENDPOINT_URL_S3", "value": "https://s3.example.net"},
@@ -215,6 +215,15 @@ def test_a_simulated_replica_is_probed_at_start_every_two_seconds_for_the_same_t
     assert c["startupProbe"]["periodSeconds"] == 2
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
     assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+
+
+def test_serving_pods_name_their_replica_and_keep_the_reason_they_stopped() -> None:
+    s = spec()
+    c = container(plan.deployment(OWNER, NS, s, served(s)))
+    replica = {"name": REPLICA_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    assert replica in c["env"]
+    # The engine's own line on a device fault; the log's tail on any other crash.
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_serving_pods_run_restricted() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
-from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT
+from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT, REPLICA_ENV
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
@@ -167,6 +167,8 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
         "env": [
             {"name": "HOME", "value": "/tmp"},
             {"name": "NEURONFLEET_ARTIFACT_HASH", "value": served.hash},
+            # Every answer names its replica (X-Neuronfleet-Replica).
+            {"name": REPLICA_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             *access.env,
         ],
         **env_from(access),
@@ -174,6 +176,8 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
         "resources": _resources(spec),
         **_probes(spec),
         "securityContext": container_security(),
+        # A device fault is the engine's own last line (neuronfleet.engine.faults); any other crash, its log's tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}],
     }
     if spec.drain.pre_stop_seconds:
