@@ -28,9 +28,10 @@ from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.demo import operator_release
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode, pinned_here
-from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT
+from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT, REPLICA_HEADER
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.serving.serve import served_name
+from neuronfleet.engine.sim.faults import FAULTS_PATH
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
 from neuronfleet.operator.plan import RouterImages, routing
@@ -60,8 +61,8 @@ GAUGES = (RUNNING_GAUGE_PREFIX, WAITING_GAUGE_PREFIX)
 PROMPT_TOKENS_PREFIX = "vllm:prompt_tokens_total{"
 #: The model every service serves unless a test asks for another (the tiny simulated shape).
 TINY_MODEL = "hf://neuronfleet/tiny"
-#: Response headers each load records besides the artifact: the drain's signs.
-RECORDED_HEADERS = ("connection", "retry-after")
+#: Response headers each load records besides the artifact: the replica that answered, and the drain's signs.
+RECORDED_HEADERS = (REPLICA_HEADER, "connection", "retry-after")
 #: A pod's start on two shared cores (vLLM on CPU), with room for two at once.
 POD_TIMEOUT_S = 600
 
@@ -294,6 +295,22 @@ class Fleet:
         assert killed.returncode == 0, killed.stderr
         killed_at, held = killed.stdout.split()
         return float(killed_at), float(held)
+
+    def inject_fault(self, pod: Obj, fault: Obj, timeout: float = 60) -> tuple[float, float]:
+        """Post ``fault`` to the pod's simulated device as a request starts on it; as :meth:`kill_engine` returns."""
+        url = f"http://{pod['status']['podIP']}:{HTTP_PORT}{FAULTS_PATH}"
+        script = watching(pod, timeout) + (
+            "import json\n"
+            f"request = urllib.request.Request({url!r}, data={json.dumps(fault).encode()!r}, "
+            "headers={'Content-Type': 'application/json'})\n"
+            "urllib.request.urlopen(request, timeout=30).read()\n"
+            "injected_at = time.time()\n"
+            f"print(injected_at, total(text, {GAUGES!r}))\n"
+        )
+        injected = self.node.in_netns(["python3", "-I", "-c", script], timeout=timeout + 30)
+        assert injected.returncode == 0, injected.stderr
+        injected_at, held = injected.stdout.split()
+        return float(injected_at), float(held)
 
     def compile_jobs(self, artifact_hash: str) -> list[Obj]:
         """The compile Jobs of one artifact."""

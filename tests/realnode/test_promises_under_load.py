@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -48,6 +49,9 @@ from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
+from neuronfleet.engine.faults import DEVICE_FAULT_PREFIX, parse_termination_message
+from neuronfleet.engine.names import REPLICA_HEADER
+from neuronfleet.engine.serving.readiness import RUNTIME_ERROR_EXIT
 
 #: Long generations a second: two replicas run them with room, one alone just keeps up.
 DRAIN_RATE = 0.5
@@ -258,6 +262,54 @@ def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(flee
         assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
     # Readiness took the pod out of the Service; the same pod, its container restarted, serves again.
     assert killed_at < out_at < back_at
+    assert back["metadata"]["uid"] == victim["metadata"]["uid"]
+    assert fleet.complete_on(back)["usage"]["completion_tokens"] == MAX_TOKENS
+    assert {a.header for a in result.answers if a.ok} == {serving}
+    fleet.wait(lambda: fleet.rolled_out_to(serving), f"{NAME} Ready on {serving}")
+
+
+def test_a_device_fault_fails_only_what_its_replica_held_and_the_kubelet_keeps_why(fleet: Fleet) -> None:
+    serving = fleet.status()["currentRevision"]
+    victim, healthy = fleet.pods()
+    name = victim["metadata"]["name"]
+    fleet.wait(lambda: fleet.in_service(name), f"{name} in the Service")
+    with fleet.load("device-fault") as load:
+        faulted_at, held = fleet.inject_fault(victim, {"kind": "error", "status": "NRT_EXEC_HW_ERR_HBM_UE"})
+        out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
+        back = fleet.wait(
+            lambda: restarts(p := fleet.get("pod", name)) == restarts(victim) + 1 and pod_ready(p) and p,
+            f"{name} restarted and Ready again",
+        )
+        back_at = fleet.wait(lambda: fleet.in_service(name) and time.time(), f"{name} back in the Service")
+        time.sleep(AFTER_S)
+        result = load.stop()
+    report("device fault", result, faulted=faulted_at, out_of_service=out_at, back_in_service=back_at)
+    by_replica = Counter((a.recorded.get(REPLICA_HEADER), a.ok) for a in result.answers)
+    failed = [a for a in result.answers if not a.ok]
+    print(f"    {held:g} held by {name} at the fault; answers by (replica, ok): {dict(by_replica)}", flush=True)
+    # Every failure was the faulty replica's: answered 503 naming it (held, or sent before the Service
+    # dropped it), or, once it had stopped listening, refused or cut off; none on the healthy replica.
+    assert failed, "the fault failed nothing: it was injected into an idle replica"
+    for answer in failed:
+        assert answer.done_at > faulted_at - 1, answer
+        assert answer.sent_at < out_at, answer
+        if answer.result == "503":
+            assert answer.recorded[REPLICA_HEADER] == name, answer
+        else:
+            assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
+    lost = [a for a in result.in_flight_at(faulted_at) if not a.ok]
+    assert len(lost) <= held
+    healthy_answers = [a for a in result.answers if a.recorded.get(REPLICA_HEADER) == healthy["metadata"]["name"]]
+    assert healthy_answers
+    assert all(a.ok and a.tokens == MAX_TOKENS for a in healthy_answers)
+    # The kubelet keeps the engine's last word: a device fault, by name, and an error exit.
+    terminated = back["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert terminated["exitCode"] == RUNTIME_ERROR_EXIT, terminated
+    assert terminated["message"].startswith(f"{DEVICE_FAULT_PREFIX}NRT_EXEC_HW_ERR_HBM_UE (1201)"), terminated
+    status = parse_termination_message(terminated["message"])
+    assert status is not None
+    assert status.device_fault
+    # Restarted in place, its device fresh, it serves again.
     assert back["metadata"]["uid"] == victim["metadata"]["uid"]
     assert fleet.complete_on(back)["usage"]["completion_tokens"] == MAX_TOKENS
     assert {a.header for a in result.answers if a.ok} == {serving}
