@@ -59,7 +59,8 @@ def spec(**compile_settings: Any) -> Obj:
 
 
 def env_of(container: Obj) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """The container's literal environment (values from the downward API left out)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
 def assert_wired_for_s3(pod_spec: Obj) -> None:
