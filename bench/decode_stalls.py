@@ -24,8 +24,8 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
-from deployments import DEPLOYMENTS, Deployment, prefill_cap
-from provenance import commit, show, spread
+from deployments import DEPLOYMENTS, Deployment, prefill_cap, scheduler_fields, scheduler_options
+from provenance import commit, ratio_spread, show, spread
 
 from neuronfleet.engine.config import AUTO, REFERENCE_SCHEDULER
 from neuronfleet.engine.offline.driver import run_scenario
@@ -92,12 +92,7 @@ def measure(job: tuple[Deployment, tuple[int | None, int, int | str | None], int
 def label(variant: tuple[int | None, int, int | str | None], cap: int) -> str:
     """A row's scheduler, as the table names it."""
     bound, packed, wanted = variant
-    text = "unbounded (reference)" if bound is None else f"bound {bound}"
-    if packed > 1:
-        text += f", {packed} packed"
-    if wanted is not None:
-        text += f", cap auto ({cap or 'none'})"
-    return text
+    return ("unbounded (reference)" if bound is None else f"bound {bound}") + scheduler_options(packed, wanted, cap)
 
 
 def main() -> None:
@@ -118,19 +113,13 @@ def main() -> None:
             row: dict[str, Any] = {
                 "deployment": deployment.name,
                 "bound": variant[0],
-                "max_prefills_per_step": variant[1],
-                "max_prefill_tokens_while_decoding": int(figures[0]["cap"]) or None if variant[2] else None,
-                "auto": variant[2] is not None,
+                **scheduler_fields(variant[1], variant[2], int(figures[0]["cap"])),
                 **{
                     key: spread([f[key] for f in figures])
                     for key in ("itl_p50_ms", "itl_p99_ms", "max_stall_ms", "long_prompt_ttft_s")
                 },
-                "itl_p99_vs_reference": spread(
-                    [f["itl_p99_ms"] / r["itl_p99_ms"] for f, r in zip(figures, reference, strict=True)]
-                ),
-                "ttft_vs_reference": spread(
-                    [f["long_prompt_ttft_s"] / r["long_prompt_ttft_s"] for f, r in zip(figures, reference, strict=True)]
-                ),
+                "itl_p99_vs_reference": ratio_spread(figures, reference, "itl_p99_ms"),
+                "ttft_vs_reference": ratio_spread(figures, reference, "long_prompt_ttft_s"),
             }
             rows.append(row)
             print(

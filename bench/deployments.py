@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from neuronfleet.engine.config import EngineConfig, SchedulerOptions
 from neuronfleet.engine.hardware import get_instance_type
@@ -57,6 +58,21 @@ def prefill_cap(engine: EngineConfig) -> int:
     cap = engine.scheduler.max_prefill_tokens_while_decoding
     assert cap != "auto", "derive the cap first (Deployment.engine does)"
     return cap or 0
+
+
+def scheduler_options(packed: int, cap_setting: int | str | None, cap: int) -> str:
+    """How a table names a row's packing and prefill cap (after its first option): ``, 8 packed, cap auto (1024)``."""
+    text = f", {packed} packed" if packed > 1 else ""
+    return text + (f", cap auto ({cap or 'none'})" if cap_setting is not None else "")
+
+
+def scheduler_fields(packed: int, cap_setting: int | str | None, cap: int) -> dict[str, Any]:
+    """A row's packing and prefill cap, as its JSON gives them."""
+    return {
+        "max_prefills_per_step": packed,
+        "max_prefill_tokens_while_decoding": (cap or None) if cap_setting else None,
+        "auto": cap_setting is not None,
+    }
 
 
 def num_kv_blocks(cost: CostModel) -> int:

@@ -24,8 +24,8 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
-from deployments import DEPLOYMENTS, Deployment, num_kv_blocks, prefill_cap
-from provenance import commit, show, spread
+from deployments import DEPLOYMENTS, Deployment, num_kv_blocks, prefill_cap, scheduler_fields, scheduler_options
+from provenance import commit, ratio_spread, show, spread
 
 from neuronfleet.engine.config import AUTO, REFERENCE_SCHEDULER
 from neuronfleet.engine.offline.driver import run_scenario
@@ -90,9 +90,7 @@ def measure(job: tuple[Deployment, tuple[str, int, str | None], int]) -> dict[st
 def label(variant: tuple[str, int, str | None], cap: int) -> str:
     """A row's admission and options, as the table names them."""
     admission, packed, wanted = variant
-    return (
-        admission + (f", {packed} packed" if packed > 1 else "") + (f", cap auto ({cap or 'none'})" if wanted else "")
-    )
+    return admission + scheduler_options(packed, wanted, cap)
 
 
 def main() -> None:
@@ -117,20 +115,13 @@ def main() -> None:
             row: dict[str, Any] = {
                 "deployment": deployment.name,
                 "kv_admission": variant[0],
-                "max_prefills_per_step": variant[1],
-                "max_prefill_tokens_while_decoding": (int(figures[0]["cap"]) or None) if variant[2] else None,
-                "auto": variant[2] is not None,
+                **scheduler_fields(variant[1], variant[2], int(figures[0]["cap"])),
                 "max_full_length_requests": full,
                 **{
                     key: spread([f[key] for f in figures])
                     for key in ("mean_decode_batch", "output_tokens_per_s", "mean_ttft_s")
                 },
-                "throughput_vs_reference": spread(
-                    [
-                        f["output_tokens_per_s"] / r["output_tokens_per_s"]
-                        for f, r in zip(figures, reference, strict=True)
-                    ]
-                ),
+                "throughput_vs_reference": ratio_spread(figures, reference, "output_tokens_per_s"),
             }
             rows.append(row)
             print(

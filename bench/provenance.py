@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +27,13 @@ def commit() -> str:
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median, min and max of repeated measurements (seeds or runs)."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def ratio_spread(
+    figures: Sequence[Mapping[str, float]], reference: Sequence[Mapping[str, float]], key: str
+) -> dict[str, float]:
+    """The spread of ``key``'s ratio to the reference's, measurement by measurement (seed by seed)."""
+    return spread([f[key] / r[key] for f, r in zip(figures, reference, strict=True)])
 
 
 def show(figure: dict[str, float], fmt: str = "{:.2f}") -> str:

@@ -187,16 +187,22 @@ def serve_staggered(scheduler: vllm_compat.Scheduler, device: SimulatedNeuronDev
     device.execute(output)
 
 
-def test_an_injected_error_fails_the_next_step_with_its_runtime_status_and_only_that_step() -> None:
+def first_step_failure(fault: InjectedFault) -> tuple[SimulatedNeuronDevice, NeuronRuntimeError]:
+    """A device given ``fault``, and how its first step (a 10-token prefill) failed."""
     scheduler = build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False)
     device = make_device()
     scheduler.add_request(vllm_compat.Request("a", [7] * 10, SamplingParams(max_tokens=4, ignore_eos=True), None))
-    device.faults.inject(InjectedFault(kind="error", status=1202))
+    device.faults.inject(fault)
     with pytest.raises(NeuronRuntimeError) as failed:
         device.execute(scheduler.schedule())
-    assert failed.value.status.name == "NRT_EXEC_HW_ERR_NC_UE"
-    assert failed.value.status.device_fault
-    assert "a prefill step (bucket 64, 1 requests)" in str(failed.value)
+    return device, failed.value
+
+
+def test_an_injected_error_fails_the_next_step_with_its_runtime_status_and_only_that_step() -> None:
+    device, failure = first_step_failure(InjectedFault(kind="error", status=1202))
+    assert failure.status.name == "NRT_EXEC_HW_ERR_NC_UE"
+    assert failure.status.device_fault
+    assert "a prefill step (bucket 64, 1 requests)" in str(failure)
     assert device.clock.elapsed_s == 0
     # Taken once: a fresh engine on the same device runs.
     outputs = serve(build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False), device, {"b": [7] * 10}, 3)
@@ -204,13 +210,8 @@ def test_an_injected_error_fails_the_next_step_with_its_runtime_status_and_only_
 
 
 def test_an_injected_timeout_hangs_the_step_then_fails_it_with_nrt_timeout() -> None:
-    scheduler = build_scheduler(ENGINE, num_kv_blocks=512, async_scheduling=False)
-    device = make_device()
-    scheduler.add_request(vllm_compat.Request("a", [7] * 10, SamplingParams(max_tokens=4, ignore_eos=True), None))
-    device.faults.inject(InjectedFault(kind="timeout", hang_s=30))
-    with pytest.raises(NeuronRuntimeError) as failed:
-        device.execute(scheduler.schedule())
-    assert (failed.value.status.name, failed.value.status.device_fault) == ("NRT_TIMEOUT", False)
+    device, failure = first_step_failure(InjectedFault(kind="timeout", hang_s=30))
+    assert (failure.status.name, failure.status.device_fault) == ("NRT_TIMEOUT", False)
     assert device.clock.elapsed_s == 30
 
 

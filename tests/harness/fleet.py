@@ -285,32 +285,25 @@ class Fleet:
         or holding waiting in those last metrics (vLLM's gauges).
         """
         pid = self.container_pid(pod)
-        script = watching(pod, timeout) + (
-            "import os, signal\n"
-            f"os.kill({pid}, signal.SIGKILL)\n"
-            "killed_at = time.time()\n"
-            f"print(killed_at, total(text, {GAUGES!r}))\n"
-        )
-        killed = self.node.in_netns(["python3", "-I", "-c", script], timeout=timeout + 30)
-        assert killed.returncode == 0, killed.stderr
-        killed_at, held = killed.stdout.split()
-        return float(killed_at), float(held)
+        return self._as_a_request_starts(pod, f"import os, signal\nos.kill({pid}, signal.SIGKILL)\n", timeout)
 
     def inject_fault(self, pod: Obj, fault: Obj, timeout: float = 60) -> tuple[float, float]:
         """Post ``fault`` to the pod's simulated device as a request starts on it; as :meth:`kill_engine` returns."""
         url = f"http://{pod['status']['podIP']}:{HTTP_PORT}{FAULTS_PATH}"
-        script = watching(pod, timeout) + (
-            "import json\n"
+        post = (
             f"request = urllib.request.Request({url!r}, data={json.dumps(fault).encode()!r}, "
             "headers={'Content-Type': 'application/json'})\n"
             "urllib.request.urlopen(request, timeout=30).read()\n"
-            "injected_at = time.time()\n"
-            f"print(injected_at, total(text, {GAUGES!r}))\n"
         )
-        injected = self.node.in_netns(["python3", "-I", "-c", script], timeout=timeout + 30)
-        assert injected.returncode == 0, injected.stderr
-        injected_at, held = injected.stdout.split()
-        return float(injected_at), float(held)
+        return self._as_a_request_starts(pod, post, timeout)
+
+    def _as_a_request_starts(self, pod: Obj, action: str, timeout: float) -> tuple[float, float]:
+        """Run ``action`` (Python) on the node once a request starts on the pod: when, and what its engine held."""
+        script = watching(pod, timeout) + action + f"print(time.time(), total(text, {GAUGES!r}))\n"
+        done = self.node.in_netns(["python3", "-I", "-c", script], timeout=timeout + 30)
+        assert done.returncode == 0, done.stderr
+        acted_at, held = done.stdout.split()
+        return float(acted_at), float(held)
 
     def compile_jobs(self, artifact_hash: str) -> list[Obj]:
         """The compile Jobs of one artifact."""

@@ -62,6 +62,21 @@ def restarts(pod: Obj) -> int:
     return int(pod["status"]["containerStatuses"][0]["restartCount"])
 
 
+def out_and_back(fleet: Fleet, victim: Obj) -> tuple[float, Obj, float]:
+    """Wait for the pod whose engine stopped to leave the Service, restart in place and rejoin it.
+
+    Returns when it left, the pod Ready again, and when it rejoined.
+    """
+    name = victim["metadata"]["name"]
+    out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
+    back = fleet.wait(
+        lambda: restarts(p := fleet.get("pod", name)) == restarts(victim) + 1 and pod_ready(p) and p,
+        f"{name} restarted and Ready again",
+    )
+    back_at = fleet.wait(lambda: fleet.in_service(name) and time.time(), f"{name} back in the Service")
+    return out_at, back, back_at
+
+
 @pytest.fixture(scope="module")
 def fleet(
     real_cluster: LocalCluster, real_node: RealNode, node_image: NodeImage, tmp_path_factory: pytest.TempPathFactory
@@ -234,12 +249,7 @@ def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(flee
     fleet.wait(lambda: fleet.in_service(name), f"{name} in the Service")
     with fleet.load("engine-killed") as load:
         killed_at, held = fleet.kill_engine(victim)
-        out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
-        back = fleet.wait(
-            lambda: restarts(p := fleet.get("pod", name)) == restarts(victim) + 1 and pod_ready(p) and p,
-            f"{name} restarted and Ready again",
-        )
-        back_at = fleet.wait(lambda: fleet.in_service(name) and time.time(), f"{name} back in the Service")
+        out_at, back, back_at = out_and_back(fleet, victim)
         time.sleep(AFTER_S)
         result = load.stop()
     in_flight = result.in_flight_at(killed_at)
@@ -275,12 +285,7 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_the_kubelet_keeps_w
     fleet.wait(lambda: fleet.in_service(name), f"{name} in the Service")
     with fleet.load("device-fault") as load:
         faulted_at, held = fleet.inject_fault(victim, {"kind": "error", "status": "NRT_EXEC_HW_ERR_HBM_UE"})
-        out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
-        back = fleet.wait(
-            lambda: restarts(p := fleet.get("pod", name)) == restarts(victim) + 1 and pod_ready(p) and p,
-            f"{name} restarted and Ready again",
-        )
-        back_at = fleet.wait(lambda: fleet.in_service(name) and time.time(), f"{name} back in the Service")
+        out_at, back, back_at = out_and_back(fleet, victim)
         time.sleep(AFTER_S)
         result = load.stop()
     report("device fault", result, faulted=faulted_at, out_of_service=out_at, back_in_service=back_at)
