@@ -86,9 +86,11 @@ demo: setup  ## The real node, the chart's operator in a pod on it, a simulated 
 lint: setup  ## ruff, and the import layers of docs/architecture.md (import-linter).
 	$(STAGE) lint - bash -c '$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports'
 
+# mypy's cache lives outside the checkout: it checks each file by its hash, so a fresh clone reuses it (1 min -> 3 s).
 typecheck: setup  ## mypy, strict.
-	$(STAGE) typecheck - bash -c '$(BIN)/mypy -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
-		&& $(BIN)/mypy tests bench'
+	$(STAGE) typecheck - bash -c '$(BIN)/mypy --cache-dir $(CACHE)/mypy/packages \
+		-p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
+		&& $(BIN)/mypy --cache-dir $(CACHE)/mypy/tests tests bench'
 
 # The tools and the images are built side by side: most of each is one busy core.
 unit: setup  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
