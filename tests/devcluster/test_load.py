@@ -20,6 +20,7 @@ import pytest
 from neuronfleet.devcluster.demo.load import (
     DROPPED,
     REFUSED,
+    SHORT,
     TIMEOUT,
     LoadPlan,
     LoadReport,
@@ -32,7 +33,8 @@ BODY = {"model": "m", "prompt": "p", "max_tokens": 1}
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Answers POSTs as the body asks (``{"status": 503}``, ``{"delay": 0.5}``) with its tokens; records each body."""
+    """Answers POSTs as the body asks (``{"status": 503}``, ``{"delay": 0.5}``, ``{"answer_tokens": 2}``) with its
+    tokens; records each body."""
 
     server: Server
 
@@ -41,7 +43,8 @@ class Handler(BaseHTTPRequestHandler):
         self.server.bodies.append(asked)
         time.sleep(asked.get("delay", 0))
         status = asked.get("status", 200)
-        body = json.dumps({"usage": {"completion_tokens": asked["max_tokens"]}}).encode()
+        tokens = asked.get("answer_tokens", asked["max_tokens"])
+        body = json.dumps({"usage": {"completion_tokens": tokens}}).encode()
         # A client that timed out has hung up: nothing to answer.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.send_response(status)
@@ -94,6 +97,18 @@ def test_percentile_is_nearest_rank() -> None:
     values = [0.4, 0.1, 0.3, 0.2]
     assert [percentile(values, q) for q in (0, 25, 50, 75, 100)] == [0.1, 0.1, 0.2, 0.3, 0.4]
     assert math.isnan(percentile([], 50))
+
+
+def test_exact_tokens_asks_for_all_of_them_and_counts_a_short_answer_as_failed(server: Server) -> None:
+    asked = {**BODY, "max_tokens": 3}
+    full = load(LoadPlan(server.url, rate=20, duration_s=0.1, body=asked, exact_tokens=True))
+    assert (full.succeeded, full.failures) == (2, {})
+    assert all(body["ignore_eos"] is True for body in server.bodies)
+    cut = load(LoadPlan(server.url, rate=20, duration_s=0.1, body={**asked, "answer_tokens": 2}, exact_tokens=True))
+    assert (cut.succeeded, cut.failures) == (0, {SHORT: 2})
+    assert [o.tokens for o in cut.outcomes] == [2, 2]
+    # Without it, any count is an answer.
+    assert load(LoadPlan(server.url, rate=20, duration_s=0.1, body={**asked, "answer_tokens": 2})).succeeded == 2
 
 
 def test_plan_refuses_what_cannot_run() -> None:

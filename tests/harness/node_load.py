@@ -109,6 +109,8 @@ class NodeLoad:
             f"--rate={rate}",
             f"--duration={PLANNED_S}",
             f"--max-tokens={max_tokens}",
+            # Every answer's body is checked: one with fewer tokens than asked counts as failed.
+            "--exact-tokens",
             "--timeout=60",
             f"--header={header}",
             f"--model={model}",

@@ -194,6 +194,13 @@ def load(
         ),
     ] = True,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each completion asks for.")] = 16,
+    exact_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--exact-tokens",
+            help="Ask for exactly --max-tokens (ignore_eos) and count an answer with fewer as failed (short).",
+        ),
+    ] = False,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds before a request counts as failed.")] = 60.0,
     max_in_flight: Annotated[
         int, typer.Option("--max-in-flight", min=1, help="Requests waiting at once; beyond it they are dropped.")
@@ -238,6 +245,7 @@ def load(
             tuple(record_header or ()),
             distinct_prompts=distinct_prompts,
             keep_alive=keep_alive,
+            exact_tokens=exact_tokens,
         )
     except ValueError as error:
         fail(str(error))

@@ -32,6 +32,8 @@ REFUSED = "refused"
 TRANSPORT_ERROR = "transport error"
 #: Not sent: max_in_flight requests were already waiting.
 DROPPED = "dropped"
+#: Answered 2xx with fewer tokens than asked for, where the plan asks for exactly ``max_tokens``.
+SHORT = "short"
 
 
 #: Random bits in each mark: no two marks alike in any run of any length here.
@@ -73,6 +75,9 @@ class LoadPlan:
     #: Reuse connections (as most clients do). Without, each request opens its own, so a Service's kube-proxy
     #: spreads every request, not only the connections opened while the others were busy.
     keep_alive: bool = True
+    #: Ask for exactly the body's ``max_tokens`` (vLLM's ``ignore_eos``) and count a 2xx answer with another
+    #: count as failed (:data:`SHORT`): a cut-off answer is a lost one to whoever sent it.
+    exact_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.duration_s <= 0 or self.timeout_s <= 0 or self.max_in_flight < 1:
@@ -82,10 +87,11 @@ class LoadPlan:
 
     def request_body(self) -> dict[str, Any]:
         """The body of one request: the plan's, its prompt marked anew when prompts are to be distinct."""
+        body = {**self.body, "ignore_eos": True} if self.exact_tokens else self.body
         if not self.distinct_prompts:
-            return self.body
-        prompt = str(self.body["prompt"])
-        return {**self.body, "prompt": f"{distinct_mark(prompt)} {prompt}"}
+            return body
+        prompt = str(body["prompt"])
+        return {**body, "prompt": f"{distinct_mark(prompt)} {prompt}"}
 
     @property
     def requests(self) -> int:
@@ -100,7 +106,7 @@ class Outcome:
     index: int
     sent_at_s: float
     latency_s: float
-    #: "200", "503", ..., or TIMEOUT, REFUSED, TRANSPORT_ERROR, DROPPED.
+    #: "200", "503", ..., or TIMEOUT, REFUSED, TRANSPORT_ERROR, DROPPED, SHORT.
     result: str
     header: str | None = None
     #: The values of the plan's ``also_record`` headers the response carried.
@@ -197,7 +203,11 @@ async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float
     latency = time.monotonic() - began
     header = response.headers.get(plan.record_header) if plan.record_header else None
     recorded = {name: response.headers[name] for name in plan.also_record if name in response.headers}
-    return Outcome(index, due, latency, str(response.status_code), header, recorded, completion_tokens(response))
+    tokens = completion_tokens(response)
+    result = str(response.status_code)
+    if plan.exact_tokens and response.is_success and tokens != plan.body.get("max_tokens"):
+        result = SHORT
+    return Outcome(index, due, latency, result, header, recorded, tokens)
 
 
 def completion_tokens(response: httpx.Response) -> int | None:
