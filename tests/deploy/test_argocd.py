@@ -40,13 +40,16 @@ def test_every_testdata_file_is_tested(kind: str) -> None:
 
 
 def test_service_health_covers_the_issue_cases() -> None:
-    """Progressing while observedGeneration lags or compiling, Healthy when Ready, Degraded on failed compiles."""
+    """Progressing while observedGeneration lags or compiling, Healthy when Ready, Degraded on failed compiles and
+    while a Neuron fault leaves the fleet short; Healthy again once it is whole."""
     by_input = {Path(c["inputPath"]).stem: c["healthStatus"]["status"] for c in health_tests("NeuronInferenceService")}
     assert by_input["generation-lag"] == "Progressing"
     assert by_input["compiling"] == "Progressing"
     assert by_input["ready"] == "Healthy"
     assert by_input["compile-failed"] == "Degraded"
     assert by_input["blocked"] == "Degraded"
+    assert by_input["device-fault"] == "Degraded"
+    assert by_input["faulty-node-avoided"] == "Healthy"
 
 
 def test_generation_lag_wins_over_a_stale_ready(argo_health: Health, captured: Callable[..., dict[str, Any]]) -> None:

@@ -231,12 +231,15 @@ def test_rendered_manifests_pass_server_side_dry_run(release: Release, tmp_path:
 def test_get_nis_shows_model_buckets_phase_and_replicas(release: Release, ready_service: Obj) -> None:
     table = ok(release.kubectl("get", "nis"))
     header, row = table.splitlines()
-    assert header.split() == ["NAME", "MODEL", "BUCKETS", "PHASE", "READY", "DESIRED", "CURRENT", "ARTIFACT", "AGE"]
-    name, model, buckets, phase, ready, desired, current, artifact, _age = row.split()
+    columns = ["NAME", "MODEL", "BUCKETS", "PHASE", "READY", "DESIRED", "CURRENT", "HEALTH", "ARTIFACT", "AGE"]
+    assert header.split() == columns
+    name, model, buckets, phase, ready, desired, current, health, artifact, _age = row.split()
     assert (name, model) == (ready_service["metadata"]["name"], "hf://meta-llama/Llama-3.1-8B-Instruct")
     assert buckets == "[256,512,1024,2048,4096]"
     # Desired is status.desiredReplicas (spec.replicas or the autoscaler's), Current the serving pods.
     assert (phase, ready, desired, current) == ("Ready", "2", "2", "2")
+    # The Degraded condition's reason: no Neuron fault holds a replica out.
+    assert health == "Healthy"
     assert artifact == ready_service["status"]["artifact"]["name"]
     wide = ok(release.kubectl("get", "nis", "-o", "wide")).splitlines()[0].split()
     assert {"DECODE", "INSTANCE", "TP", "REVISION"} <= set(wide)

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.process.waiting import WaitFor
+from neuronfleet.engine.names import LABEL_SERVICE
 from neuronfleet.operator.api import API_VERSION
-from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Kube
+from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Kube
 
 Obj = dict[str, Any]
 
@@ -28,6 +30,22 @@ def summary(body: Obj) -> Obj:
         "replicas": (status.get("replicas"), status.get("readyReplicas"), status.get("updatedReplicas")),
         "revisions": (status.get("currentRevision"), status.get("targetRevision")),
     }
+
+
+def serving_pods(kube: Kube, namespace: str, name: str) -> list[Obj]:
+    """A service's serving pods (in its selectors), those being deleted left out."""
+    pods = kube.list(PODS, namespace, f"{LABEL_SERVICE}={name}")
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def is_ready(pod: Obj) -> bool:
+    """Whether a pod is Ready."""
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    """One sample of the operator's metrics; 0 when absent."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 class Services:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness.services import Services
+from harness.services import Services, is_ready, sample, serving_pods
 
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
@@ -17,7 +17,7 @@ from neuronfleet.devcluster.controlplane.status import condition, observed, phas
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import crdgen, plan
-from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, PODS, SERVICES_NIS, Kube
+from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcilers import Manager
 
 # The operator's fixtures (`api`, `operator`, `services`), for the modules that run it alone.
@@ -53,16 +53,6 @@ def merge(base: Obj, extra: Obj) -> Obj:
 
 def compile_jobs(api: Kube, namespace: str) -> list[Obj]:
     return api.list(JOBS, namespace, LABEL_ARTIFACT)
-
-
-def serving_pods(api: Kube, namespace: str, name: str) -> list[Obj]:
-    return [
-        p for p in api.list(PODS, namespace, f"{LABEL_SERVICE}={name}") if not p["metadata"].get("deletionTimestamp")
-    ]
-
-
-def is_ready(pod: Obj) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
 
 def template_hash(api: Kube, namespace: str, name: str) -> str | None:
@@ -102,7 +92,9 @@ def test_apply_compiles_then_rolls_out_on_trn2_nodes(
         "Ready": "True",
         # This cluster serves no InferencePool: the condition says so, and the service serves all the same.
         "Routing": "False",
+        "Degraded": "False",
     }
+    assert condition(done, "Degraded")["reason"] == "Healthy"
     assert condition(done, "Routing")["reason"] == "InferencePoolUnavailable"
     assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (2, 2, 2)
     assert status["currentRevision"] == status["targetRevision"] == artifact_hash(done)
@@ -312,11 +304,6 @@ def test_failed_compile_blocks_while_the_old_revision_keeps_serving(
     back = ready(services, "llama", generation=3)
     assert artifact_hash(back) == old
     assert back["status"]["currentRevision"] == old
-
-
-def sample(samples: Samples, name: str, **labels: str) -> float:
-    """One sample of the operator's metrics; 0 when absent."""
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_the_operator_exports_its_reconciles_compiles_and_phases(

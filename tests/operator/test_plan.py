@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE, REPLICA_ENV
+from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE, REPLICA_ENV
 from neuronfleet.operator import api, plan
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
@@ -224,6 +224,25 @@ def test_serving_pods_name_their_replica_and_keep_the_reason_they_stopped() -> N
     assert replica in c["env"]
     # The engine's own line on a device fault; the log's tail on any other crash.
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_serving_pods_keep_off_the_nodes_of_quarantined_pods_strictly_for_a_node_fault() -> None:
+    s = spec()
+    affinity = plan.deployment(OWNER, NS, s, served(s))["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (strict,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+    # Any service's pod quarantined for its node, in any namespace, on the same node.
+    assert strict == {
+        "labelSelector": {"matchLabels": {LABEL_QUARANTINED: "node"}},
+        "namespaceSelector": {},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    (preferred,) = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["weight"] == 100
+    assert preferred["podAffinityTerm"]["labelSelector"] == {
+        "matchExpressions": [{"key": LABEL_QUARANTINED, "operator": "Exists"}]
+    }
+    # A quarantined pod leaves every selector its service has: none of them names the quarantine label.
+    assert LABEL_QUARANTINED not in plan.service_labels("llama")
 
 
 def test_serving_pods_run_restricted() -> None:

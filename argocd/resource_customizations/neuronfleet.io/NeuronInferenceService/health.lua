@@ -1,6 +1,7 @@
 -- Argo CD health of a NeuronInferenceService (Lua 5.1).
 -- Progressing until the operator has acted on the current spec, while compiling and rolling out;
--- Healthy when Ready; Degraded when only a spec change can help (invalid spec, failed compile).
+-- Healthy when Ready; Degraded when only a spec change can help (invalid spec, failed compile), and while a
+-- Neuron fault holds replicas out of service and the fleet is short of them (the Degraded condition).
 local hs = {}
 
 local function condition(status, type_)
@@ -32,6 +33,13 @@ local observed = obj.status.observedGeneration
 if generation ~= nil and (observed == nil or observed < generation) then
   hs.status = "Progressing"
   hs.message = "Waiting for the operator to act on generation " .. generation
+  return hs
+end
+
+local fault = condition(obj.status, "Degraded")
+if fault ~= nil and fault.status == "True" then
+  hs.status = "Degraded"
+  hs.message = fault.reason .. ": " .. (fault.message or "")
   return hs
 end
 

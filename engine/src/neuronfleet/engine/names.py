@@ -20,6 +20,11 @@ ARTIFACT_PLURAL = "neuroncompiledartifacts"
 LABEL_SERVICE = "neuronfleet.io/service"
 #: On an artifact, its compile objects and the pods that serve it: the artifact's hash.
 LABEL_ARTIFACT = "neuronfleet.io/artifact"
+#: On a serving pod the operator took out of service for a Neuron fault: ``device`` (its engine reported a
+#: device fault) or ``node`` (its node carries a Neuron fault condition). The pod loses ``LABEL_SERVICE``, so
+#: it leaves its Deployment, Service and InferencePool at once; its fault is told in ``ANNOTATION_FAULT``.
+LABEL_QUARANTINED = "neuronfleet.io/quarantined"
+ANNOTATION_FAULT = "neuronfleet.io/fault"
 #: ``LABEL_SERVICE`` as Prometheus spells it: the chart's PodMonitor and ServiceMonitor copy the pod label
 #: onto every series (``podTargetLabels``), and the autoscaling queries select by it; any scrape config must
 #: do the same.

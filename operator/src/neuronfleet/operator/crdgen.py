@@ -100,6 +100,11 @@ KINDS = [
                 "Desired", ".status.desiredReplicas", "integer", "Replicas asked for (spec.replicas or the autoscaler)."
             ),
             _column("Current", ".status.replicas", "integer", "Serving pods, any revision."),
+            _column(
+                "Health",
+                '.status.conditions[?(@.type=="Degraded")].reason',
+                description="Healthy, or the Neuron fault holding a replica out of service.",
+            ),
             _column("Artifact", ".status.artifact.name", description="The artifact the spec asks for."),
             _column("Revision", ".status.currentRevision", description="The artifact fully rolled out.", priority=1),
             _AGE,

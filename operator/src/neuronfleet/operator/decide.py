@@ -22,7 +22,7 @@ from enum import Enum
 from typing import Any
 
 from neuronfleet.engine.names import LABEL_ARTIFACT
-from neuronfleet.operator import api, plan, scaling
+from neuronfleet.operator import api, health, plan, scaling
 from neuronfleet.operator.status import (
     ConditionType,
     Event,
@@ -167,6 +167,8 @@ class ServiceStatusInput:
     autoscaling_state: scaling.ScalingState | None = None
     #: What became of the pool and spec.routing this pass; ``None``: not looked at (no condition).
     routing_state: RoutingState | None = None
+    #: The serving pods' Neuron health this pass; ``None``: nothing serves (no condition).
+    health: health.HealthPlan | None = None
 
 
 #: An artifact's reasons while its compile goes as it should; any other names a trouble to fix.
@@ -295,6 +297,8 @@ def service_status(
     if given.routing_state is not None:
         routing = _routing_condition(given.name, given.spec.routing, given.routing_state)
         updates.append(condition(ConditionType.ROUTING, *routing, generation, at))
+    if given.health is not None:
+        updates.append(health.degraded_condition(given.health, generation, at))
     conditions = merge_conditions(previous.conditions, updates)
     if autoscaling is None:
         conditions = [c for c in conditions if c.type != ConditionType.AUTOSCALING]

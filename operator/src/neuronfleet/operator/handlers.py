@@ -3,7 +3,9 @@
 - A service's spec (create, update, resume after a restart) -> the service reconciler.
 - An artifact's creation or resume -> the artifact reconciler (its compile Job); its deletion -> its services.
 - A compile Job's events -> its artifact, then its services when the artifact's status changed.
-- A serving Deployment's events, and a serving pod the scheduler cannot place -> its service.
+- A serving Deployment's events, a serving pod the scheduler cannot place or whose engine reported a device
+  fault -> its service.
+- A node whose Neuron fault appeared, changed or cleared -> the services with pods on it.
 - A service's deletion -> its claims on artifacts dropped (the garbage collector would, later).
 - A periodic resync reconciles everything, behind the watches.
 - Every watched kind feeds the reconcilers' cache (``neuronfleet.operator.cache``), before any handler runs.
@@ -28,9 +30,9 @@ from typing import Any, TypeVar
 import kopf
 
 from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_SERVICE
-from neuronfleet.operator import api
+from neuronfleet.operator import api, health
 from neuronfleet.operator.cache import WATCHED, ObjectCache
-from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, Resource
+from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
 from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.retries import Retries, or_temporary_error
 
@@ -65,6 +67,21 @@ def _is_unschedulable(body: kopf.Body, **_: Any) -> bool:
         c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
         for c in body.get("status", {}).get("conditions") or []
     )
+
+
+def _is_troubled(body: kopf.Body, **_: Any) -> bool:
+    return _is_unschedulable(body) or health.device_fault(dict(body)) is not None
+
+
+def _services_on(cache: ObjectCache, node: str) -> dict[tuple[str, str], None]:
+    """The services whose serving pods, quarantined ones included, run on ``node``."""
+    services: dict[tuple[str, str], None] = {}
+    for pod in cache.list(PODS, None, LABEL_ARTIFACT):
+        labels = pod["metadata"].get("labels") or {}
+        service = labels.get(LABEL_SERVICE) or labels.get("app.kubernetes.io/instance")
+        if pod.get("spec", {}).get("nodeName") == node and service:
+            services[pod["metadata"]["namespace"], service] = None
+    return services
 
 
 def _is_deleted(type: str | None, **_: Any) -> bool:
@@ -229,9 +246,32 @@ def build_registry(
         if service is not None:
             await reconcile_service(_namespaced(namespace), service)
 
-    @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=_is_unschedulable, registry=registry)
-    async def unschedulable_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        """A serving pod the scheduler cannot place -> reconcile its service."""
+    @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=_is_troubled, registry=registry)
+    async def troubled_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        """A serving pod the scheduler cannot place, or whose engine reported a device fault -> its service."""
         await reconcile_service(_namespaced(namespace), labels[LABEL_SERVICE])
+
+    # Nodes' Neuron faults: an index, so every handler waits until the first list of nodes is in (a pod kept off
+    # a faulty node must not be let go because its node's fault is not known yet).
+    changed_nodes: set[str] = set()
+
+    @kopf.index("v1", "nodes", id="node_health", registry=registry)
+    async def node_health(body: kopf.Body, **_: Any) -> None:
+        if manager.nodes.observe(dict(body)):
+            changed_nodes.add(body["metadata"]["name"])
+
+    def _fault_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
+        # Evaluated after the index took the event in: only changes wake a handler (and its log line).
+        return type == "DELETED" or body["metadata"]["name"] in changed_nodes
+
+    @kopf.on.event("v1", "nodes", when=_fault_changed, registry=registry)
+    async def node_fault_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        """A node whose Neuron fault appeared, changed or cleared -> the services with pods on it."""
+        name = body["metadata"]["name"]
+        changed = manager.nodes.forget(name) if type == "DELETED" else name in changed_nodes
+        changed_nodes.discard(name)
+        if changed:
+            for namespace, service in _services_on(cache, name):
+                await reconcile_service(namespace, service)
 
     return registry

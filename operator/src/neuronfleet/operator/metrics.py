@@ -14,6 +14,8 @@ Series (all prefixed ``neuronfleet_operator_``):
   ``error`` when a list failed and ended the pass early.
 - ``resync_duration_seconds``: how long each full resync took.
 - ``resync_objects_total``: objects the full resyncs reconciled (one that failed counts next pass).
+- ``quarantined_replicas_total{fault}``: serving pods taken out of service for a Neuron fault, ``device``
+  (their engine reported it) or ``node`` (their node's condition did).
 
 ``kind`` is ``NeuronInferenceService`` or ``NeuronCompiledArtifact``.
 """
@@ -42,6 +44,7 @@ RESYNC_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RESYNCS = "neuronfleet_operator_resyncs"
 RESYNC_DURATION = "neuronfleet_operator_resync_duration_seconds"
 RESYNC_OBJECTS = "neuronfleet_operator_resync_objects"
+QUARANTINED = "neuronfleet_operator_quarantined_replicas"
 #: Artifact phases that end a compile.
 COMPILE_OUTCOMES = frozenset({"Ready", "Failed"})
 #: Every phase of each kind, exported even when no object is in it.
@@ -103,6 +106,14 @@ class OperatorMetrics:
             RESYNC_DURATION, "Seconds per full resync.", buckets=RESYNC_BUCKETS, registry=self.registry
         )
         self.resync_objects = Counter(RESYNC_OBJECTS, "Objects reconciled by full resyncs.", registry=self.registry)
+        self.quarantined = Counter(
+            QUARANTINED,
+            "Serving pods taken out of service for a Neuron fault, by where it was seen (device, node).",
+            ["fault"],
+            registry=self.registry,
+        )
+        for fault in ("device", "node"):
+            self.quarantined.labels(fault)
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], str] = {}
         self.registry.register(_PhaseCollector(self))

@@ -24,6 +24,8 @@ class ConditionType(StrEnum):
     ROUTING = "Routing"
     #: Only on services with spec.autoscaling.
     AUTOSCALING = "Autoscaling"
+    #: Serving pods out of service for a Neuron fault (``neuronfleet.operator.health``).
+    DEGRADED = "Degraded"
 
 
 class Reason(StrEnum):
@@ -57,6 +59,11 @@ class Reason(StrEnum):
     ROUTING_UNAVAILABLE = "RoutingUnavailable"
     PICKER_STARTING = "PickerStarting"
     PICKER_READY = "PickerReady"
+    # Degraded
+    HEALTHY = "Healthy"
+    NEURON_DEVICE_FAULT = "NeuronDeviceFault"
+    NEURON_NODE_FAULT = "NeuronNodeFault"
+    FAULTY_NODE_AVOIDED = "FaultyNodeAvoided"
     # An artifact's status.reason (a failed Job's own reason is passed through)
     JOB_PENDING = "JobPending"
     JOB_STARTING = "Starting"
@@ -69,6 +76,8 @@ class Reason(StrEnum):
     ARTIFACT_RELEASED = "ArtifactReleased"
     ARTIFACT_DELETED = "ArtifactDeleted"
     COMPILE_STARTED = "CompileStarted"
+    REPLICA_QUARANTINED = "ReplicaQuarantined"
+    QUARANTINE_RELEASED = "QuarantineReleased"
 
 
 #: Reasons that mean something needs a human: posted as Warning events.
@@ -82,6 +91,9 @@ WARNING_REASONS = frozenset(
         Reason.NO_REPLICAS_READY,
         Reason.AUTOSCALING_UNAVAILABLE,
         Reason.ROUTING_UNAVAILABLE,
+        Reason.NEURON_DEVICE_FAULT,
+        Reason.NEURON_NODE_FAULT,
+        Reason.REPLICA_QUARANTINED,
     }
 )
 
@@ -133,7 +145,8 @@ def transitions(previous: Sequence[api.Condition], current: Sequence[api.Conditi
     """One event per condition whose status or reason changed; a reason already told is not told twice.
 
     ``Available`` only speaks when it is lost after having held (an outage): while a
-    service starts, ``Ready`` tells the story. The pool's reasons (:data:`QUIET_REASONS`) never speak.
+    service starts, ``Ready`` tells the story. ``Degraded`` is quiet when it first appears healthy. The pool's
+    reasons (:data:`QUIET_REASONS`) never speak.
     """
     before = {c.type: (c.status, c.reason) for c in previous}
     events: list[Event] = []
@@ -142,6 +155,8 @@ def transitions(previous: Sequence[api.Condition], current: Sequence[api.Conditi
         if before.get(c.type) == (c.status, c.reason) or c.reason in told or c.reason in QUIET_REASONS:
             continue
         if c.type == ConditionType.AVAILABLE and not (before.get(c.type, ("",))[0] == "True" and c.status == "False"):
+            continue
+        if c.type == ConditionType.DEGRADED and c.type not in before and c.reason == Reason.HEALTHY:
             continue
         told.add(c.reason)
         kind = "Warning" if c.reason in WARNING_REASONS else "Normal"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 #: ``"true"`` makes a pod's containers exit 1: pods with restartPolicy Never end Failed, others crash-loop.
 FAIL_ANNOTATION = "neuronfleet.io/kwok-fail"
-#: The termination message of a pod annotated to fail with restartPolicy Never (its container's last words).
+#: The termination message of a pod annotated to fail (its container's last words): its state's with restartPolicy
+#: Never, its last state's when it crash-loops.
 FAIL_MESSAGE_ANNOTATION = "neuronfleet.io/kwok-fail-message"
 #: Go duration (``"2s"``) before a pod annotated to fail does so (default 500 ms).
 FAIL_AFTER_ANNOTATION = "neuronfleet.io/kwok-fail-after"

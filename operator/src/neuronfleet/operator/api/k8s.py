@@ -126,7 +126,9 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(K8sModel):
     """A metav1.Condition."""
 
-    type: str = Field(max_length=316, description="Validated, ArtifactReady, Available, Ready or Autoscaling.")
+    type: str = Field(
+        max_length=316, description="Validated, ArtifactReady, Available, Ready, Routing, Degraded or Autoscaling."
+    )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(max_length=1024, pattern=REASON_PATTERN, description="Why, in one CamelCase word.")
     message: str = Field("", max_length=32768, description="Why, for humans.")

@@ -319,7 +319,9 @@ class NeuronInferenceServiceStatus(K8sModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=8,
-        description=("Validated, ArtifactReady, Available, Ready and Routing, and Autoscaling with spec.autoscaling."),
+        description=(
+            "Validated, ArtifactReady, Available, Ready, Routing and Degraded, and Autoscaling with spec.autoscaling."
+        ),
         json_schema_extra=CONDITIONS_SCHEMA,
     )
     observed_generation: int | None = Field(None, ge=0, description="The spec generation last acted on.")

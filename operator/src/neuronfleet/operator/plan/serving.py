@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
-from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT, REPLICA_ENV
+from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT, LABEL_QUARANTINED, REPLICA_ENV
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
@@ -140,12 +140,36 @@ def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
     if spec.device == "neuron":
         selector[INSTANCE_TYPE_LABEL] = spec.instance_type
         tolerations.insert(0, {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
-    placement: Obj = {}
+    placement: Obj = {"affinity": _away_from_faults()}
     if selector:
         placement["nodeSelector"] = selector
     if tolerations:
         placement["tolerations"] = tolerations
     return placement
+
+
+#: Where two pods count as on the same node.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def _away_from_faults() -> Obj:
+    """Off the nodes of pods quarantined for a Neuron fault, any service's (``neuronfleet.operator.health``):
+    strictly for a node's fault, by preference for a device's (healing in place beats staying short)."""
+
+    def near(selector: Obj) -> Obj:
+        return {"labelSelector": selector, "namespaceSelector": {}, "topologyKey": HOSTNAME_LABEL}
+
+    return {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [near({"matchLabels": {LABEL_QUARANTINED: "node"}})],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": near({"matchExpressions": [{"key": LABEL_QUARANTINED, "operator": "Exists"}]}),
+                }
+            ],
+        }
+    }
 
 
 def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> Obj:

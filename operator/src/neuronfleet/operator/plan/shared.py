@@ -92,6 +92,11 @@ def serving_labels(service: str, artifact_hash: str) -> dict[str, str]:
     }
 
 
+def serving_pod_selector(service: str) -> str:
+    """The label selector of a service's serving pods, of every revision, quarantined ones included."""
+    return f"app.kubernetes.io/instance={service},{LABEL_COMPONENT}=serving"
+
+
 def artifact_labels(artifact_hash: str) -> dict[str, str]:
     """Labels of an artifact and its compile objects."""
     return {

@@ -15,6 +15,7 @@ from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
+from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
 from neuronfleet.operator.reconcilers.service import ServiceReconciler
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
@@ -42,6 +43,8 @@ class Manager:
         self.metrics = metrics if metrics is not None else OperatorMetrics()
         # One reconcile per object at a time: triggers from several watches may overlap.
         self.locks = KeyedLocks()
+        #: The Neuron faults nodes carry, fed by the node watch.
+        self.nodes = NodeHealth()
         status = StatusWriter(kube, emit, self.metrics)
         self.services = ServiceReconciler(
             kube,
@@ -51,6 +54,7 @@ class Manager:
             Router(kube, router_images or plan.RouterImages()),
             self.locks,
             self.metrics,
+            self.nodes,
         )
         self.artifacts = ArtifactReconciler(kube, emit, status, self.locks, self.metrics)
         # Event-driven reconciles running now: a resync lets them finish before its next object.

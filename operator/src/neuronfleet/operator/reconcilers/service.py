@@ -4,24 +4,25 @@ A pass reads the service, claims the artifact its spec needs and reads its
 Deployment (observe); decides the rollout on that (decide); applies the serving
 objects, or only the replica count while the new artifact compiles (act); then,
 on the Deployment as applied, decides what to release and what the status says,
-and acts on that: the autoscaler's and the router's objects, the claims it lets go, the status.
+and acts on that: the autoscaler's and the router's objects, the claims it lets go, the serving pods a
+Neuron fault takes out of service (``neuronfleet.operator.health``), the status.
 """
 
 from __future__ import annotations
 
 from pydantic import ValidationError
 
-from neuronfleet.engine.names import LABEL_SERVICE
-from neuronfleet.operator import api, decide, plan
+from neuronfleet.operator import api, decide, health, plan
 from neuronfleet.operator.kube import DEPLOYMENTS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Obj, RetryLater, previous_status
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
+from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
-from neuronfleet.operator.status import Reason, now
+from neuronfleet.operator.status import Event, Reason, now
 
 
 def _deployment_view(body: Obj | None) -> decide.DeploymentView | None:
@@ -40,6 +41,7 @@ class ServiceReconciler:
         router: Router,
         locks: KeyedLocks,
         metrics: OperatorMetrics,
+        nodes: NodeHealth,
     ) -> None:
         self.kube = kube
         self.status = status
@@ -48,6 +50,7 @@ class ServiceReconciler:
         self.router = router
         self.locks = locks
         self.metrics = metrics
+        self.nodes = nodes
 
     def reconcile(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
@@ -104,20 +107,45 @@ class ServiceReconciler:
         routing_state = self.router.reconcile(owner, namespace, spec, previous)
         if decision.keep is not None:
             self.claims.release(body, decision.keep, applied_configmaps | decision.keep_configmaps)
-        pods = self.kube.list(PODS, namespace, f"{LABEL_SERVICE}={name}") if deployment is not None else []
+        # Its serving pods and those quarantined from it.
+        pods = self.kube.list(PODS, namespace, plan.serving_pod_selector(name)) if deployment is not None else []
+        unschedulable = decide.unschedulable_messages(pods)
+        healing = None
+        heal_events: list[Event] = []
+        if deployment is not None:
+            healing = health.assess(
+                name, pods, self.nodes.faults(), spec.desired_replicas, unplaceable=bool(unschedulable)
+            )
+            heal_events = self._heal(owner, namespace, healing)
         given = decide.ServiceStatusInput(
             name=name,
             generation=generation,
             spec=spec,
             target=target,
             deployment=deployment,
-            unschedulable=decide.unschedulable_messages(pods),
+            unschedulable=unschedulable,
             decision=decision,
             autoscaling_state=scaling_state,
             routing_state=routing_state,
+            health=healing,
         )
         status, events = decide.service_status(given, previous, now())
-        self.status.write(SERVICES_NIS, body, status, events)
+        self.status.write(SERVICES_NIS, body, status, [*heal_events, *events])
+
+    def _heal(self, owner: plan.Owner, namespace: str, healing: health.HealthPlan) -> list[Event]:
+        """Quarantine the faulty serving pods, delete the quarantined ones no longer needed; the events to post."""
+        events = []
+        for pod in healing.quarantine:
+            patch = health.quarantine_patch(pod.fault, owner.reference())
+            self.kube.merge_patch(PODS, namespace, pod.name, patch)
+            self.metrics.quarantined.labels(str(pod.fault.kind)).inc()
+            events.append(
+                Event("Warning", Reason.REPLICA_QUARANTINED, f"{pod.describe()}; out of service, a replacement starts")
+            )
+        for name in healing.release:
+            if self.kube.delete(PODS, namespace, name):
+                events.append(Event("Normal", Reason.QUARANTINE_RELEASED, f"quarantined pod {name} deleted"))
+        return events
 
     def _apply(self, serving: plan.ServingPlan) -> decide.DeploymentView:
         """Apply the serving objects, the config before the pods that mount it; the Deployment as applied."""
