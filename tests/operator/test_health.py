@@ -122,11 +122,17 @@ def test_a_replacement_that_cannot_be_placed_gets_a_device_quarantined_pods_devi
 
 
 def test_a_node_fault_quarantines_every_replica_on_it_and_keeps_them_while_it_holds() -> None:
-    pods = [pod("a", "bad"), pod("b", "good"), pod("c", "bad")]
+    pods = [pod("a", "bad"), pod("b", "good"), pod("c", "bad"), pod("d", "bad", ready=False)]
+    # Its engines still serve: one Ready pod a pass while the fleet is whole; one not Ready costs nothing.
     first = health.assess(SERVICE, pods, {"bad": DMA}, 3, unplaceable=False)
-    assert sorted(q.name for q in first.quarantine) == ["a", "c"]
+    assert [q.name for q in first.quarantine] == ["a", "d"]
     assert {q.fault for q in first.quarantine} == {DMA}
     assert degraded(first)[:2] == ("True", Reason.NEURON_NODE_FAULT)
+    # Short until a's replacement is Ready; then c.
+    short = [pod("a", "bad", quarantined=DMA), pod("b", "good"), pod("c", "bad"), pod("e", "good", ready=False)]
+    assert health.assess(SERVICE, short, {"bad": DMA}, 3, unplaceable=False).quarantine == ()
+    short[-1] = pod("e", "good")
+    assert [q.name for q in health.assess(SERVICE, short, {"bad": DMA}, 3, unplaceable=False).quarantine] == ["c"]
 
     held = [pod("a", "bad", quarantined=DMA), pod("c", "bad", quarantined=DMA)]
     replaced = [pod("b", "good"), pod("d", "good"), pod("e", "other")]
@@ -143,6 +149,21 @@ def test_a_node_fault_quarantines_every_replica_on_it_and_keeps_them_while_it_ho
     cleared = health.assess(SERVICE, [*held, *replaced], {}, 3, unplaceable=False)
     assert cleared.release == ("a", "c")
     assert degraded(cleared)[:2] == ("False", Reason.HEALTHY)
+
+
+def test_a_detector_that_flags_every_node_never_empties_the_service() -> None:
+    everywhere = {"n1": DMA, "n2": DMA}
+    first = health.assess(SERVICE, [pod("a", "n1"), pod("b", "n2")], everywhere, 2, unplaceable=False)
+    assert [q.name for q in first.quarantine] == ["a"]
+    # Its replacement cannot be placed: b keeps serving.
+    held = pod("a", "n1", quarantined=DMA)
+    stuck = health.assess(SERVICE, [held, pod("b", "n2"), pod("c", "", ready=False)], everywhere, 2, unplaceable=True)
+    assert (stuck.quarantine, stuck.release) == ((), ())
+    # A device fault is out at once all the same: its engine has stopped.
+    faulted = pod("b", "n2", ready=False, last_words=HBM)
+    assert [q.name for q in health.assess(SERVICE, [held, faulted], everywhere, 2, unplaceable=False).quarantine] == [
+        "b"
+    ]
 
 
 def test_pods_being_deleted_and_other_services_pods_are_left_alone() -> None:

@@ -9,7 +9,8 @@ The signals:
   ``NeuronHasError_DMA_ERROR``), the EKS node monitoring agent's ``AcceleratedHardwareReady=False``.
 
 The reaction: a faulty serving pod is quarantined, relabeled out of its Deployment, Service and
-InferencePool at once, so the ReplicaSet surges its replacement while it stays. The template's
+InferencePool in one write, so the ReplicaSet surges its replacement while it stays: at once for a device
+fault (its engine has stopped), one Ready pod at a time for a node's fault (its engines still serve). The template's
 anti-affinity keeps replacements off a quarantined pod's node: strictly for a node fault, by preference
 for a device fault (one device of many; healing in place beats staying short). A quarantined pod goes once
 the fleet is whole again, or once its replacement cannot be placed while it holds its devices; a pod whose
@@ -161,14 +162,21 @@ def assess(
     """
     live = [pod for pod in pods if not _deleting(pod)]
     serving = [pod for pod in live if pod["metadata"].get("labels", {}).get(LABEL_SERVICE) == service]
-    quarantine = []
+    # A device fault stopped its engine: out at once. A node's fault leaves its engines serving: a Ready one goes
+    # only while the fleet is whole, one a pass, so a detector that flags every node cannot empty the Service.
+    devices = {pod["metadata"]["name"]: fault for pod in serving if (fault := device_fault(pod)) is not None}
+    ready = sum(1 for pod in serving if pod["metadata"]["name"] not in devices and _ready(pod))
+    quarantine: list[QuarantinedPod] = []
     for pod in serving:
-        node = pod.get("spec", {}).get("nodeName")
-        fault = device_fault(pod) or (node_faults.get(node) if node else None)
-        if fault is not None:
-            quarantine.append(QuarantinedPod(pod["metadata"]["name"], node, fault))
-    leaving = {q.name for q in quarantine}
-    ready = sum(1 for pod in serving if pod["metadata"]["name"] not in leaving and _ready(pod))
+        name, node = pod["metadata"]["name"], pod.get("spec", {}).get("nodeName")
+        fault = devices.get(name) or (node_faults.get(node) if node else None)
+        if fault is None:
+            continue
+        if fault.kind == FaultKind.NODE and _ready(pod):
+            if ready < desired_replicas or any(q.fault.kind == FaultKind.NODE for q in quarantine):
+                continue
+            ready -= 1
+        quarantine.append(QuarantinedPod(name, node, fault))
     whole = ready >= desired_replicas
     release, kept = [], list(quarantine)
     for pod in live:
