@@ -3,8 +3,8 @@
 - A service's spec (create, update, resume after a restart) -> the service reconciler.
 - An artifact's creation or resume -> the artifact reconciler (its compile Job); its deletion -> its services.
 - A compile Job's events -> its artifact, then its services when the artifact's status changed.
-- A serving Deployment's events, a serving pod the scheduler cannot place or whose engine reported a device
-  fault -> its service.
+- A serving Deployment's events, a serving pod the scheduler cannot place, whose engine reported a device
+  fault, or Ready while its service holds quarantined pods -> its service.
 - A node whose Neuron fault appeared, changed or cleared -> the services with pods on it.
 - A service's deletion -> its claims on artifacts dropped (the garbage collector would, later).
 - A periodic resync reconciles everything, behind the watches.
@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 
 import kopf
 
-from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_SERVICE
-from neuronfleet.operator import api, health
+from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
+from neuronfleet.operator import api, health, plan
 from neuronfleet.operator.cache import WATCHED, ObjectCache
 from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
 from neuronfleet.operator.reconcilers import Manager
@@ -71,6 +71,18 @@ def _is_unschedulable(body: kopf.Body, **_: Any) -> bool:
 
 def _is_troubled(body: kopf.Body, **_: Any) -> bool:
     return _is_unschedulable(body) or health.device_fault(dict(body)) is not None
+
+
+def _is_ready(body: kopf.Body) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in body.get("status", {}).get("conditions") or []
+    )
+
+
+def _holds_quarantine(cache: ObjectCache, namespace: str, service: str) -> bool:
+    """Whether the service has quarantined pods, which a replacement turning Ready may let go."""
+    selector = f"{plan.serving_pod_selector(service)},{LABEL_QUARANTINED}"
+    return bool(cache.list(PODS, namespace, selector))
 
 
 def _services_on(cache: ObjectCache, node: str) -> dict[tuple[str, str], None]:
@@ -246,9 +258,17 @@ def build_registry(
         if service is not None:
             await reconcile_service(_namespaced(namespace), service)
 
-    @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=_is_troubled, registry=registry)
-    async def troubled_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        """A serving pod the scheduler cannot place, or whose engine reported a device fault -> its service."""
+    def _wakes_its_service(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> bool:
+        # A Deployment's status may tell of a Ready replacement before the pod watch does: the pod's own
+        # event then finds its quarantined predecessor to let go.
+        return _is_troubled(body) or (
+            _is_ready(body) and _holds_quarantine(cache, _namespaced(namespace), labels[LABEL_SERVICE])
+        )
+
+    @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=_wakes_its_service, registry=registry)
+    async def serving_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        """A serving pod the scheduler cannot place, whose engine reported a device fault, or Ready while its service
+        holds quarantined pods -> its service."""
         await reconcile_service(_namespaced(namespace), labels[LABEL_SERVICE])
 
     # Nodes' Neuron faults: an index, so every handler waits until the first list of nodes is in (a pod kept off
