@@ -46,11 +46,12 @@ from harness.fleet import (
 
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.faults import DEVICE_FAULT_PREFIX, parse_termination_message
-from neuronfleet.engine.names import REPLICA_HEADER
+from neuronfleet.engine.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE, REPLICA_HEADER
 from neuronfleet.engine.serving.readiness import RUNTIME_ERROR_EXIT
 
 #: Long generations a second: two replicas run them with room, one alone just keeps up.
@@ -270,6 +271,12 @@ def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(flee
     for answer in routed_to_it:
         assert killed_at < answer.sent_at < out_at, answer
         assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
+    # Every answer came whole, and none of the healthy replica's failed: by its header, all it answered.
+    by_replica = Counter((a.recorded.get(REPLICA_HEADER), a.ok) for a in result.answers)
+    print(f"    answers by (replica, ok): {dict(by_replica)}", flush=True)
+    assert {replica for replica, ok in by_replica if not ok} <= {None}, by_replica
+    assert all(a.tokens == MAX_TOKENS for a in result.answers if a.ok)
+    assert {replica for replica, ok in by_replica if ok} - {name}, "the healthy replica answered nothing"
     # Readiness took the pod out of the Service; the same pod, its container restarted, serves again.
     assert killed_at < out_at < back_at
     assert back["metadata"]["uid"] == victim["metadata"]["uid"]
@@ -278,22 +285,51 @@ def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(flee
     fleet.wait(lambda: fleet.rolled_out_to(serving), f"{NAME} Ready on {serving}")
 
 
-def test_a_device_fault_fails_only_what_its_replica_held_and_the_kubelet_keeps_why(fleet: Fleet) -> None:
+def pod_named(fleet: Fleet, name: str) -> Obj | None:
+    """The pod, or None once it is gone."""
+    found = fleet.kubectl("get", "pod", name, "--ignore-not-found", "-o", "json")
+    return dict(json.loads(found)) if found.strip() else None
+
+
+def last_words(pod: Obj) -> Obj:
+    """The engine container's termination record: its state's while stopped, its last state's once restarted."""
+    container = pod["status"]["containerStatuses"][0]
+    return dict(container["state"].get("terminated") or container["lastState"]["terminated"])
+
+
+def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes_its_place(fleet: Fleet) -> None:
     serving = fleet.status()["currentRevision"]
     victim, healthy = fleet.pods()
     name = victim["metadata"]["name"]
     fleet.wait(lambda: fleet.in_service(name), f"{name} in the Service")
     with fleet.load("device-fault") as load:
         faulted_at, held = fleet.inject_fault(victim, {"kind": "error", "status": "NRT_EXEC_HW_ERR_HBM_UE"})
-        out_at, back, back_at = out_and_back(fleet, victim)
+        out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
+        # The operator reads the fault from the pod and quarantines it: out of its Deployment, so a replacement
+        # is surged while the faulty pod stays; the faulty pod goes once the fleet is whole again.
+        quarantined = fleet.wait(
+            lambda: (p := pod_named(fleet, name)) and LABEL_QUARANTINED in p["metadata"]["labels"] and p,
+            f"{name} quarantined",
+        )
+        whole_at = fleet.wait(lambda: fleet.rolled_out_to(serving) and time.time(), "two Ready replicas again")
+        # Deleted gracefully: it drains like any replica, out of service already.
+        deleted_at = fleet.wait(
+            lambda: ((p := pod_named(fleet, name)) is None or p["metadata"].get("deletionTimestamp")) and time.time(),
+            f"{name} deleted",
+        )
         time.sleep(AFTER_S)
         result = load.stop()
-    report("device fault", result, faulted=faulted_at, out_of_service=out_at, back_in_service=back_at)
+    report("device fault", result, faulted=faulted_at, out_of_service=out_at, whole_again=whole_at, deleted=deleted_at)
     by_replica = Counter((a.recorded.get(REPLICA_HEADER), a.ok) for a in result.answers)
     failed = [a for a in result.answers if not a.ok]
-    print(f"    {held:g} held by {name} at the fault; answers by (replica, ok): {dict(by_replica)}", flush=True)
+    answered_there = [a.sent_at for a in result.answers if a.recorded.get(REPLICA_HEADER) == name]
+    print(
+        f"    {held:g} held by {name} at the fault; the last answer from it was to a request sent "
+        f"{max(answered_there) - faulted_at:+.2f} s after it; answers by (replica, ok): {dict(by_replica)}",
+        flush=True,
+    )
     # Every failure was the faulty replica's: answered 503 naming it (held, or sent before the Service
-    # dropped it), or, once it had stopped listening, refused or cut off; none on the healthy replica.
+    # dropped it), or, once it had stopped listening, refused or cut off; none on the other replicas.
     assert failed, "the fault failed nothing: it was injected into an idle replica"
     for answer in failed:
         assert answer.done_at > faulted_at - 1, answer
@@ -304,33 +340,56 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_the_kubelet_keeps_w
             assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
     lost = [a for a in result.in_flight_at(faulted_at) if not a.ok]
     assert len(lost) <= held
-    healthy_answers = [a for a in result.answers if a.recorded.get(REPLICA_HEADER) == healthy["metadata"]["name"]]
-    assert healthy_answers
-    assert all(a.ok and a.tokens == MAX_TOKENS for a in healthy_answers)
-    # The kubelet keeps the engine's last word: a device fault, by name, and an error exit.
-    terminated = back["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    others = [a for a in result.answers if a.recorded.get(REPLICA_HEADER) not in {None, name}]
+    assert {a.recorded[REPLICA_HEADER] for a in others} >= {healthy["metadata"]["name"]}
+    assert all(a.ok and a.tokens == MAX_TOKENS for a in others)
+    # The kubelet kept the engine's last word, a device fault by name and an error exit; the operator read it.
+    terminated = last_words(quarantined)
     assert terminated["exitCode"] == RUNTIME_ERROR_EXIT, terminated
     assert terminated["message"].startswith(f"{DEVICE_FAULT_PREFIX}NRT_EXEC_HW_ERR_HBM_UE (1201)"), terminated
     status = parse_termination_message(terminated["message"])
     assert status is not None
     assert status.device_fault
-    # Restarted in place, its device fresh, it serves again.
-    assert back["metadata"]["uid"] == victim["metadata"]["uid"]
-    assert fleet.complete_on(back)["usage"]["completion_tokens"] == MAX_TOKENS
+    assert quarantined["metadata"]["labels"][LABEL_QUARANTINED] == "device"
+    assert LABEL_SERVICE not in quarantined["metadata"]["labels"]
+    assert quarantined["metadata"]["annotations"][ANNOTATION_FAULT].startswith("NRT_EXEC_HW_ERR_HBM_UE (1201)")
+    # A replacement serves in its place (on the real node, the only one that runs containers here), and the
+    # service tells the story: Degraded while short, an event, healthy again.
+    pods = fleet.pods()
+    assert name not in {p["metadata"]["name"] for p in pods}
+    (replacement,) = [p for p in pods if p["metadata"]["name"] != healthy["metadata"]["name"]]
+    assert fleet.complete_on(replacement)["usage"]["completion_tokens"] == MAX_TOKENS
+    reasons = fleet.kubectl("get", "events", f"--field-selector=involvedObject.name={NAME}", "-o", "json")
+    told = {(e["type"], e["reason"]) for e in json.loads(reasons)["items"]}
+    assert {("Warning", "ReplicaQuarantined"), ("Warning", "NeuronDeviceFault")} <= told, told
+    degraded = condition(fleet.get("nis", NAME), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("False", "Healthy"), degraded
     assert {a.header for a in result.answers if a.ok} == {serving}
-    fleet.wait(lambda: fleet.rolled_out_to(serving), f"{NAME} Ready on {serving}")
 
 
-def test_kubectl_scale_moves_the_replicas_under_load(fleet: Fleet) -> None:
+def test_kubectl_scale_moves_the_replicas_under_load_and_the_removed_one_drains(fleet: Fleet) -> None:
     serving = fleet.status()["currentRevision"]
-    with fleet.load("scale") as load:
+    keeper, removed = (p["metadata"]["name"] for p in fleet.pods())
+    # The ReplicaSet removes the pod that costs least to delete first: this one stays.
+    fleet.kubectl("annotate", "pod", keeper, "controller.kubernetes.io/pod-deletion-cost=100", "--overwrite")
+    # Each request on its own connection: kube-proxy spreads every one, so both replicas serve until scale-in.
+    with fleet.load("scale", keep_alive=False) as load:
+        fleet.next_request_started(fleet.get("pod", removed))
+        scaled_at = time.time()
         fleet.kubectl("scale", "nis", NAME, "--replicas=1")
         fleet.wait(lambda: fleet.rolled_out_to(serving, replicas=1), "one replica")
         assert fleet.get("deployment", NAME)["spec"]["replicas"] == 1
+        assert [p["metadata"]["name"] for p in fleet.pods()] == [keeper]
         fleet.kubectl("scale", "nis", NAME, "--replicas=2")
         fleet.wait(lambda: fleet.rolled_out_to(serving, replicas=2), "two replicas again")
         result = load.stop()
-    report("scale", result)
+    report("scale", result, scaled_in=scaled_at)
+    by_replica = Counter(a.recorded.get(REPLICA_HEADER) for a in result.answers)
+    draining = [a for a in result.in_flight_at(scaled_at) if a.recorded.get(REPLICA_HEADER) == removed]
+    print(f"    {len(draining)} in flight on {removed} at scale-in; answers by replica: {dict(by_replica)}", flush=True)
+    # The removed replica finished what it held as it drained, and nothing failed (nor came back short).
+    assert draining, "the removed replica held nothing at scale-in"
     assert result.failed == {}, result.summary
+    assert {keeper, removed} <= set(by_replica)
     status = fleet.status()
     assert (status["replicas"], status["readyReplicas"]) == (2, 2)
