@@ -367,6 +367,66 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
     assert {a.header for a in result.answers if a.ok} == {serving}
 
 
+def set_neuron_health(fleet: Fleet, *, faulty: bool) -> None:
+    """The Neuron node problem detector's condition on the real node (a strategic merge keeps the kubelet's)."""
+    reason = "NeuronHasError_DMA_ERROR" if faulty else "NeuronHealthy"
+    state = {"type": "NeuronHealth", "status": str(faulty), "reason": reason, "message": "DMA engine error on device 2"}
+    patch = json.dumps({"status": {"conditions": [state]}})
+    done = fleet.cluster.kubectl("patch", "node", REAL_NODE, "--subresource=status", "--type=strategic", "-p", patch)
+    assert done.returncode == 0, done.stderr
+
+
+def quarantined_pods(fleet: Fleet) -> list[Obj]:
+    """The pods the operator took out of service, the terminating ones included."""
+    items: list[Obj] = fleet.get("pods", "", f"--selector={LABEL_QUARANTINED}")["items"]
+    return items
+
+
+def test_a_node_fault_on_the_only_node_takes_one_replica_out_and_fails_nothing(fleet: Fleet) -> None:
+    serving = fleet.status()["currentRevision"]
+    # Each request on its own connection: once a pod leaves the Service's endpoints, nothing new reaches it.
+    with fleet.load("node-fault", keep_alive=False) as load:
+        try:
+            faulted_at = time.time()
+            set_neuron_health(fleet, faulty=True)
+            (held,) = fleet.wait(lambda: quarantined_pods(fleet), "a replica quarantined")
+            name = held["metadata"]["name"]
+            out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
+            # Its replacement cannot leave the faulty node (the only one here): the fleet runs one short, the
+            # other replica keeps serving and is never taken out while the fleet is short.
+            short = fleet.wait(
+                lambda: condition(b := fleet.get("nis", NAME), "Degraded").get("reason") == "NeuronNodeFault" and b,
+                "Degraded for the node's fault",
+            )
+            time.sleep(AFTER_S)
+            assert [p["metadata"]["name"] for p in quarantined_pods(fleet)] == [name]
+        finally:
+            cleared_at = time.time()
+            set_neuron_health(fleet, faulty=False)
+        # The condition cleared: the quarantined pod goes, its replacement takes its place.
+        whole_at = fleet.wait(
+            lambda: not quarantined_pods(fleet) and fleet.rolled_out_to(serving) and time.time(), "two replicas again"
+        )
+        time.sleep(AFTER_S)
+        result = load.stop()
+    report("node fault", result, faulted=faulted_at, out_of_service=out_at, cleared=cleared_at, whole_again=whole_at)
+    by_replica = Counter(a.recorded.get(REPLICA_HEADER) for a in result.answers)
+    draining = [a for a in result.in_flight_at(out_at) if a.recorded.get(REPLICA_HEADER) == name]
+    late = [a for a in result.answers if a.recorded.get(REPLICA_HEADER) == name and a.sent_at > out_at]
+    print(
+        f"    {len(draining)} in flight on {name} as it left the Service, {len(late)} sent to it later; "
+        f"answers by replica: {dict(by_replica)}",
+        flush=True,
+    )
+    assert result.failed == {}, result.summary
+    fault = condition(short, "Degraded")
+    assert fault["status"] == "True", fault
+    assert f"pod {name} on node {REAL_NODE}: NeuronHasError_DMA_ERROR: DMA engine error on device 2" in fault["message"]
+    # Nothing new reached it after its endpoint went (a second of slack for the test's own view of it).
+    assert all(a.sent_at < out_at + 1 for a in late), late
+    assert condition(fleet.get("nis", NAME), "Degraded")["reason"] == "Healthy"
+
+
 def test_kubectl_scale_moves_the_replicas_under_load_and_the_removed_one_drains(fleet: Fleet) -> None:
     serving = fleet.status()["currentRevision"]
     keeper, removed = (p["metadata"]["name"] for p in fleet.pods())
