@@ -12,40 +12,31 @@
 
 Status writes never wake a handler: services and artifacts are reconciled on
 spec changes (``field="spec"``), never on their own status. The handlers need no
-finalizer: children are owned and garbage-collected by Kubernetes. Every handler
-retries what fails retryably (``neuronfleet.operator.retries``).
+finalizer: children are owned and garbage-collected by Kubernetes. What runs a reconcile
+(worker threads, retries, the resync) is ``neuronfleet.operator.drive``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import datetime
 import functools
-import gc
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import kopf
 
 from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api, health, plan
 from neuronfleet.operator.cache import WATCHED, ObjectCache
+from neuronfleet.operator.drive import Drive
 from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
 from neuronfleet.operator.reconcilers import Manager
-from neuronfleet.operator.retries import Retries, or_temporary_error
+from neuronfleet.operator.retries import or_temporary_error
 
 Obj = dict[str, Any]
-T = TypeVar("T")
 
 #: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix, its API group.
 ANNOTATION_PREFIX = GROUP
-
-log = logging.getLogger(__name__)
-
-#: The longest a resync waits, between two objects, for the event loop to take one turn.
-RESYNC_YIELD_TIMEOUT_S = 1.0
 
 
 def _owner_name(body: Obj, kind: str) -> str | None:
@@ -130,27 +121,16 @@ def build_registry(
     registry = kopf.OperatorRegistry()
     for resource in WATCHED:
         _feed(registry, cache, resource)
-    state: dict[str, Any] = {"last_resync": None}
-    retries = Retries()
+    drive = Drive(manager, namespaces, resync_seconds)
+    _on_lifecycle(registry, drive)
+    _on_kinds(registry, drive)
+    _on_children(registry, drive, cache)
+    _on_nodes(registry, drive, cache)
+    return registry
 
-    async def in_worker(call: Callable[..., T], *args: Any) -> T:
-        # On kopf's worker threads (settings.execution.max_workers), where its sync handlers run.
-        return await asyncio.get_running_loop().run_in_executor(state["executor"], functools.partial(call, *args))
 
-    async def reconcile_service(namespace: str, name: str) -> None:
-        reconcile = functools.partial(in_worker, manager.reconcile_service, namespace, name)
-        await retries.run(("service", namespace, name), reconcile)
-
-    async def reconcile_services(namespace: str, names: Sequence[str]) -> None:
-        # Each on its own: one that fails is retried alone.
-        for name in names:
-            await reconcile_service(namespace, name)
-
-    async def reconcile_artifact(namespace: str, name: str) -> None:
-        async def run() -> None:
-            await reconcile_services(namespace, await in_worker(manager.reconcile_artifact, namespace, name))
-
-        await retries.run(("artifact", namespace, name), run)
+def _on_lifecycle(registry: kopf.OperatorRegistry, drive: Drive) -> None:
+    """Settings and the resync at startup, its stop at cleanup, its health in the liveness probe."""
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -164,50 +144,20 @@ def build_registry(
                 settings.watching.label_selectors[resource.group or resource.version, resource.plural] = selector
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
-        state["executor"] = settings.execution.executor
-        state["resync"] = asyncio.create_task(resync_forever())
-
-    async def resync_forever() -> None:
-        # Every resync_seconds -> reconcile every artifact, then every service.
-        loop = asyncio.get_running_loop()
-
-        def one_turn_of_the_loop() -> None:
-            # The pass's thread waits while the loop takes in what the watches delivered meanwhile: without
-            # it the loop would fight the pass for the GIL, and a change would wait out the whole pass.
-            # Bounded, and a closed loop passed over: the pass must not outlive the operator's stop.
-            with contextlib.suppress(RuntimeError, TimeoutError):
-                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=RESYNC_YIELD_TIMEOUT_S)
-
-        while True:
-            await asyncio.sleep(resync_seconds)
-            try:
-                count = await asyncio.to_thread(manager.resync, namespaces, one_turn_of_the_loop)
-            except Exception:  # the loop must outlive any one failure; the next pass retries
-                log.exception("resync failed")
-            else:
-                state["last_resync"] = datetime.datetime.now(datetime.UTC)
-                log.info("resync done: %d objects reconciled", count)
-            # What the cache holds now is long-lived: out of the cyclic collector's way, whose full passes over
-            # a thousand services' objects would otherwise stall the event loop for a tenth of a second. Collected
-            # first, so no garbage cycle is frozen for good; that pass covers only what the last freeze left.
-            gc.collect()
-            gc.freeze()
+        drive.start(settings.execution.executor)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(**_: Any) -> None:
-        task = state.get("resync")
-        if task is not None:
-            task.cancel()
-        retries.cancel()
+        drive.stop()
 
     @kopf.on.probe(id="resync", registry=registry)
     def resync_probe(**_: Any) -> str:
-        last = state["last_resync"]
-        if last is not None and datetime.datetime.now(datetime.UTC) - last > datetime.timedelta(
-            seconds=5 * resync_seconds
-        ):
-            raise RuntimeError(f"no successful resync since {last.isoformat()}")
-        return last.isoformat() if last is not None else "pending"
+        return drive.probe()
+
+
+def _on_kinds(registry: kopf.OperatorRegistry, drive: Drive) -> None:
+    """The operator's own kinds: a service's spec, an artifact's creation, and either's deletion."""
+    manager = drive.manager
 
     # Change handlers: kopf retries what they raise, after the delay they name.
 
@@ -216,82 +166,88 @@ def build_registry(
     @kopf.on.update(GROUP, api.VERSION, SERVICES_NIS.plural, field="spec", registry=registry)
     async def service_spec(name: str, namespace: str | None, **_: Any) -> None:
         """A service created, its spec updated, or resumed after a restart -> reconcile the service."""
-        await or_temporary_error(in_worker(manager.reconcile_service, _namespaced(namespace), name))
+        await or_temporary_error(drive.in_worker(manager.reconcile_service, _namespaced(namespace), name))
 
     @kopf.on.resume(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
     @kopf.on.create(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
     async def artifact_created(name: str, namespace: str | None, **_: Any) -> None:
         """An artifact created or resumed -> reconcile the artifact, then its services if its status changed."""
         namespace = _namespaced(namespace)
-        services = await or_temporary_error(in_worker(manager.reconcile_artifact, namespace, name))
-        await reconcile_services(namespace, services)
+        services = await or_temporary_error(drive.in_worker(manager.reconcile_artifact, namespace, name))
+        await drive.reconcile_services(namespace, services)
 
-    # Event handlers: kopf only logs what they raise, so they retry through `retries`.
+    # Event handlers: kopf only logs what they raise, so they retry through the drive's retries.
 
     @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=_is_deleted, registry=registry)
     async def service_deleted(body: kopf.Body, **_: Any) -> None:
         """A service deleted -> drop its claims on artifacts (delete those nobody else uses)."""
         # Its children go with it (owner references); its artifacts go now if nobody else uses them.
         service = dict(body)
-        forget = functools.partial(in_worker, manager.forget_service, service)
-        await retries.run(("deleted service", service["metadata"]["uid"]), forget)
+        forget = functools.partial(drive.in_worker, manager.forget_service, service)
+        await drive.retries.run(("deleted service", service["metadata"]["uid"]), forget)
 
     @kopf.on.event(GROUP, api.VERSION, ARTIFACTS.plural, when=_is_deleted, registry=registry)
     async def artifact_deleted(body: kopf.Body, **_: Any) -> None:
         """An artifact deleted -> forget it, and reconcile its owner services."""
         # Services that still want it create it again (the store keeps compiled files).
         artifact = dict(body)
-        services = await in_worker(manager.forget_artifact, artifact)
-        await reconcile_services(artifact["metadata"]["namespace"], services)
+        services = await drive.in_worker(manager.forget_artifact, artifact)
+        await drive.reconcile_services(artifact["metadata"]["namespace"], services)
+
+
+def _on_children(registry: kopf.OperatorRegistry, drive: Drive, cache: ObjectCache) -> None:
+    """What the operator made: compile Jobs wake their artifact; serving Deployments and pods, their service."""
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_ARTIFACT: kopf.PRESENT}, registry=registry)
     async def compile_job(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         """A compile Job's event -> reconcile its artifact, then its services if the artifact's status changed."""
         artifact = _owner_name(dict(body), ARTIFACTS.kind)
         if artifact is not None:
-            await reconcile_artifact(_namespaced(namespace), artifact)
+            await drive.reconcile_artifact(_namespaced(namespace), artifact)
 
     @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT}, registry=registry)
     async def serving_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         """A serving Deployment's event -> reconcile its service."""
         service = _owner_name(dict(body), SERVICES_NIS.kind)
         if service is not None:
-            await reconcile_service(_namespaced(namespace), service)
+            await drive.reconcile_service(_namespaced(namespace), service)
 
-    def _wakes_its_service(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> bool:
+    def wakes_its_service(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> bool:
         # A Deployment's status may tell of a Ready replacement before the pod watch does: the pod's own
         # event then finds its quarantined predecessor to let go.
         return _is_troubled(body) or (
             _is_ready(body) and _holds_quarantine(cache, _namespaced(namespace), labels[LABEL_SERVICE])
         )
 
-    @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=_wakes_its_service, registry=registry)
+    @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=wakes_its_service, registry=registry)
     async def serving_pod(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
         """A serving pod the scheduler cannot place, whose engine reported a device fault, or Ready while its service
         holds quarantined pods -> its service."""
-        await reconcile_service(_namespaced(namespace), labels[LABEL_SERVICE])
+        await drive.reconcile_service(_namespaced(namespace), labels[LABEL_SERVICE])
 
-    # Nodes' Neuron faults: an index, so every handler waits until the first list of nodes is in (a pod kept off
-    # a faulty node must not be let go because its node's fault is not known yet).
-    changed_nodes: set[str] = set()
+
+def _on_nodes(registry: kopf.OperatorRegistry, drive: Drive, cache: ObjectCache) -> None:
+    """Nodes' Neuron faults: an index, so every handler waits until the first list of nodes is in (a pod kept off
+    a faulty node must not be let go because its node's fault is not known yet); a change wakes the services
+    with pods on the node."""
+    nodes = drive.manager.nodes
+    changed: set[str] = set()
 
     @kopf.index("v1", "nodes", id="node_health", registry=registry)
     async def node_health(body: kopf.Body, **_: Any) -> None:
-        if manager.nodes.observe(dict(body)):
-            changed_nodes.add(body["metadata"]["name"])
+        if nodes.observe(dict(body)):
+            changed.add(body["metadata"]["name"])
 
-    def _fault_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
+    def fault_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
         # Evaluated after the index took the event in: only changes wake a handler (and its log line).
-        return type == "DELETED" or body["metadata"]["name"] in changed_nodes
+        return type == "DELETED" or body["metadata"]["name"] in changed
 
-    @kopf.on.event("v1", "nodes", when=_fault_changed, registry=registry)
+    @kopf.on.event("v1", "nodes", when=fault_changed, registry=registry)
     async def node_fault_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
         """A node whose Neuron fault appeared, changed or cleared -> the services with pods on it."""
         name = body["metadata"]["name"]
-        changed = manager.nodes.forget(name) if type == "DELETED" else name in changed_nodes
-        changed_nodes.discard(name)
-        if changed:
+        was_changed = nodes.forget(name) if type == "DELETED" else name in changed
+        changed.discard(name)
+        if was_changed:
             for namespace, service in _services_on(cache, name):
-                await reconcile_service(namespace, service)
-
-    return registry
+                await drive.reconcile_service(namespace, service)

@@ -8,10 +8,12 @@ names, and status is written only when it changed. Each pass observes, decides
 (the pure ``decide`` and ``status``), then acts. In the operator they observe through
 ``neuronfleet.operator.cache.CachedKube``: what the watches delivered, no GET or LIST.
 
-- ``service``: a NeuronInferenceService's artifact, serving objects and status.
+- ``service``: a NeuronInferenceService's artifact, serving objects, faulty serving pods and status.
 - ``artifact``: a NeuronCompiledArtifact's ConfigMap, compile Job and status.
 - ``claims``: a service's claims on artifacts and its engine ConfigMaps, and their release.
 - ``autoscaling``: a service's starting scale and KEDA ScaledObject.
+- ``routing``: a service's InferencePool and, with spec.routing, its Endpoint Picker and Envoy.
+- ``node_health``: the Neuron faults the nodes carry, as their watch delivers them.
 - ``status_writer``: the one status writer; ``locks``: one reconcile per object at a time.
 - ``manager``: what the handlers drive: the reconcilers, wired, and the resync.
 """
