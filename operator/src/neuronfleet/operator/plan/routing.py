@@ -145,62 +145,88 @@ def picker_access(owner: Owner, namespace: str) -> list[Obj]:
     ]
 
 
+#: The prefix of the type URLs of Envoy's typed configs.
+_ENVOY_TYPES = "type.googleapis.com/envoy.extensions"
+
+
 def envoy_config() -> Obj:
     """Envoy's bootstrap: every request asks the picker (ext_proc, both bodies streamed) and goes to the
     replica it names in :data:`DESTINATION_HEADER` (an original-destination cluster)."""
-    any_type = "type.googleapis.com/envoy.extensions"
-    connection_manager = {
-        "@type": f"{any_type}.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "router",
-        "route_config": {
-            "virtual_hosts": [
-                {
-                    "name": "pool",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {"prefix": "/"},
-                            # Generations stream for minutes: no route timeout, the engine's own limits hold.
-                            "route": {"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"},
-                        }
-                    ],
-                    "response_headers_to_add": [
-                        {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}},
-                    ],
-                }
-            ]
-        },
-        "http_filters": [
+    listener = {
+        "name": "http",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": ENVOY_PORT}},
+        "filter_chains": [
             {
-                "name": "envoy.filters.http.ext_proc",
-                "typed_config": {
-                    "@type": f"{any_type}.filters.http.ext_proc.v3.ExternalProcessor",
-                    "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
-                    "processing_mode": {
-                        "request_header_mode": "SEND",
-                        "response_header_mode": "SEND",
-                        "request_body_mode": "FULL_DUPLEX_STREAMED",
-                        "response_body_mode": "FULL_DUPLEX_STREAMED",
-                        "request_trailer_mode": "SEND",
-                        "response_trailer_mode": "SEND",
-                    },
-                    "message_timeout": "1000s",
-                },
-            },
+                "filters": [
+                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": _connection_manager()}
+                ]
+            }
+        ],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ENVOY_ADMIN_PORT}}},
+        "static_resources": {"listeners": [listener], "clusters": [_picker_cluster(), _pool_cluster()]},
+    }
+
+
+def _connection_manager() -> Obj:
+    """Every request through the picker (:func:`_ask_the_picker`), then to the pool; the replica named back."""
+    pool = {
+        "name": "pool",
+        "domains": ["*"],
+        "routes": [
+            {
+                "match": {"prefix": "/"},
+                # Generations stream for minutes: no route timeout, the engine's own limits hold.
+                "route": {"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"},
+            }
+        ],
+        "response_headers_to_add": [{"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}}],
+    }
+    return {
+        "@type": f"{_ENVOY_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "router",
+        "route_config": {"virtual_hosts": [pool]},
+        "http_filters": [
+            _ask_the_picker(),
             {
                 "name": "envoy.filters.http.router",
-                "typed_config": {"@type": f"{any_type}.filters.http.router.v3.Router"},
+                "typed_config": {"@type": f"{_ENVOY_TYPES}.filters.http.router.v3.Router"},
             },
         ],
     }
-    picker_cluster = {
+
+
+def _ask_the_picker() -> Obj:
+    """The ext_proc filter: headers, bodies (streamed both ways) and trailers go to the picker."""
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": f"{_ENVOY_TYPES}.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED",
+                "response_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SEND",
+                "response_trailer_mode": "SEND",
+            },
+            "message_timeout": "1000s",
+        },
+    }
+
+
+def _picker_cluster() -> Obj:
+    """The picker beside Envoy in the pod, over HTTP/2 and TLS."""
+    return {
         "name": "picker",
         "type": "STATIC",
         "connect_timeout": "5s",
         "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [_endpoint(PICKER_PORT)]}]},
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": f"{any_type}.upstreams.http.v3.HttpProtocolOptions",
+                "@type": f"{_ENVOY_TYPES}.upstreams.http.v3.HttpProtocolOptions",
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
@@ -209,39 +235,21 @@ def envoy_config() -> Obj:
         "transport_socket": {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
-                "@type": f"{any_type}.transport_sockets.tls.v3.UpstreamTlsContext",
+                "@type": f"{_ENVOY_TYPES}.transport_sockets.tls.v3.UpstreamTlsContext",
                 "common_tls_context": {"alpn_protocols": ["h2"]},
             },
         },
     }
-    pool_cluster = {
+
+
+def _pool_cluster() -> Obj:
+    """The serving pods: whichever address the picker wrote in :data:`DESTINATION_HEADER`."""
+    return {
         "name": "pool",
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
         "connect_timeout": "5s",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
-    }
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ENVOY_ADMIN_PORT}}},
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "http",
-                    "address": {"socket_address": {"address": "0.0.0.0", "port_value": ENVOY_PORT}},
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": connection_manager,
-                                }
-                            ]
-                        }
-                    ],
-                }
-            ],
-            "clusters": [picker_cluster, pool_cluster],
-        },
     }
 
 
