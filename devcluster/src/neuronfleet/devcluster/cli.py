@@ -223,14 +223,8 @@ def load(
     Ctrl-C or SIGTERM stops sending early; the requests already sent are still waited for and counted.
     Exits 1 when any request failed or was dropped.
     """
-    import asyncio
-    import contextlib
-    import math
-    import signal
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from neuronfleet.devcluster.demo.load import LoadPlan, LoadReport, Outcome, run_load
+    from neuronfleet.devcluster.demo.load import LoadPlan
+    from neuronfleet.devcluster.demo.load_view import run_with_progress, summary_table
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
@@ -249,44 +243,11 @@ def load(
         )
     except ValueError as error:
         fail(str(error))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as progress:
-        answered = progress.add_task(f"{rate:g}/s to {url}", total=plan.requests)
-
-        with contextlib.ExitStack() as files:
-            # Written as each request ends, so a reader can follow the run (and a killed run leaves its record).
-            record = None if outcomes is None else files.enter_context(outcomes.open("w", buffering=1))
-
-            def answered_one(outcome: Outcome) -> None:
-                progress.advance(answered)
-                if record is not None:
-                    record.write(f"{outcome.to_json()}\n")
-
-            async def send() -> LoadReport:
-                stop = asyncio.Event()
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-                return await run_load(plan, answered_one, stop)
-
-            report = asyncio.run(send())
+    report = run_with_progress(plan, err, outcomes)
     if as_json:
         out.print(report.to_json(), markup=False)
     else:
-        table = Table(show_header=False, box=None)
-        summary = report.summary()
-        stopped = " (stopped early)" if report.stopped_early else ""
-        table.add_row("sent", f"{summary['sent']} of {plan.requests} in {summary['elapsed_s']:.1f} s{stopped}")
-        table.add_row("succeeded", str(summary["succeeded"]))
-        for result, count in summary["failed"].items():
-            table.add_row(f"failed: {result}", str(count))
-        latency = "  ".join(
-            f"{'max' if q == 'p100' else q} {'-' if math.isnan(value) else f'{value * 1000:.0f} ms'}"
-            for q, value in summary["latency_s"].items()
-        )
-        table.add_row("latency", latency)
-        for value, count in sorted(report.headers().items(), key=lambda item: str(item[0])):
-            table.add_row(f"{header}: {value}", str(count))
-        out.print(table)
+        out.print(summary_table(report))
     if report.failures:
         raise typer.Exit(EXIT_FAILED)
 
