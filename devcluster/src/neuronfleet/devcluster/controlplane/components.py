@@ -151,83 +151,17 @@ class Layout:
 def argv(name: str, tools: KubeTools, layout: Layout, ports: dict[str, int]) -> list[str]:
     """The command line of component ``name``: loopback only, files under the layout's directory."""
     binary = str(tools.path(name))
-    work = layout.workdir
-    etcd = f"http://127.0.0.1:{ports['etcd']}"
-    peer = f"http://127.0.0.1:{ports['etcd-peer']}"
     if name == "etcd":
-        return [
-            binary,
-            "--name=local",
-            f"--data-dir={work / 'etcd'}",
-            f"--listen-client-urls={etcd}",
-            f"--advertise-client-urls={etcd}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=local={peer}",
-            "--unsafe-no-fsync",  # throwaway data: durability only costs time
-            "--log-level=warn",
-        ]
+        return [binary, *_etcd_flags(layout, ports)]
     if name == "kube-apiserver":
-        return [
-            binary,
-            f"--etcd-servers={etcd}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={ports['kube-apiserver']}",
-            f"--cert-dir={work / 'kube-apiserver'}",
-            f"--tls-cert-file={layout.serving.cert}",
-            f"--tls-private-key-file={layout.serving.key}",
-            f"--client-ca-file={layout.ca}",
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--allow-privileged=true",
-            f"--service-account-issuer=https://127.0.0.1:{ports['kube-apiserver']}",
-            f"--service-account-key-file={layout.service_account.cert}",
-            f"--service-account-signing-key-file={layout.service_account.key}",
-            # Endpoints may not point at loopback; the real node points Service kubernetes at its relay.
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-            f"--kubelet-client-certificate={layout.kubelet_client.cert}",
-            f"--kubelet-client-key={layout.kubelet_client.key}",
-            # A node's Hostname would be looked up through the host's resolver.
-            "--kubelet-preferred-address-types=InternalIP",
-            f"--egress-selector-config-file={layout.write_egress_selector()}",
-            # The aggregation layer, for APIServices such as KEDA's external.metrics.k8s.io adapter.
-            f"--requestheader-client-ca-file={layout.front_proxy_ca}",
-            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--proxy-client-cert-file={layout.front_proxy_client.cert}",
-            f"--proxy-client-key-file={layout.front_proxy_client.key}",
-        ]
+        return [binary, *_apiserver_flags(layout, ports)]
     if name in ("kube-controller-manager", "kube-scheduler"):
-        kubeconfig = layout.kubeconfigs[name]
-        argv = [
-            binary,
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={ports[name]}",  # serves /healthz, which says when it is up
-            f"--cert-dir={work / name}",
-            "--profiling=false",
-        ]
-        if name == "kube-controller-manager":
-            argv += [
-                f"--root-ca-file={layout.ca}",
-                f"--service-account-private-key-file={layout.service_account.key}",
-                "--use-service-account-credentials=true",
-                # The autoscaling tests wait on the HPA controller: its default 15 s would be most of their time.
-                "--horizontal-pod-autoscaler-sync-period=5s",
-            ]
-        return argv
+        return [binary, *_controller_flags(name, layout, ports)]
     if name == "kwok":
         return [
             binary,
             f"--kubeconfig={layout.kubeconfigs['kwok']}",
-            f"--config={kwok.write_config(work / 'kwok-stages.yaml')}",
+            f"--config={kwok.write_config(layout.workdir / 'kwok-stages.yaml')}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
             f"--cidr={POD_CIDR}",
@@ -235,3 +169,80 @@ def argv(name: str, tools: KubeTools, layout: Layout, ports: dict[str, int]) -> 
             "--node-lease-duration-seconds=40",
         ]
     raise ValueError(f"unknown component {name!r}")
+
+
+def _etcd_url(ports: dict[str, int]) -> str:
+    return f"http://127.0.0.1:{ports['etcd']}"
+
+
+def _etcd_flags(layout: Layout, ports: dict[str, int]) -> list[str]:
+    etcd, peer = _etcd_url(ports), f"http://127.0.0.1:{ports['etcd-peer']}"
+    return [
+        "--name=local",
+        f"--data-dir={layout.workdir / 'etcd'}",
+        f"--listen-client-urls={etcd}",
+        f"--advertise-client-urls={etcd}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=local={peer}",
+        "--unsafe-no-fsync",  # throwaway data: durability only costs time
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_flags(layout: Layout, ports: dict[str, int]) -> list[str]:
+    return [
+        f"--etcd-servers={_etcd_url(ports)}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports['kube-apiserver']}",
+        f"--cert-dir={layout.workdir / 'kube-apiserver'}",
+        f"--tls-cert-file={layout.serving.cert}",
+        f"--tls-private-key-file={layout.serving.key}",
+        f"--client-ca-file={layout.ca}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        f"--service-account-issuer=https://127.0.0.1:{ports['kube-apiserver']}",
+        f"--service-account-key-file={layout.service_account.cert}",
+        f"--service-account-signing-key-file={layout.service_account.key}",
+        # Endpoints may not point at loopback; the real node points Service kubernetes at its relay.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        f"--kubelet-client-certificate={layout.kubelet_client.cert}",
+        f"--kubelet-client-key={layout.kubelet_client.key}",
+        # A node's Hostname would be looked up through the host's resolver.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--egress-selector-config-file={layout.write_egress_selector()}",
+        # The aggregation layer, for APIServices such as KEDA's external.metrics.k8s.io adapter.
+        f"--requestheader-client-ca-file={layout.front_proxy_ca}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={layout.front_proxy_client.cert}",
+        f"--proxy-client-key-file={layout.front_proxy_client.key}",
+    ]
+
+
+def _controller_flags(name: str, layout: Layout, ports: dict[str, int]) -> list[str]:
+    kubeconfig = layout.kubeconfigs[name]
+    flags = [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports[name]}",  # serves /healthz, which says when it is up
+        f"--cert-dir={layout.workdir / name}",
+        "--profiling=false",
+    ]
+    if name == "kube-controller-manager":
+        flags += [
+            f"--root-ca-file={layout.ca}",
+            f"--service-account-private-key-file={layout.service_account.key}",
+            "--use-service-account-credentials=true",
+            # The autoscaling tests wait on the HPA controller: its default 15 s would be most of their time.
+            "--horizontal-pod-autoscaler-sync-period=5s",
+        ]
+    return flags

@@ -398,29 +398,20 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
         raise NodeError(f"cluster {state.name!r} names no namespace for its real node")
     if os.geteuid() != 0:
         raise NodeError("the real node needs root: it creates a network namespace and mounts cgroups")
-    netns = state.netns
     node_tools = NodeTools.locate()
     paths = NodePaths.of(state.workdir)
     files = write_files(paths, layout, node_tools)
-    # The node's containerd starts with every image of the node image store: the pause and base images
-    # (built once and cached, see images/node_images.py), and whatever a caller unpacked there before.
-    store = NodeImageStore.default(node_tools.directory)
-    try:
-        store.prepare([OciImage.read(node_images.pause_image()), OciImage.read(node_images.base_image())])
-        store.clone_to(paths.containerd / "root")
-    except StoreError as error:
-        raise NodeError(str(error)) from None
-    create_netns(netns)
+    _prepare_images(paths, node_tools)
+    create_netns(state.netns)
 
-    python = [sys.executable, "-P", "-m"]
     holder = spawn(
         "node-namespace",
         [
             "ip",
             "netns",
             "exec",
-            netns,
-            *python,
+            state.netns,
+            *_PYTHON,
             "neuronfleet.devcluster.realnode.namespace",
             str(paths.namespace_ready),
         ],
@@ -430,7 +421,43 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     # Joins the holder's network and mount namespaces: one mount table for the kubelet, containerd and runc.
     enter = ["nsenter", f"--target={holder.pid}", "--mount", "--net", "--"]
     env = {"PATH": f"{node_tools.directory}:{_PATH}"}
+    _start_relays(state, layout, spawn, wait, enter)
 
+    containerd = spawn("containerd", [*enter, str(node_tools.path("containerd")), f"--config={files.containerd}"], env)
+    node = RealNode(state)
+    wait("containerd to answer", containerd, lambda: _answers(node))
+    _start_kubelet_and_proxy(layout, kube_tools, spawn, enter, env, files, paths)
+    spawn(
+        "node-capacity",
+        [
+            *_PYTHON,
+            "neuronfleet.devcluster.realnode.capacity",
+            str(state.workdir),
+            REAL_NODE,
+            INSTANCE_TYPE,
+            state.server,
+        ],
+        None,
+    )
+
+
+#: How the node's own Python helpers are started: this interpreter, safe path.
+_PYTHON = [sys.executable, "-P", "-m"]
+
+
+def _prepare_images(paths: NodePaths, node_tools: NodeTools) -> None:
+    """The node's containerd starts with every image of the node image store: the pause and base images
+    (built once and cached, see images/node_images.py), and whatever a caller unpacked there before."""
+    store = NodeImageStore.default(node_tools.directory)
+    try:
+        store.prepare([OciImage.read(node_images.pause_image()), OciImage.read(node_images.base_image())])
+        store.clone_to(paths.containerd / "root")
+    except StoreError as error:
+        raise NodeError(str(error)) from None
+
+
+def _start_relays(state: ClusterState, layout: Layout, spawn: Spawn, wait: Wait, enter: list[str]) -> None:
+    """The API server, reached from inside the namespace through a socket; the egress proxy beside it."""
     socket = layout.apiserver_socket
     port = state.ports["kube-apiserver"]
     relay_host = spawn("relay-host", ["socat", f"UNIX-LISTEN:{socket},fork,mode=600", f"TCP:127.0.0.1:{port}"], None)
@@ -449,14 +476,20 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     allow = [f"--allow={network}" for network in (f"{NODE_IP}/32", REAL_NODE_POD_CIDR, SERVICE_CIDR)]
     spawn(
         "egress-proxy",
-        [*enter, *python, "neuronfleet.devcluster.realnode.egress_proxy", str(layout.egress_socket), *allow],
+        [*enter, *_PYTHON, "neuronfleet.devcluster.realnode.egress_proxy", str(layout.egress_socket), *allow],
         None,
     )
 
-    containerd = spawn("containerd", [*enter, str(node_tools.path("containerd")), f"--config={files.containerd}"], env)
-    node = RealNode(state)
-    wait("containerd to answer", containerd, lambda: _answers(node))
 
+def _start_kubelet_and_proxy(
+    layout: Layout,
+    kube_tools: KubeTools,
+    spawn: Spawn,
+    enter: list[str],
+    env: dict[str, str],
+    files: NodeFiles,
+    paths: NodePaths,
+) -> None:
     labels = ",".join(f"{key}={value}" for key, value in node_labels().items())
     spawn(
         "kubelet",
@@ -475,18 +508,6 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
         env,
     )
     spawn("kube-proxy", [*enter, str(kube_tools.path("kube-proxy")), f"--config={files.kube_proxy}", "--v=1"], env)
-    spawn(
-        "node-capacity",
-        [
-            *python,
-            "neuronfleet.devcluster.realnode.capacity",
-            str(state.workdir),
-            REAL_NODE,
-            INSTANCE_TYPE,
-            state.server,
-        ],
-        None,
-    )
 
 
 def _answers(node: RealNode) -> bool:

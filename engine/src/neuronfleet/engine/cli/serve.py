@@ -245,23 +245,9 @@ def serve_command(
     directory = None
     if artifact_store is not None:
         identity = compile_identity(engine, model, revision, target, engine_image, device)
-        try:
-            artifact = serving_artifact(
-                engine,
-                identity,
-                artifact_store,
-                artifact_hash=artifact_hash,
-                cache=cache_root(cache_dir),
-                settings=settings,
-                compile_on_start=compile_on_start,
-                progress=StderrProgress(),
-            )
-        except ArtifactError as error:
-            refuse_to_serve(error)
-        if artifact.compiled is not None and artifact.compiled.uploaded is not None:
-            # After the upload's file lines, what was done, as `compile` says it.
-            err.print(outcome_line(artifact.compiled), markup=False)
-        directory = artifact.directory
+        directory = _artifact_directory(
+            engine, identity, artifact_store, artifact_hash, cache_dir, settings, compile_on_start
+        )
     elif artifact_hash is not None:
         fail("--artifact-hash needs --artifact-store")
     elif device == "neuron":
@@ -290,3 +276,32 @@ def serve_command(
             extra_args=tuple(ctx.args),
         )
     )
+
+
+def _artifact_directory(
+    engine: EngineConfig,
+    identity: CompileIdentity,
+    store: str,
+    artifact_hash: str | None,
+    cache_dir: Path | None,
+    settings: SimSettings,
+    compile_on_start: bool,
+) -> Path:
+    """The artifact to serve, verified in the local cache (compiled first with ``compile_on_start``)."""
+    try:
+        artifact = serving_artifact(
+            engine,
+            identity,
+            store,
+            artifact_hash=artifact_hash,
+            cache=cache_root(cache_dir),
+            settings=settings,
+            compile_on_start=compile_on_start,
+            progress=StderrProgress(),
+        )
+    except ArtifactError as error:
+        refuse_to_serve(error)
+    if artifact.compiled is not None and artifact.compiled.uploaded is not None:
+        # After the upload's file lines, what was done, as `compile` says it.
+        err.print(outcome_line(artifact.compiled), markup=False)
+    return artifact.directory
