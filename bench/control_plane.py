@@ -67,7 +67,6 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
 from provenance import commit
 
 from neuronfleet.devcluster.addons.metrics import Samples
@@ -164,9 +163,7 @@ def install(cluster: LocalCluster, kube: Kube, directory: Path) -> tuple[Path, l
             "--timeout=120s",
         )
     )
-    for path in sorted((CHART / "crds").glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        run_checked(cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s"))
+    cluster.wait_established(CHART / "crds", "the chart's CRDs")
     roles = kube.request(
         "GET",
         "/apis/rbac.authorization.k8s.io/v1/clusterroles",

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import yaml
 
 from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
@@ -129,12 +128,7 @@ def router_images(real_node: RealNode) -> RouterImages:
 def crds(cluster: LocalCluster, pytestconfig: pytest.Config) -> Path:
     """The checked-in CRDs, applied as users apply them, and Established."""
     directory = pytestconfig.rootpath / "crds"
-    applied = cluster.kubectl("apply", "--server-side", "-f", str(directory))
-    assert applied.returncode == 0, applied.stderr
-    for path in sorted(directory.glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        waited = cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
-        assert waited.returncode == 0, waited.stderr
+    cluster.install_crds(directory, "the CRDs")
     return directory
 
 

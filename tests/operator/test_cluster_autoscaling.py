@@ -92,10 +92,7 @@ def test_without_keda_the_service_serves_its_minimum_and_says_why_it_cannot_scal
 def keda_crd(cluster: LocalCluster) -> Iterator[Path]:
     """KEDA's own ScaledObject CRD (from the pinned release that ``make tools`` builds), served for one test."""
     path = keda_crds() / "keda.sh_scaledobjects.yaml"
-    applied = cluster.kubectl("apply", "--server-side", "-f", str(path))
-    assert applied.returncode == 0, applied.stderr
-    waited = cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(path))
-    assert waited.returncode == 0, waited.stderr
+    cluster.install_crds(path, "KEDA's ScaledObject CRD")
     try:
         yield path
     finally:

@@ -39,10 +39,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture
 def operator_namespace(real_cluster: LocalCluster, tmp_path: Path) -> Iterator[str]:
     """A namespace with the CRDs applied and the operator (a local process) watching it."""
-    ok(real_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS)))
-    for path in sorted(CRDS.glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        ok(real_cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s"))
+    real_cluster.install_crds(CRDS, "the CRDs")
     namespace = f"real-{uuid.uuid4().hex[:8]}"
     ok(real_cluster.kubectl("create", "namespace", namespace))
     # Pods are refused until the controller manager has made the namespace's default ServiceAccount.

@@ -40,7 +40,6 @@ from neuronfleet.devcluster.controlplane.api import ApiError
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
-from neuronfleet.devcluster.process.waiting import wait_for
 
 Obj = dict[str, Any]
 
@@ -220,18 +219,7 @@ class ArgoCd:
     def _install(self, cm: Obj, ports: Ports) -> dict[str, dict[str, str]]:
         """Apply the CRDs, namespace, settings and project; the ConfigMaps' data, by name."""
         crds = release_file("crds", "application-crd.yaml").parent
-        applied = self.cluster.kubectl("apply", "--server-side", "-f", str(crds))
-        if applied.returncode != 0:
-            raise ArgoCdError(f"applying Argo CD's CRDs failed: {applied.stderr.strip()}")
-        # Right after the apply a CRD may have no conditions yet, which `kubectl wait` takes as an error.
-        wait_for(
-            lambda: self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=10s", "-f", str(crds)),
-            lambda done: done.returncode == 0,
-            timeout=60,
-            interval=0.5,
-            what="Argo CD's CRDs Established",
-            show=lambda done: done.stderr.strip(),
-        )
+        self.cluster.install_crds(crds, "Argo CD's CRDs")
         params = {
             **CMD_PARAMS,
             "redis.server": f"127.0.0.1:{ports.redis}",

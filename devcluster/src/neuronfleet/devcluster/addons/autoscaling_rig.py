@@ -314,7 +314,7 @@ class AutoscalingRig:
             config.write_text(yaml.safe_dump(scrape, sort_keys=False))
             prom = rig._spawn("prometheus", prometheus_argv(prometheus, config, directory, ports.prometheus))
             with cluster.admin_api() as api:
-                _apply_crds(cluster, crds)
+                cluster.install_crds(crds, "KEDA's CRDs")
                 api.request("POST", "/api/v1/namespaces", {"metadata": {"name": KEDA_NAMESPACE}})
                 certs = KedaCerts.issue(directory)
                 env = keda_env(kubeconfig)
@@ -377,15 +377,6 @@ class AutoscalingRig:
         pids = {p.pid for p in self.processes}
         self.cluster.state.processes = [r for r in self.cluster.state.processes if r.pid not in pids]
         save(self.cluster.state)
-
-
-def _apply_crds(cluster: LocalCluster, crds: Path) -> None:
-    applied = cluster.kubectl("apply", "--server-side", "-f", str(crds))
-    if applied.returncode != 0:
-        raise RigError(f"applying KEDA's CRDs failed: {applied.stderr.strip()}")
-    waited = cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
-    if waited.returncode != 0:
-        raise RigError(f"KEDA's CRDs were not Established: {waited.stderr.strip()}")
 
 
 def _available(api: Api) -> bool:

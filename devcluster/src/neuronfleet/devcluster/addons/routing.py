@@ -23,12 +23,7 @@ def gie_crds() -> Path:
 def install_gie_crds(cluster: LocalCluster) -> Path:
     """Apply GIE's CRDs and wait until the API server serves them; their directory."""
     directory = gie_crds()
-    applied = cluster.kubectl("apply", "--server-side", "-f", str(directory))
-    if applied.returncode != 0:
-        raise RuntimeError(f"applying GIE's CRDs failed: {applied.stderr.strip()}")
-    waited = cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(directory))
-    if waited.returncode != 0:
-        raise RuntimeError(f"GIE's CRDs were not established: {waited.stderr.strip()}")
+    cluster.install_crds(directory, "GIE's CRDs")
     return directory
 
 

@@ -32,6 +32,7 @@ from neuronfleet.devcluster.process.managed import (
 )
 from neuronfleet.devcluster.process.state import ClusterState, list_states, load, save, state_file
 from neuronfleet.devcluster.process.tools import KubeTools, helm_env
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode import node
 from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE
 
@@ -239,6 +240,25 @@ class LocalCluster:
             key_file=str(pki_dir / "admin.key"),
         )
         return ApiClient(configuration)
+
+    def install_crds(self, path: Path, what: str) -> None:
+        """Server-side apply the CRDs at ``path`` (a file or a directory), then wait until each is Established."""
+        applied = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        if applied.returncode != 0:
+            raise ClusterError(f"applying {what} failed: {applied.stderr.strip()}")
+        self.wait_established(path, what)
+
+    def wait_established(self, path: Path, what: str, timeout: float = 60.0) -> None:
+        """Wait until the API server serves every CRD at ``path``."""
+        # Right after an apply a CRD may have no conditions yet, which `kubectl wait` takes as an error.
+        wait_for(
+            lambda: self.kubectl("wait", "--for=condition=Established", "--timeout=10s", "-f", str(path)),
+            lambda done: done.returncode == 0,
+            timeout=timeout,
+            interval=0.5,
+            what=f"{what} Established",
+            show=lambda done: done.stderr.strip(),
+        )
 
     def kubectl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run the pinned kubectl against this cluster as admin (output captured, status not checked)."""
