@@ -1,0 +1,74 @@
+"""Every command line the operator's plan writes for the engine, parsed by the engine's own parser.
+
+The flags cross a process boundary as strings: a renamed or retyped option on either side would only
+show when a pod starts. Here each argument list is parsed as ``neuronfleet-engine`` would parse it, and
+what it parses to is what the spec says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from neuronfleet.engine.cli.main import app
+from neuronfleet.engine.hardware import INSTANCE_TYPES
+from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.operator import api, plan
+
+ENGINE = typer.main.get_command(app)
+OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
+STORES = ["s3://neuronfleet-artifacts/neff", "pvc://neff-cache/compiled"]
+
+
+def parsed(args: list[str]) -> dict[str, Any]:
+    """The parameters ``neuronfleet-engine <args>`` parses to; a usage error fails the test."""
+    name, rest = args[0], args[1:]
+    group = ENGINE.make_context("neuronfleet-engine", list(args))
+    command = ENGINE.get_command(group, name)  # type: ignore[attr-defined]
+    assert command is not None, f"the engine has no command {name!r}"
+    params: dict[str, Any] = command.make_context(name, list(rest), parent=group).params
+    return params
+
+
+def service(device: str, instance_type: str, store: str) -> api.NeuronInferenceServiceSpec:
+    return api.NeuronInferenceServiceSpec.model_validate(
+        {
+            "model": {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"},
+            "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 512},
+            "device": device,
+            "instanceType": instance_type,
+            "image": "neuronfleet/engine:0.1.0",
+            "compile": {"artifactStore": store},
+            "drain": {"drainTimeoutSeconds": 45},
+        }
+    )
+
+
+@pytest.mark.parametrize("store", STORES)
+@pytest.mark.parametrize("device", ["neuron", "sim"])
+@pytest.mark.parametrize("instance_type", sorted(INSTANCE_TYPES))
+def test_the_serve_command_the_plan_writes_parses_to_the_spec(device: str, instance_type: str, store: str) -> None:
+    spec = service(device, instance_type, store)
+    served = plan.ServedArtifact("llama-x", "0123456789abcdef", spec.compile)
+    params = parsed(plan.serve_args(spec, served))
+    assert params["config"] == Path(plan.CONFIG_DIR) / plan.ENGINE_FILE
+    assert (params["model"], params["revision"]) == (spec.model.uri, spec.model.revision)
+    assert (params["artifact_store"], params["artifact_hash"]) == (plan.store_path(spec.compile), served.hash)
+    assert (params["device"], params["instance_type"]) == (device, instance_type)
+    assert (params["port"], params["drain_timeout"]) == (HTTP_PORT, 45)
+
+
+@pytest.mark.parametrize("store", STORES)
+@pytest.mark.parametrize("device", ["neuron", "sim"])
+def test_the_compile_command_the_plan_writes_parses_to_the_artifact(device: str, store: str) -> None:
+    spec = service(device, "trn2.48xlarge", store)
+    artifact = plan.artifact(OWNER, "llm", spec)
+    artifact_spec = api.parse_artifact_spec(artifact["spec"])
+    params = parsed(plan.compile_args(artifact_spec))
+    assert params["config"] == Path(plan.CONFIG_DIR) / plan.ENGINE_FILE
+    assert (params["model"], params["revision"]) == (spec.model.uri, spec.model.revision)
+    assert (params["target"], params["engine_image"], params["device"]) == ("trn2", spec.image, device)
+    assert (params["artifact_store"], params["artifact_hash"]) == (plan.store_path(spec.compile), artifact_spec.hash())
