@@ -64,12 +64,6 @@ def _is_troubled(body: kopf.Body, **_: Any) -> bool:
     return _is_unschedulable(body) or health.device_fault(dict(body)) is not None
 
 
-def _is_ready(body: kopf.Body) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in body.get("status", {}).get("conditions") or []
-    )
-
-
 def _holds_quarantine(cache: ObjectCache, namespace: str, service: str) -> bool:
     """Whether the service has quarantined pods, which a replacement turning Ready may let go."""
     selector = f"{plan.serving_pod_selector(service)},{LABEL_QUARANTINED}"
@@ -216,7 +210,7 @@ def _on_children(registry: kopf.OperatorRegistry, drive: Drive, cache: ObjectCac
         # A Deployment's status may tell of a Ready replacement before the pod watch does: the pod's own
         # event then finds its quarantined predecessor to let go.
         return _is_troubled(body) or (
-            _is_ready(body) and _holds_quarantine(cache, _namespaced(namespace), labels[LABEL_SERVICE])
+            health.is_ready(dict(body)) and _holds_quarantine(cache, _namespaced(namespace), labels[LABEL_SERVICE])
         )
 
     @kopf.on.event("v1", "pods", labels={LABEL_SERVICE: kopf.PRESENT}, when=wakes_its_service, registry=registry)

@@ -10,9 +10,9 @@ The signals:
 
 The reaction: a faulty serving pod is quarantined, relabeled out of its Deployment, Service and
 InferencePool in one write, so the ReplicaSet surges its replacement while it stays: at once for a device
-fault (its engine has stopped), one Ready pod at a time for a node's fault (its engines still serve). The template's
-anti-affinity keeps replacements off a quarantined pod's node: strictly for a node fault, by preference
-for a device fault (one device of many; healing in place beats staying short). A quarantined pod goes once
+fault (its engine has stopped), one Ready pod at a time for a node's fault (its engines still serve). The
+template's anti-affinity keeps replacements off a quarantined pod's node: strictly for a node fault, by
+preference for a device fault (one device of many; healing in place beats staying short). A quarantined pod goes once
 the fleet is whole again, or once its replacement cannot be placed while it holds its devices; a pod whose
 node still carries a fault stays, holding new replicas off that node until the condition clears.
 """
@@ -141,7 +141,8 @@ def _deleting(pod: Obj) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
 
-def _ready(pod: Obj) -> bool:
+def is_ready(pod: Obj) -> bool:
+    """Whether a pod's Ready condition is True."""
     return any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions") or []
     )
@@ -165,14 +166,14 @@ def assess(
     # A device fault stopped its engine: out at once. A node's fault leaves its engines serving: a Ready one goes
     # only while the fleet is whole, one a pass, so a detector that flags every node cannot empty the Service.
     devices = {pod["metadata"]["name"]: fault for pod in serving if (fault := device_fault(pod)) is not None}
-    ready = sum(1 for pod in serving if pod["metadata"]["name"] not in devices and _ready(pod))
+    ready = sum(1 for pod in serving if pod["metadata"]["name"] not in devices and is_ready(pod))
     quarantine: list[QuarantinedPod] = []
     for pod in serving:
         name, node = pod["metadata"]["name"], pod.get("spec", {}).get("nodeName")
         fault = devices.get(name) or (node_faults.get(node) if node else None)
         if fault is None:
             continue
-        if fault.kind == FaultKind.NODE and _ready(pod):
+        if fault.kind == FaultKind.NODE and is_ready(pod):
             if ready < desired_replicas or any(q.fault.kind == FaultKind.NODE for q in quarantine):
                 continue
             ready -= 1
