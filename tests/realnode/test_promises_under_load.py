@@ -376,9 +376,10 @@ def set_neuron_health(fleet: Fleet, *, faulty: bool) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def quarantined_pods(fleet: Fleet) -> list[Obj]:
-    """The pods the operator took out of service, the terminating ones included."""
-    items: list[Obj] = fleet.get("pods", "", f"--selector={LABEL_QUARANTINED}")["items"]
+def node_quarantined_pods(fleet: Fleet) -> list[Obj]:
+    """The pods the operator took out of service for their node's fault, the terminating ones included (the
+    device fault test's quarantined pod may still be draining)."""
+    items: list[Obj] = fleet.get("pods", "", f"--selector={LABEL_QUARANTINED}=node")["items"]
     return items
 
 
@@ -389,7 +390,7 @@ def test_a_node_fault_on_the_only_node_takes_one_replica_out_and_fails_nothing(f
         try:
             faulted_at = time.time()
             set_neuron_health(fleet, faulty=True)
-            (held,) = fleet.wait(lambda: quarantined_pods(fleet), "a replica quarantined")
+            (held,) = fleet.wait(lambda: node_quarantined_pods(fleet), "a replica quarantined")
             name = held["metadata"]["name"]
             out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
             # Its replacement cannot leave the faulty node (the only one here): the fleet runs one short, the
@@ -399,13 +400,14 @@ def test_a_node_fault_on_the_only_node_takes_one_replica_out_and_fails_nothing(f
                 "Degraded for the node's fault",
             )
             time.sleep(AFTER_S)
-            assert [p["metadata"]["name"] for p in quarantined_pods(fleet)] == [name]
+            assert [p["metadata"]["name"] for p in node_quarantined_pods(fleet)] == [name]
         finally:
             cleared_at = time.time()
             set_neuron_health(fleet, faulty=False)
         # The condition cleared: the quarantined pod goes, its replacement takes its place.
         whole_at = fleet.wait(
-            lambda: not quarantined_pods(fleet) and fleet.rolled_out_to(serving) and time.time(), "two replicas again"
+            lambda: not node_quarantined_pods(fleet) and fleet.rolled_out_to(serving) and time.time(),
+            "two replicas again",
         )
         time.sleep(AFTER_S)
         result = load.stop()
