@@ -86,3 +86,18 @@ def test_a_rule_with_values_fills_the_same_template_in_cel_and_python() -> None:
 def test_a_python_check_is_only_for_rules_the_operator_checks() -> None:
     with pytest.raises(ValueError, match="a Python check is for rules the operator checks"):
         rules.Rule(name="x", field="", cel="true", message="m", checked_by="admission", check=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("engine", "named"),
+    [
+        ({"max_model_len": 4096, "num_batched_tokens_buckets": [1024, 8192]}, "max_model_len (4096)"),
+        ({"max_num_batched_tokens": 2048, "num_batched_tokens_buckets": [1024, 4096]}, "max_num_batched_tokens (2048)"),
+    ],
+)
+def test_the_last_prefill_bucket_message_names_the_field_that_set_the_limit(engine: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_service_spec({"model": MODEL, "engine": engine})
+    assert f"must equal {named}, got" in describe_errors(caught.value)
+    (rule,) = [r for r in rules.ENGINE if r.name == "last-prefill"]
+    assert "'max_model_len'" in rule.cel_rule()["messageExpression"]

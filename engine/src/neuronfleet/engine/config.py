@@ -180,7 +180,7 @@ class EngineConfig(BaseModel):
             (
                 NUM_BATCHED_TOKENS_BUCKETS,
                 self.num_batched_tokens_buckets,
-                "max_num_batched_tokens",
+                self.prefill_limit_field,
                 self.effective_max_num_batched_tokens,
             ),
             (NUM_SEQS_BUCKETS, self.num_seqs_buckets, "max_num_seqs", self.max_num_seqs),
@@ -213,6 +213,11 @@ class EngineConfig(BaseModel):
     def effective_max_num_batched_tokens(self) -> int:
         """The prefill budget per step: ``min(max_num_batched_tokens, max_model_len)``."""
         return effective_max_num_batched_tokens(self.max_num_batched_tokens, self.max_model_len)
+
+    @property
+    def prefill_limit_field(self) -> str:
+        """The field that sets the prefill budget: the smaller of ``max_num_batched_tokens`` and ``max_model_len``."""
+        return "max_num_batched_tokens" if self.max_num_batched_tokens <= self.max_model_len else "max_model_len"
 
     @property
     def effective_num_batched_tokens_buckets(self) -> list[int]:

@@ -177,13 +177,15 @@ def _bucket_list_rules(name: str, short: str, unsorted: list[int]) -> tuple[Rule
 def _last_bucket_rule(
     name: str, short: str, limit_name: str, limit: str, examples: tuple[Schema, ...]
 ) -> Rule[EngineConfig]:
+    """``limit_name``: the field that sets the limit, or a CEL expression naming it (quoted names inside)."""
     last = f"self.{name}[size(self.{name}) - 1]"
+    named = limit_name.isidentifier()
     return Rule(
         name=f"last-{short}",
         field=f".{name}",
         cel=f"!has(self.{name}) || size(self.{name}) == 0 || {last} == {limit}",
-        message=LAST_BUCKET_MESSAGE.format(name=name, limit_name=limit_name, limit="%d", last="%d"),
-        args=(limit, last),
+        message=LAST_BUCKET_MESSAGE.format(name=name, limit_name=limit_name if named else "%s", limit="%d", last="%d"),
+        args=(limit, last) if named else (limit_name, limit, last),
         checked_by="engine",
         examples=examples,
         reason="FieldValueInvalid",
@@ -212,8 +214,9 @@ ENGINE: tuple[Rule[Any], ...] = (
     _last_bucket_rule(
         NUM_BATCHED_TOKENS_BUCKETS,
         "prefill",
-        "max_num_batched_tokens",
-        "(self.max_num_batched_tokens < self.max_model_len ? self.max_num_batched_tokens : self.max_model_len)",
+        # The smaller of the two sets the limit: the message names that one.
+        "(self.max_num_batched_tokens <= self.max_model_len ? 'max_num_batched_tokens' : 'max_model_len')",
+        "(self.max_num_batched_tokens <= self.max_model_len ? self.max_num_batched_tokens : self.max_model_len)",
         (
             {"engine": {NUM_BATCHED_TOKENS_BUCKETS: [512, 1024, 2048]}},
             {"engine": {"max_model_len": 4096, NUM_BATCHED_TOKENS_BUCKETS: [1024, 8192]}},
