@@ -222,8 +222,11 @@ def test_a_compile_on_start_that_fails_is_a_compile_error_and_its_progress_stops
     assert progress.events == [("started", HASH, 4), ("stopped",)]
 
 
-def test_the_cache_of_s3_artifacts(tmp_path: Path) -> None:
+def test_the_cache_of_s3_artifacts_is_the_users_unless_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     assert cache_root(None) == Path.home() / ".cache" / "neuronfleet" / "artifacts"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root(None) == tmp_path / "xdg" / "neuronfleet" / "artifacts"
     assert cache_root(tmp_path) == tmp_path
 
 

@@ -110,11 +110,6 @@ class ImageError(RuntimeError):
     """An image could not be built or its inputs are missing."""
 
 
-def cache_root() -> Path:
-    """``$NEURONFLEET_CACHE/images`` (default ``~/.cache/neuronfleet/images``), beside the node's images."""
-    return node_images.cache_dir()
-
-
 def checkout() -> Path:
     """The neuronfleet checkout this package is installed from (the Dockerfile lives there)."""
     for parent in Path(__file__).resolve().parents:
@@ -309,7 +304,7 @@ def build(
     """``target`` for the checkout as it is, in the layout: reused when its key is there, else built."""
     root = root or checkout()
     base = base or base_archive()
-    cache = cache or cache_root()
+    cache = cache or node_images.cache_dir()
     inputs = read_inputs(root)
     base_key = file_digest(base)
     image = BuiltImage(target, image_key(target, inputs.items(), base_key), cache / LAYOUT_DIR)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import shutil
 import subprocess
 import tarfile
@@ -23,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
+from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir, cache_root
 
 #: The image references the node's pods use (``imagePullPolicy: Never``: nothing is pulled).
 PAUSE_IMAGE = "localhost/neuronfleet/pause:local"
@@ -64,8 +63,7 @@ _LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 def cache_dir() -> Path:
     """Where built archives are kept (``$NEURONFLEET_CACHE/images``)."""
-    root = os.environ.get("NEURONFLEET_CACHE") or str(Path.home() / ".cache" / "neuronfleet")
-    return Path(root) / "images"
+    return cache_root() / "images"
 
 
 def content_key(*parts: str | bytes) -> str:

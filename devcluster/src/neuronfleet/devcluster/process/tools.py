@@ -86,6 +86,12 @@ def pinned_version(module: str) -> str:
     return match.group(1)
 
 
+def cache_root() -> Path:
+    """``$NEURONFLEET_CACHE``, else ``~/.cache/neuronfleet``: where the rig keeps what it builds, outside the
+    checkout (the Makefile and ``tools/*/build.sh`` read the same variable)."""
+    return Path(os.environ.get("NEURONFLEET_CACHE") or Path.home() / ".cache" / "neuronfleet")
+
+
 def bin_dir(kind: str = "kube") -> Path:
     """The directory the pinned binaries of ``tools/<kind>`` are (or will be) built into."""
     override = os.environ.get(_OVERRIDES[kind])

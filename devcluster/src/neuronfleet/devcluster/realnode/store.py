@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronfleet.devcluster.images.dockerfile import BuiltImage
+from neuronfleet.devcluster.process.tools import cache_root
 
 #: Where a containerd root keeps its bolt databases: copied, never linked (containerd writes them in place).
 _DATABASE_SUFFIX = ".db"
@@ -288,8 +289,7 @@ class NodeImageStore:
     @classmethod
     def default(cls, binaries: Path) -> NodeImageStore:
         """``$NEURONFLEET_CACHE/node-store`` (default ``~/.cache/neuronfleet/node-store``), run with ``binaries``."""
-        cache = os.environ.get("NEURONFLEET_CACHE") or str(Path.home() / ".cache" / "neuronfleet")
-        return cls(Path(cache) / "node-store", binaries)
+        return cls(cache_root() / "node-store", binaries)
 
     @property
     def root(self) -> Path:

@@ -42,6 +42,7 @@ from neuronfleet.engine.artifacts.store import (
 )
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.engine.paths import user_cache
 from neuronfleet.engine.sim_settings import SimSettings
 
 
@@ -91,8 +92,9 @@ class ServingArtifact:
 
 
 def cache_root(cache_dir: Path | None) -> Path:
-    """The local cache of ``s3://`` artifacts: ``cache_dir``, or ``~/.cache/neuronfleet/artifacts``."""
-    return cache_dir if cache_dir is not None else Path.home() / ".cache" / "neuronfleet" / "artifacts"
+    """The local cache of ``s3://`` artifacts: ``cache_dir``, or ``$XDG_CACHE_HOME/neuronfleet/artifacts``
+    (``~/.cache`` by default)."""
+    return cache_dir if cache_dir is not None else user_cache("artifacts")
 
 
 def compile_into_store(

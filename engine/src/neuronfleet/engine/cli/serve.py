@@ -75,7 +75,7 @@ CacheOption = Annotated[
         "--cache-dir",
         envvar=ARTIFACT_CACHE_ENV,
         help="Local copies of s3:// artifacts (compiled here, then uploaded; downloaded before serving). "
-        "Default: ~/.cache/neuronfleet/artifacts.",
+        "Default: $XDG_CACHE_HOME/neuronfleet/artifacts (~/.cache by default).",
         show_default=False,
     ),
 ]

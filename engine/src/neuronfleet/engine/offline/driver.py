@@ -29,6 +29,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.offline.scenarios import Scenario, prompt_token_ids
+from neuronfleet.engine.paths import user_cache
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
 from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE, tiny_llama_config
@@ -42,8 +43,7 @@ def tiny_model_dir(max_model_len: int) -> Path:
     vLLM reads the architecture and limits from it; the scheduler never needs
     weights or a tokenizer. Kept under the user cache so it is written once.
     """
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "neuronfleet" / "models"
-    path = cache / f"tiny-llama-{max_model_len}"
+    path = user_cache("models", f"tiny-llama-{max_model_len}")
     config = tiny_llama_config(max_model_len)
     config_file = path / "config.json"
     if not config_file.exists():

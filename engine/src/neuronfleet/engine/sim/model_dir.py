@@ -8,11 +8,11 @@ length under the user cache, atomically, so concurrent engines share it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from neuronfleet.engine.paths import user_cache
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim.tokenizer import write_tokenizer
 
@@ -24,7 +24,7 @@ COMPLETE_MARKER = "config.json"
 
 def default_cache_root() -> Path:
     """``$XDG_CACHE_HOME/neuronfleet/models`` (``~/.cache`` by default)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "neuronfleet" / "models"
+    return user_cache("models")
 
 
 def model_dir(shape_name: str, max_model_len: int, root: Path | None = None) -> Path:
