@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from prometheus_client import generate_latest
 
 from neuronfleet.devcluster.addons.metrics import parse_samples
 from neuronfleet.engine.names import LABEL_SERVICE, SERVICE_METRIC_LABEL
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.api import API_VERSION
+from neuronfleet.operator.main import app
 from neuronfleet.operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +52,7 @@ def test_helm_lint_strict(helm: Helm) -> None:
         ("resources.limits.gpu=1", "additional properties 'gpu' not allowed"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("watchNamespaces[0]=Not_A_Namespace", "watchNamespaces"),
+        ("artifactHistoryLimit=11", "artifactHistoryLimit"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(helm: Helm, setting: str, complaint: str) -> None:
@@ -206,6 +209,17 @@ def test_monitors_scrape_the_engines_the_operator_runs(render: Render) -> None:
         (copied,) = monitor["spec"]["podTargetLabels"]
         assert copied == LABEL_SERVICE
         assert re.sub(r"[^a-zA-Z0-9_]", "_", copied) == SERVICE_METRIC_LABEL
+
+
+def test_the_operator_parses_every_argument_the_chart_passes_it(render: Render) -> None:
+    (container,) = only(render("artifactHistoryLimit=0"), "Deployment")["spec"]["template"]["spec"]["containers"]
+    group = typer.main.get_command(app)
+    name, *rest = container["args"]
+    context = group.make_context("neuronfleet-operator", [name])
+    command = group.get_command(context, name)  # type: ignore[attr-defined]
+    params = command.make_context(name, rest, parent=context).params
+    assert params["artifact_history_limit"] == 0
+    assert params["resync_seconds"] == 300
 
 
 def test_autoscaling_passes_the_prometheus_address_and_needs_one(render: Render, helm: Helm) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ def test_same_identity_shares_one_artifact_and_one_job(
     )
 
 
-def test_bucket_change_compiles_while_the_old_revision_serves_then_surges(
+def test_a_bucket_change_compiles_while_the_old_revision_serves_then_surges_and_a_rollback_needs_no_compile(
     services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
 ) -> None:
     services.create("llama", spec(podAnnotations={READY_AFTER_ANNOTATION: "1s"}))
@@ -214,18 +215,48 @@ def test_bucket_change_compiles_while_the_old_revision_serves_then_surges(
     assert {p["metadata"]["labels"][LABEL_ARTIFACT] for p in serving_pods(api, namespace, "llama")} == {new}
     assert done["status"]["targetRevision"] == new
 
-    # The old artifact and its engine configuration go once nothing runs them.
-    wait_for(
-        lambda: (
+    # The old engine configuration goes once nothing runs it; the old artifact stays for a rollback.
+    def kept() -> tuple[list[str], list[str]]:
+        return (
             sorted(a["metadata"]["labels"][LABEL_ARTIFACT] for a in services.artifacts()),
             sorted(
                 c["metadata"]["labels"][LABEL_ARTIFACT]
                 for c in api.list(CONFIGMAPS, namespace, "neuronfleet.io/service=llama")
             ),
-        ),
-        lambda seen_now: seen_now == ([new], [new]),
-        what="the old artifact and ConfigMap to be released",
+        )
+
+    wait_for(kept, lambda now: now == (sorted([old, new]), [new]), what="the old ConfigMap released")
+    assert services.get("llama")["status"]["previousRevisions"] == [old]
+    (old_artifact,) = [a for a in services.artifacts() if a["metadata"]["labels"][LABEL_ARTIFACT] == old]
+
+    # A rollback: the old buckets again. Its artifact is still Ready, so it rolls out at once, no compile.
+    reverted_at = time.monotonic()
+    services.patch_spec("llama", {"engine": {"num_seqs_buckets": DECODE_A}})
+    phases: list[str] = []
+
+    def observe_phase() -> Obj:
+        body = services.get("llama")
+        phases.append((phase_of(body) if observed(body) else None) or "(not observed)")
+        return body
+
+    back = wait_for(
+        observe_phase,
+        lambda b: observed(b) and phase_of(b) == "Ready" and b["status"]["currentRevision"] == old,
+        timeout=90,
+        interval=0.1,
+        what="the rollback to the old revision",
     )
+    print(f"    rollback to a kept artifact: Ready on it {time.monotonic() - reverted_at:.1f} s after the revert")
+    assert not {"Compiling", "Pending"} & set(phases), phases
+    assert len(compile_jobs(api, namespace)) == 2
+    assert [
+        a["metadata"]["uid"] for a in services.artifacts() if a["metadata"]["name"] == old_artifact["metadata"]["name"]
+    ] == [old_artifact["metadata"]["uid"]]
+    assert back["status"]["previousRevisions"] == [new]
+
+    # No history: the artifact it moved away from goes as soon as nothing runs it.
+    services.patch_spec("llama", {"rollout": {"artifactHistoryLimit": 0}})
+    wait_for(kept, lambda now: now == ([old], [old]), what="the replaced artifact released")
 
 
 def test_a_serving_only_change_rolls_the_pods_without_a_compile(

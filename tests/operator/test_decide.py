@@ -16,6 +16,7 @@ from neuronfleet.operator.decide import (
     ServiceStatusInput,
     decide,
     invalid_status,
+    revision_history,
     rollout,
     service_status,
     unschedulable_messages,
@@ -99,6 +100,39 @@ def test_a_finished_rollout_moves_the_current_revision() -> None:
     assert decision.keep == frozenset({"new"})
     assert decision.keep_configmaps == frozenset({"svc-engine-new"})
     assert decision.current_revision == "new"
+
+
+def test_a_finished_rollout_keeps_the_revision_it_replaced_for_a_rollback() -> None:
+    decision = decide(NEW, deployment("new"), OLD, ["older"], history_limit=2)
+    assert decision.previous_revisions == (OLD, "older")
+    assert decision.keep == frozenset({"new", OLD, "older"})
+    # Its engine ConfigMap goes all the same: a rollback applies it again.
+    assert decision.keep_configmaps == frozenset({"svc-engine-new"})
+
+
+@pytest.mark.parametrize(
+    ("previous", "served", "current", "limit", "history"),
+    [
+        ((), None, "a", 2, ()),  # the first rollout: nothing served before
+        ((), "a", "a", 2, ()),  # no change
+        (("x",), "a", "b", 2, ("a", "x")),
+        (("x", "y"), "a", "b", 2, ("a", "x")),  # the oldest falls out
+        (("b", "x"), "a", "b", 2, ("a", "x")),  # a rollback to b: b serves again, out of the history
+        (("x",), "a", "b", 0, ()),  # no history: every replaced artifact goes
+        (("x", "y"), "a", "a", 1, ("x",)),  # a lower limit takes effect at once
+    ],
+)
+def test_the_history_is_newest_first_without_the_current_revision(
+    previous: tuple[str, ...], served: str | None, current: str, limit: int, history: tuple[str, ...]
+) -> None:
+    assert revision_history(previous, served, current, limit) == history
+
+
+def test_the_history_stays_while_a_rollout_is_in_flight_and_without_a_deployment() -> None:
+    rolling = decide(NEW, deployment("new", total=3, updated=1), OLD, ["x", "y"], history_limit=1)
+    assert rolling.previous_revisions == ("x",)
+    first = decide(NEW, None, None, ["x"], history_limit=2)
+    assert (first.keep, first.previous_revisions) == (frozenset({"new", "x"}), ("x",))
 
 
 def test_rolled_out_needs_the_controller_to_have_seen_the_latest_generation() -> None:

@@ -6,7 +6,9 @@ The rules:
   Until then an existing Deployment keeps its pod template (its revision keeps
   serving) and only its replica count follows the spec.
 - Artifacts a service no longer needs are released only when its Deployment is
-  fully rolled out, so pods of the old revision never lose their artifact.
+  fully rolled out, so pods of the old revision never lose their artifact; the
+  revisions it served last stay (its artifact history), so a rollback to one
+  rolls out at once.
 
 A service's reconcile asks two questions, each once: :func:`rollout`, on the
 Deployment it read, says what to apply; :func:`decide`, on the Deployment as it
@@ -17,6 +19,7 @@ says what to release and which revision is current, for the status.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -119,6 +122,8 @@ class Decision:
     keep_configmaps: frozenset[str]
     #: The artifact hash every replica ran at the last completed rollout.
     current_revision: str | None
+    #: The artifact hashes served before it, newest first, kept for a rollback.
+    previous_revisions: tuple[str, ...] = ()
 
 
 def rollout(target: ArtifactView, deployment: DeploymentView | None) -> Serve:
@@ -130,16 +135,34 @@ def rollout(target: ArtifactView, deployment: DeploymentView | None) -> Serve:
     return Serve.NOTHING
 
 
-def decide(target: ArtifactView, deployment: DeploymentView | None, current_revision: str | None) -> Decision:
-    """The rollout (:func:`rollout`), and what to keep: release only after a finished rollout."""
+def revision_history(previous: Sequence[str], served: str | None, current: str | None, limit: int) -> tuple[str, ...]:
+    """The revisions served before ``current``, newest first, at most ``limit``: ``served`` (the current
+    revision until now) joins once a rollout replaced it; a revision served again leaves the history."""
+    history = [served] if served is not None and served != current else []
+    history += [revision for revision in previous if revision not in (served, current)]
+    return tuple(history[:limit])
+
+
+def decide(
+    target: ArtifactView,
+    deployment: DeploymentView | None,
+    current_revision: str | None,
+    previous_revisions: Sequence[str] = (),
+    *,
+    history_limit: int = 0,
+) -> Decision:
+    """The rollout (:func:`rollout`), and what to keep: release only after a finished rollout, and never the
+    ``history_limit`` revisions served last (a rollback to one of them needs no compile)."""
     serve = rollout(target, deployment)
+    kept = tuple(previous_revisions[:history_limit])
     if deployment is None:
-        return Decision(serve, frozenset({target.hash}), frozenset(), None)
+        return Decision(serve, frozenset({target.hash, *kept}), frozenset(), None, kept)
     in_use = frozenset({deployment.configmap} if deployment.configmap else ())
     if deployment.rolled_out and deployment.artifact_hash is not None:
-        keep = frozenset({target.hash, deployment.artifact_hash})
-        return Decision(serve, keep, in_use, deployment.artifact_hash)
-    return Decision(serve, None, in_use, current_revision)
+        history = revision_history(previous_revisions, current_revision, deployment.artifact_hash, history_limit)
+        keep = frozenset({target.hash, deployment.artifact_hash, *history})
+        return Decision(serve, keep, in_use, deployment.artifact_hash, history)
+    return Decision(serve, None, in_use, current_revision, kept)
 
 
 @dataclass(frozen=True)
@@ -314,6 +337,7 @@ def service_status(
         updated_replicas=deployment.updated if deployment and deployment.artifact_hash == given.target.hash else 0,
         current_revision=given.decision.current_revision,
         target_revision=given.target.hash,
+        previous_revisions=list(given.decision.previous_revisions),
         selector=",".join(f"{k}={v}" for k, v in plan.service_labels(given.name).items()),
     )
     return status, transitions(previous.conditions, conditions)

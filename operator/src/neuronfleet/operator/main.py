@@ -16,12 +16,14 @@ import typer
 from rich.console import Console
 
 from neuronfleet.operator import crdgen
+from neuronfleet.operator.api.service import MAX_ARTIFACT_HISTORY
 from neuronfleet.operator.cache import CachedKube, ObjectCache
 from neuronfleet.operator.handlers import build_registry
 from neuronfleet.operator.kube import EventRecorder
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.plan import RouterImages
 from neuronfleet.operator.reconcilers import Manager
+from neuronfleet.operator.reconcilers.service import DEFAULT_ARTIFACT_HISTORY_LIMIT
 
 #: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
 EXIT_INVALID = 2
@@ -84,6 +86,7 @@ async def operate(
     metrics: OperatorMetrics | None = None,
     prometheus: str | None = None,
     router_images: RouterImages | None = None,
+    artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
@@ -95,7 +98,14 @@ async def operate(
     every: list[str | None] = list(namespaces) if namespaces is not None else [None]
     for namespace in every:
         await asyncio.to_thread(kube.relist_unwatched, namespace)
-    reconciler = Manager(kube, EventRecorder(kube), metrics, prometheus, router_images=router_images)
+    reconciler = Manager(
+        kube,
+        EventRecorder(kube),
+        metrics,
+        prometheus,
+        router_images=router_images,
+        artifact_history_limit=artifact_history_limit,
+    )
     registry = build_registry(reconciler, cache, namespaces, resync_seconds)
 
     @kopf.on.login(registry=registry)
@@ -152,6 +162,14 @@ def run(
     envoy_image: Annotated[str, typer.Option(help="Envoy's image, in front of each Endpoint Picker.")] = (
         RouterImages.envoy
     ),
+    artifact_history_limit: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_ARTIFACT_HISTORY,
+            help="Artifacts a service served before, kept for a rollback (unless its spec.rollout says).",
+        ),
+    ] = DEFAULT_ARTIFACT_HISTORY_LIMIT,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
@@ -177,6 +195,7 @@ def run(
             metrics=metrics,
             prometheus=prometheus_address,
             router_images=RouterImages(picker=picker_image, envoy=envoy_image),
+            artifact_history_limit=artifact_history_limit,
         )
     )
 

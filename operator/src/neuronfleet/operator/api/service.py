@@ -9,7 +9,7 @@ block keeps the engine's snake_case names, so it can be copied from an
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,8 @@ from neuronfleet.operator.api.k8s import (
 )
 
 DEFAULT_IMAGE = f"neuronfleet/engine:{__version__}"
+#: The most artifacts a service keeps for a rollback beyond the one it serves.
+MAX_ARTIFACT_HISTORY = 10
 
 
 class ServingResources(K8sModel):
@@ -73,6 +75,16 @@ class RolloutSettings(K8sModel):
         ge=60,
         le=14_400,
         description="How long a replica may take to load the model and artifact before it is restarted.",
+    )
+    artifact_history_limit: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_ARTIFACT_HISTORY,
+        description=(
+            "Artifacts this service served before, kept with their compiled state after it moves on, so a "
+            "rollback to one rolls out at once, without a compile Job. Unset: the operator's default "
+            "(the chart's artifactHistoryLimit, 2)."
+        ),
     )
 
 
@@ -334,6 +346,14 @@ class NeuronInferenceServiceStatus(K8sModel):
         None, max_length=64, description="Artifact hash all replicas ran at the last completed rollout."
     )
     target_revision: str | None = Field(None, max_length=64, description="Artifact hash the spec asks for.")
+    previous_revisions: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=MAX_ARTIFACT_HISTORY,
+        description=(
+            "Artifact hashes served before the current revision, newest first: the artifacts kept for a "
+            "rollback (spec.rollout.artifactHistoryLimit)."
+        ),
+    )
     selector: str | None = Field(None, max_length=512, description="Label selector of the serving pods (for scaling).")
 
 

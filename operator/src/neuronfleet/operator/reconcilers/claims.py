@@ -1,7 +1,8 @@
 """A service's claims: on the artifacts it needs (their owner references) and on its engine ConfigMaps.
 
-Services share an artifact by each owning it; an artifact no service owns any more is
-deleted (its files stay in the store, so compiling the same identity again finds them).
+Services share an artifact by each owning it, and keep owning the ones in their artifact
+history (:func:`neuronfleet.operator.decide.revision_history`); an artifact no service owns any
+more is deleted (its files stay in the store, so compiling the same identity again finds them).
 Each step observes the objects, decides from what it read, then acts, and a write that
 raced another service's (409) is read again.
 """

@@ -17,7 +17,7 @@ from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
-from neuronfleet.operator.reconcilers.service import ServiceReconciler
+from neuronfleet.operator.reconcilers.service import DEFAULT_ARTIFACT_HISTORY_LIMIT, ServiceReconciler
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class Manager:
         prometheus: str | None = None,
         *,
         router_images: plan.RouterImages | None = None,
+        artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
         events_first_timeout: float = EVENTS_FIRST_TIMEOUT_S,
     ) -> None:
         self.kube = kube
@@ -55,6 +56,7 @@ class Manager:
             self.locks,
             self.metrics,
             self.nodes,
+            artifact_history_limit=artifact_history_limit,
         )
         self.artifacts = ArtifactReconciler(kube, emit, status, self.locks, self.metrics)
         # Event-driven reconciles running now: a resync lets them finish before its next object.

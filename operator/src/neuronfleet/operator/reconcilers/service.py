@@ -29,6 +29,10 @@ def _deployment_view(body: Obj | None) -> decide.DeploymentView | None:
     return decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
 
 
+#: How many artifacts a service served before keeps for a rollback, unless its spec says.
+DEFAULT_ARTIFACT_HISTORY_LIMIT = 2
+
+
 class ServiceReconciler:
     """Reconciles NeuronInferenceServices; safe to call from many threads."""
 
@@ -42,6 +46,8 @@ class ServiceReconciler:
         locks: KeyedLocks,
         metrics: OperatorMetrics,
         nodes: NodeHealth,
+        *,
+        artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
     ) -> None:
         self.kube = kube
         self.status = status
@@ -51,6 +57,8 @@ class ServiceReconciler:
         self.locks = locks
         self.metrics = metrics
         self.nodes = nodes
+        #: For services whose spec.rollout sets none.
+        self.artifact_history_limit = artifact_history_limit
 
     def reconcile(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
@@ -102,7 +110,14 @@ class ServiceReconciler:
 
         # Decide what to keep on the Deployment as applied (it may have finished rolling out since the read:
         # the status must not say Ready without naming the current revision), then act on it.
-        decision = decide.decide(target, deployment, previous.current_revision)
+        history_limit = spec.rollout.artifact_history_limit
+        decision = decide.decide(
+            target,
+            deployment,
+            previous.current_revision,
+            previous.previous_revisions,
+            history_limit=self.artifact_history_limit if history_limit is None else history_limit,
+        )
         scaling_state = self.autoscaler.reconcile(owner, namespace, spec, previous, serving=deployment is not None)
         routing_state = self.router.reconcile(owner, namespace, spec, previous)
         if decision.keep is not None:
