@@ -193,6 +193,19 @@ class GitOps:
         self.argo.refresh(SERVICES_APP)
         return revision, committed_at
 
+    def revert(self, revision: str) -> tuple[str, float]:
+        """``git revert`` a commit, as a user rolls back, and ask Argo CD to look; the revision, and when."""
+        reverted_at = time.time()
+        self.repo.git("revert", "--no-edit", revision)
+        for name in list(self.services):
+            path = self.repo.path / "services" / f"{name}.yaml"
+            if path.is_file():
+                self.services[name] = yaml.safe_load(path.read_text())
+            else:
+                self.services.pop(name)
+        self.argo.refresh(SERVICES_APP)
+        return self.head(), reverted_at
+
     def app(self, name: str = SERVICES_APP) -> Obj:
         """An Application's status (empty while it has none)."""
         found = self.argo.application(name) or {}

@@ -69,6 +69,8 @@ from neuronfleet.engine.serving.serve import served_name
 APPS = (PARENT, CRDS_APP, OPERATOR_APP, SERVICES_APP)
 SHARER = "fleet-b"
 FIRST_BUCKETS, SECOND_BUCKETS, BROKEN_BUCKETS = [128, 256], [64, 256], [64, 128, 256]
+#: Not ending at the limit (the last of the others): admission refuses it.
+REFUSED_BUCKETS = [64, 128]
 
 
 @dataclass
@@ -207,11 +209,47 @@ def test_a_bucket_change_in_git_rolls_out_under_load_without_a_failed_request(gi
     assert len(after) >= RATE * AFTER_S * 0.8, len(after)
     assert {a.header for a in after} == {new}
     assert {a.header for a in result.answers} == {old, new}
-    # Both services moved to one new artifact, compiled once; the old one went with its last user.
+    # Both services moved to one new artifact, compiled once; both keep the old one for a rollback.
     assert gitops.owners(new) == {NAME, SHARER}
     (job,) = fleet.compile_jobs(new)
     assert job["status"].get("succeeded") == 1
-    fleet.wait(lambda: not [a for a in fleet.get("nca")["items"] if a["metadata"]["name"].endswith(old)], "old gone")
+    fleet.wait(lambda: fleet.status().get("previousRevisions") == [old], f"{old} kept for a rollback")
+    assert gitops.owners(old) == {NAME, SHARER}
+
+
+def test_a_git_revert_rolls_back_onto_the_kept_artifact_at_once_without_a_failed_request(gitops: WithFleet) -> None:
+    fleet = gitops.service
+    serving = fleet.status()["currentRevision"]
+    (previous,) = fleet.status()["previousRevisions"]
+    (kept,) = [a for a in fleet.get("nca")["items"] if a["metadata"]["name"].endswith(previous)]
+    phases: list[str] = []
+
+    def rolled_back() -> float | bool:
+        status = fleet.status()
+        phases.append(status.get("phase", ""))
+        return status.get("targetRevision") == previous and fleet.rolled_out_to(previous, replicas=1) and time.time()
+
+    with fleet.load("gitops-revert") as load:
+        revision, reverted_at = gitops.revert("HEAD")
+        fleet.manifest = fleet.with_buckets(FIRST_BUCKETS)
+        done_at = fleet.wait(rolled_back, f"{NAME} back on {previous}")
+        gitops.wait_app(gitops.synced_healthy(revision), "Synced and Healthy on the revert")
+        healthy_at = time.time()
+        time.sleep(AFTER_S)
+        result = load.stop()
+    gitops.log.print("revert", reverted_at)
+    report("git revert", result, reverted=reverted_at, rolled_out=done_at, synced_healthy=healthy_at)
+    changes = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
+    print(f"    phases seen: {' -> '.join(changes)}", flush=True)
+    assert result.failed == {}, result.summary
+    assert {a.header for a in result.sent_between(done_at)} == {previous}
+    # The kept artifact served again as it was: no new object, no compile Job, never Compiling.
+    assert "Compiling" not in phases, phases
+    (again,) = [a for a in fleet.get("nca")["items"] if a["metadata"]["name"].endswith(previous)]
+    assert again["metadata"]["uid"] == kept["metadata"]["uid"]
+    created = [parsed(job["metadata"]["creationTimestamp"]) for job in fleet.get("jobs")["items"]]
+    assert all(at < int(reverted_at) for at in created), created
+    assert fleet.status()["previousRevisions"] == [serving]
 
 
 def test_a_failed_compile_is_degraded_while_the_old_revision_serves(gitops: WithFleet) -> None:
@@ -246,9 +284,42 @@ def test_a_failed_compile_is_degraded_while_the_old_revision_serves(gitops: With
     assert len(result.sent_between(degraded_at)) >= RATE * AFTER_S * 0.8
     assert {a.header for a in result.answers} == {serving}
     # Git again names what serves: Healthy, nothing rolled.
-    revision, _ = gitops.commit("fleet: back to buckets 64, 256", {NAME: good})
+    revision, _ = gitops.commit("fleet: back to the working spec", {NAME: good})
     gitops.wait_app(gitops.synced_healthy(revision), "Healthy on the working spec again")
     assert fleet.rolled_out_to(serving, replicas=1)
+
+
+def test_a_refused_commit_fails_its_sync_within_seconds_and_the_next_commit_syncs(gitops: WithFleet) -> None:
+    fleet = gitops.service
+    serving = fleet.status()["currentRevision"]
+    good = gitops.services[NAME]
+    # The last prefill bucket below the limit: the CRD refuses it, as it would on every retry.
+    refused = in_git(fleet.with_buckets(REFUSED_BUCKETS), NAME)
+    revision, committed_at = gitops.commit("fleet: prefill buckets 64, 128 (refused)", {NAME: refused})
+
+    def sync_failed(status: Obj) -> Obj | None:
+        operation = status.get("operationState") or {}
+        tried = (operation.get("operation") or {}).get("sync", {}).get("revision")
+        return status if tried == revision and operation.get("phase") in {"Failed", "Error"} else None
+
+    failed = gitops.wait_app(sync_failed, "the refused sync failed")
+    failed_at = time.time()
+    # What the sync says, and what a health wait alone would miss: the live object, untouched, is Healthy.
+    told = json.dumps(failed["operationState"])
+    assert f"must equal max_num_batched_tokens ({FIRST_BUCKETS[-1]}), got {REFUSED_BUCKETS[-1]}" in told, told
+    assert (failed["sync"]["status"], failed["health"]["status"]) == ("OutOfSync", "Healthy")
+    assert fleet.rolled_out_to(serving, replicas=1)
+    fixed, fixed_at = gitops.commit("fleet: back to the working spec", {NAME: good})
+    gitops.wait_app(gitops.synced_healthy(fixed), "Synced and Healthy on the fix")
+    synced_at = time.time()
+    gitops.log.print("refused commit", committed_at)
+    print(
+        f"    refused sync failed {failed_at - committed_at:.1f} s after the commit; "
+        f"the fix synced {synced_at - fixed_at:.1f} s after its own; Argo CD said: "
+        f"{failed['operationState'].get('phase')}: {failed['operationState'].get('message')}",
+        flush=True,
+    )
+    assert fleet.status()["currentRevision"] == serving
 
 
 def test_drift_is_healed_and_the_operators_fields_cause_no_drift(gitops: WithFleet) -> None:
