@@ -83,8 +83,8 @@ demo: setup  ## The real node, the chart's operator in a pod on it, a simulated 
 	$(MAKE) --no-print-directory -j3 tools images
 	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
 
-lint: setup  ## ruff, the import layers of docs/architecture.md (import-linter), no function over 80 lines.
-	$(STAGE) lint - bash -c '$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/python tools/function_length.py'
+lint: setup  ## ruff, the import layers of docs/architecture.md (import-linter), no function over 80 lines, the rig's budget.
+	$(STAGE) lint - bash -c '$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/python tools/function_length.py && $(BIN)/python tools/rig_size.py'
 
 # mypy's cache lives outside the checkout: it checks each file by its hash, so a fresh clone reuses it (1 min -> 3 s).
 typecheck: setup  ## mypy, strict.
