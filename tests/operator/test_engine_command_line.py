@@ -7,6 +7,7 @@ what it parses to is what the spec says.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import typer
 
 from neuronfleet.engine.cli.main import app
 from neuronfleet.engine.hardware import INSTANCE_TYPES
+from neuronfleet.engine.invocation import CompileInvocation, ServeInvocation
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.operator import api, plan
 
@@ -53,7 +55,7 @@ def service(device: str, instance_type: str, store: str) -> api.NeuronInferenceS
 def test_the_serve_command_the_plan_writes_parses_to_the_spec(device: str, instance_type: str, store: str) -> None:
     spec = service(device, instance_type, store)
     served = plan.ServedArtifact("llama-x", "0123456789abcdef", spec.compile)
-    params = parsed(plan.serve_args(spec, served))
+    params = parsed(plan.serve_invocation(spec, served).args())
     assert params["config"] == Path(plan.CONFIG_DIR) / plan.ENGINE_FILE
     assert (params["model"], params["revision"]) == (spec.model.uri, spec.model.revision)
     assert (params["artifact_store"], params["artifact_hash"]) == (plan.store_path(spec.compile), served.hash)
@@ -67,8 +69,32 @@ def test_the_compile_command_the_plan_writes_parses_to_the_artifact(device: str,
     spec = service(device, "trn2.48xlarge", store)
     artifact = plan.artifact(OWNER, "llm", spec)
     artifact_spec = api.parse_artifact_spec(artifact["spec"])
-    params = parsed(plan.compile_args(artifact_spec))
+    params = parsed(plan.compile_invocation(artifact_spec).args())
     assert params["config"] == Path(plan.CONFIG_DIR) / plan.ENGINE_FILE
     assert (params["model"], params["revision"]) == (spec.model.uri, spec.model.revision)
     assert (params["target"], params["engine_image"], params["device"]) == ("trn2", spec.image, device)
     assert (params["artifact_store"], params["artifact_hash"]) == (plan.store_path(spec.compile), artifact_spec.hash())
+
+
+@pytest.mark.parametrize(
+    "invocation",
+    [
+        CompileInvocation("/c.yaml", "hf://m", "r1", "trn2", "img:1", "s3://b/p", "0123456789abcdef", "sim"),
+        ServeInvocation("/c.yaml", "hf://m", "r1", "/store", "0123456789abcdef", 8000, 45, "sim", "trn2.48xlarge"),
+    ],
+    ids=["compile", "serve"],
+)
+def test_every_field_of_an_invocation_is_the_engine_option_of_its_name(
+    invocation: CompileInvocation | ServeInvocation,
+) -> None:
+    params = parsed(invocation.args())
+    for field in dataclasses.fields(invocation):
+        value = getattr(invocation, field.name)
+        assert str(params[field.name]) == str(value), field.name
+
+
+def test_an_option_at_its_default_is_left_out() -> None:
+    neuron = CompileInvocation("/c.yaml", "hf://m", "r1", "trn2", "img:1", "/store", "0123456789abcdef")
+    assert neuron.args()[:3] == ["compile", "--config", "/c.yaml"]
+    assert "--device" not in neuron.args()
+    assert parsed(neuron.args())["device"] == "neuron"

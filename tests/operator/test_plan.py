@@ -334,4 +334,4 @@ def test_neuron_pods_name_no_device_so_pods_from_before_keep_their_spec() -> Non
     neuron = spec()
     _, artifact = artifact_spec()
     assert "--device" not in container(plan.deployment(OWNER, NS, neuron, served(neuron)))["args"]
-    assert "--device" not in plan.compile_args(artifact)
+    assert "--device" not in plan.compile_invocation(artifact).args()

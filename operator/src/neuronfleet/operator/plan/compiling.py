@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.engine.invocation import CompileInvocation
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
     CONFIG_DIR,
@@ -14,7 +15,6 @@ from neuronfleet.operator.plan.shared import (
     Owner,
     artifact_labels,
     container_security,
-    device_args,
     engine_config_volume,
     engine_yaml,
     env_from,
@@ -73,26 +73,18 @@ def artifact_configmap(owner: Owner, namespace: str, spec: api.NeuronCompiledArt
     }
 
 
-def compile_args(spec: api.NeuronCompiledArtifactSpec) -> list[str]:
+def compile_invocation(spec: api.NeuronCompiledArtifactSpec) -> CompileInvocation:
     """The engine's compile command: it recomputes the hash and refuses a mismatch."""
-    return [
-        "compile",
-        "--config",
-        f"{CONFIG_DIR}/{ENGINE_FILE}",
-        "--model",
-        spec.model.uri,
-        "--revision",
-        spec.model.revision,
-        "--target",
-        spec.target,
-        "--engine-image",
-        spec.image,
-        "--artifact-store",
-        store_path(spec.compile),
-        "--artifact-hash",
-        spec.hash(),
-        *device_args(spec.device),
-    ]
+    return CompileInvocation(
+        config=f"{CONFIG_DIR}/{ENGINE_FILE}",
+        model=spec.model.uri,
+        revision=spec.model.revision,
+        target=spec.target,
+        engine_image=spec.image,
+        artifact_store=store_path(spec.compile),
+        artifact_hash=spec.hash(),
+        device=spec.device,
+    )
 
 
 def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSpec) -> Obj:
@@ -124,7 +116,7 @@ def compile_job(owner: Owner, namespace: str, spec: api.NeuronCompiledArtifactSp
                             "name": "compile",
                             "image": spec.image,
                             "command": [ENGINE_COMMAND],
-                            "args": compile_args(spec),
+                            "args": compile_invocation(spec).args(),
                             "env": [{"name": "HOME", "value": "/tmp"}, *access.env],
                             **env_from(access),
                             "resources": {"requests": resources, "limits": resources},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
+from neuronfleet.engine.invocation import ServeInvocation
 from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT, LABEL_QUARANTINED, REPLICA_ENV
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
@@ -16,7 +17,6 @@ from neuronfleet.operator.plan.shared import (
     Obj,
     Owner,
     container_security,
-    device_args,
     engine_config_volume,
     engine_configmap_name,
     engine_yaml,
@@ -59,31 +59,23 @@ def engine_configmap(owner: Owner, namespace: str, spec: api.NeuronInferenceServ
     }
 
 
-def serve_args(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> list[str]:
+def serve_invocation(spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> ServeInvocation:
     """The engine's serve command, pinned to one artifact, on the instance type it runs on.
 
     The instance type picks the simulated device's cost model, and on Neuron the step times the prefill cap
     (``auto``) is derived from.
     """
-    device = [*device_args(spec.device), "--instance-type", spec.instance_type]
-    return [
-        "serve",
-        "--config",
-        f"{CONFIG_DIR}/{ENGINE_FILE}",
-        "--model",
-        spec.model.uri,
-        "--revision",
-        spec.model.revision,
-        "--artifact-store",
-        store_path(served.store),
-        "--artifact-hash",
-        served.hash,
-        "--port",
-        str(HTTP_PORT),
-        "--drain-timeout",
-        str(spec.drain.drain_timeout_seconds),
-        *device,
-    ]
+    return ServeInvocation(
+        config=f"{CONFIG_DIR}/{ENGINE_FILE}",
+        model=spec.model.uri,
+        revision=spec.model.revision,
+        artifact_store=store_path(served.store),
+        artifact_hash=served.hash,
+        port=HTTP_PORT,
+        drain_timeout=spec.drain.drain_timeout_seconds,
+        device=spec.device,
+        instance_type=spec.instance_type,
+    )
 
 
 #: How often the startup probe asks, by device: a Neuron replica loads for minutes, a simulated one
@@ -187,7 +179,7 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
         "name": "engine",
         "image": spec.image,
         "command": [ENGINE_COMMAND],
-        "args": serve_args(spec, served),
+        "args": serve_invocation(spec, served).args(),
         "env": [
             {"name": "HOME", "value": "/tmp"},
             {"name": "NEURONFLEET_ARTIFACT_HASH", "value": served.hash},

@@ -12,7 +12,6 @@ from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCK
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV
 from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME
-from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
 
 Obj = dict[str, Any]
@@ -213,8 +212,3 @@ def engine_config_volume(configmap: str) -> tuple[Obj, Obj]:
         {"name": CONFIG_VOLUME, "configMap": {"name": configmap}},
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
     )
-
-
-def device_args(device: Device) -> list[str]:
-    """``--device sim``, or nothing: neuron is the engine's default, and pods that ran before keep their spec."""
-    return ["--device", device] if device != "neuron" else []
