@@ -232,7 +232,7 @@ class Fleet:
             max_tokens=max_tokens,
             header=ARTIFACT_HEADER,
             model=model,
-            record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER),
+            record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER, routing.ROUTER_HEADER),
             prompt=prompt,
             distinct_prompts=distinct_prompts,
             keep_alive=keep_alive,
@@ -248,9 +248,10 @@ class Fleet:
         started = self.node.in_netns(["python3", "-I", "-c", watching(pod, timeout)], timeout=timeout + 30)
         assert started.returncode == 0, f"no request started on {pod['metadata']['name']}: {started.stderr}"
 
-    def in_service(self, pod_name: str) -> bool:
-        """Whether the Service sends to the pod: a ready endpoint of its EndpointSlices names it."""
-        slices = self.get("endpointslices", "", f"--selector=kubernetes.io/service-name={NAME}")["items"]
+    def in_service(self, pod_name: str, service: str = NAME) -> bool:
+        """Whether the Service (the engines', or another) sends to the pod: a ready endpoint of its
+        EndpointSlices names it."""
+        slices = self.get("endpointslices", "", f"--selector=kubernetes.io/service-name={service}")["items"]
         return any(
             (endpoint.get("targetRef") or {}).get("name") == pod_name and endpoint["conditions"].get("ready")
             for found in slices
@@ -272,9 +273,12 @@ class Fleet:
         assert answered.returncode == 0, answered.stderr
         return dict(json.loads(answered.stdout))
 
-    def container_pid(self, pod: Obj) -> int:
-        """The node's PID of the main process of the pod's (first) container, from the node's containerd."""
-        container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    def container_pid(self, pod: Obj, container: str | None = None) -> int:
+        """The node's PID of the main process of the pod's container (its first by default), from the node's
+        containerd."""
+        statuses = pod["status"]["containerStatuses"]
+        (status,) = [s for s in statuses if s["name"] == container] if container else statuses[:1]
+        container_id = status["containerID"].removeprefix("containerd://")
         return int(json.loads(self.node.crictl("inspect", container_id))["info"]["pid"])
 
     def kill_engine(self, pod: Obj, timeout: float = 60) -> tuple[float, float]:

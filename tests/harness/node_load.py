@@ -137,6 +137,12 @@ class NodeLoad:
             show=lambda _: (process.poll(), self.log.read_text()[-2000:]),
         )
 
+    def answered_so_far(self) -> list[dict[str, Any]]:
+        """The outcomes written so far (the tool writes each as its request ends), while it runs."""
+        text = self.outcomes.read_text() if self.outcomes.is_file() else ""
+        # Only whole lines: the last may be half written.
+        return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
     def stop(self) -> LoadResult:
         """Stop sending, wait for every answer, and read the report."""
         assert self.process is not None, "the load was never started"

@@ -24,6 +24,7 @@ from neuronfleet.operator.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
     INFERENCE_POOLS,
+    PDBS,
     ROLE_BINDINGS,
     ROLES,
     SERVICE_ACCOUNTS,
@@ -49,6 +50,7 @@ ROUTER = (
     (ROLE_BINDINGS, "llama-epp"),
     (CONFIGMAPS, "llama-router"),
     (DEPLOYMENTS, "llama-router"),
+    (PDBS, "llama-router"),
     (SERVICES, "llama-router"),
     (SERVICES, "llama-epp"),
 )

@@ -65,6 +65,7 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
         ("RoleBinding", "llama-epp"),
         ("ConfigMap", "llama-router"),
         ("Deployment", "llama-router"),
+        ("PodDisruptionBudget", "llama-router"),
         ("Service", "llama-router"),
         ("Service", "llama-epp"),
     }
@@ -79,6 +80,12 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
     for container in (picker, envoy):
         assert container["securityContext"]["runAsUser"] != 0
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Router pods spread over nodes, and a drain takes one at a time: with two, routing never stops.
+    (spread,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    selector = deployment["spec"]["selector"]
+    assert spread["podAffinityTerm"] == {"labelSelector": selector, "topologyKey": "kubernetes.io/hostname"}
+    budget = objects[("PodDisruptionBudget", "llama-router")]["spec"]
+    assert (budget["selector"], budget["maxUnavailable"]) == (selector, 1)
     # Users send requests to the router's port 8000; a Gateway reaches the picker at the pool's reference.
     services = {name: o["spec"]["ports"][0] for (kind, name), o in objects.items() if kind == "Service"}
     assert services["llama-router"]["port"] == HTTP_PORT
@@ -163,6 +170,12 @@ def test_envoy_asks_the_picker_and_sends_each_request_where_it_says() -> None:
     # The bodies go to the picker (it reads the prompt), streamed both ways.
     mode = ext_proc["typed_config"]["processing_mode"]
     assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    # Each answer names the replica that served it and the router pod that sent it there.
+    named = {
+        h["header"]["key"]: h["header"]["value"]
+        for h in manager["route_config"]["virtual_hosts"][0]["response_headers_to_add"]
+    }
+    assert named == {routing.UPSTREAM_HEADER: "%UPSTREAM_HOST%", routing.ROUTER_HEADER: "%HOSTNAME%"}
 
 
 def test_routing_is_checked_at_admission() -> None:

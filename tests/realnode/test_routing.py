@@ -9,9 +9,12 @@ test sees where the picker sent what. The tests share the service and leave it R
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
+import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -34,6 +37,7 @@ from harness.node_load import Answer
 
 from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.operator.plan import RouterImages, routing
@@ -235,3 +239,104 @@ def test_a_drained_replica_finishes_what_the_picker_sent_it_and_none_fails(route
     assert all(served_by(a) != victim_ip for a in result.sent_between(deleted_at + 2))
     assert {a.header for a in result.answers} == {serving}
     fleet.wait(lambda: fleet.rolled_out_to(serving), "the replacement pod Ready")
+
+
+def router_pods(fleet: Fleet) -> list[Obj]:
+    """The router's pods, not being deleted, by name."""
+    selector = ",".join(f"{k}={v}" for k, v in routing.router_pods(NAME).items())
+    items: list[Obj] = fleet.get("pods", "", f"--selector={selector}")["items"]
+    return sorted((p for p in items if not p["metadata"].get("deletionTimestamp")), key=lambda p: p["metadata"]["name"])
+
+
+def kill_router_while_it_routes(fleet: Fleet, pod: Obj, timeout: float = 60) -> tuple[float, int]:
+    """SIGKILL a router pod's picker and Envoy once its Envoy is routing a request; when (Unix seconds), and how
+    many requests it was routing then (Envoy's own gauge, read from its admin port inside the pod)."""
+    pids = [fleet.container_pid(pod, name) for name in ("epp", "envoy")]
+    stat = f"http://127.0.0.1:{routing.ENVOY_ADMIN_PORT}/stats?filter=^http\\.router\\.downstream_rq_active$"
+    script = (
+        "import os, signal, time, urllib.request\n"
+        f"deadline = time.time() + {timeout}\n"
+        "while time.time() < deadline:\n"
+        f"    active = int(urllib.request.urlopen({stat!r}, timeout=5).read().decode().rsplit(':', 1)[1])\n"
+        "    if active:\n"
+        f"        for pid in {pids!r}:\n"
+        "            os.kill(pid, signal.SIGKILL)\n"
+        "        print(time.time(), active)\n"
+        "        break\n"
+        "    time.sleep(0.02)\n"
+        "else:\n"
+        "    raise SystemExit('the router routed nothing')\n"
+    )
+    # In the pod's own network namespace, where Envoy's admin port listens on localhost.
+    done = subprocess.run(
+        ["nsenter", "-t", str(pids[1]), "-n", "python3", "-I", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    killed_at, active = done.stdout.split()
+    return float(killed_at), int(active)
+
+
+def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other_routes_on(routed: Fleet) -> None:
+    fleet = routed
+    serving = fleet.status()["currentRevision"]
+    two = copy.deepcopy(fleet.manifest)
+    two["spec"]["routing"]["replicas"] = 2
+    fleet.apply(two)
+    victim, other = fleet.wait(
+        lambda: len(pods := [p for p in router_pods(fleet) if pod_ready(p)]) == 2 and pods, "two router pods Ready"
+    )
+    name = victim["metadata"]["name"]
+    assert fleet.get("pdb", ROUTER)["spec"]["maxUnavailable"] == 1
+    # Each request on its own connection: kube-proxy sends each to either router.
+    with fleet.load("router-lost", through=ROUTER, keep_alive=False) as load:
+        fleet.wait(
+            lambda: (
+                {o["recorded"].get(routing.ROUTER_HEADER) for o in load.answered_so_far()}
+                >= {name, other["metadata"]["name"]}
+            ),
+            "both routers routing",
+        )
+        killed_at, routing_then = kill_router_while_it_routes(fleet, victim)
+        # The kubelet restarts both containers at once; the pod is back once Ready in the router Service.
+        back_at = fleet.wait(
+            lambda: (
+                restarts(p := fleet.get("pod", name)) >= restarts(victim) + 2
+                and pod_ready(p)
+                and fleet.in_service(name, ROUTER)
+                and time.time()
+            ),
+            f"{name} restarted and back in {ROUTER}",
+            timeout=120,
+        )
+        time.sleep(AFTER_S)
+        result = load.stop()
+    report("a router pod killed", result, killed=killed_at, back=back_at)
+    failed = [a for a in result.answers if not a.ok]
+    by_router = Counter(a.recorded.get(routing.ROUTER_HEADER) for a in result.answers if a.ok)
+    print(
+        f"    {routing_then} routed by {name} as it was killed; {len(failed)} failed "
+        f"({dict(Counter(a.result for a in failed))}); answers by router: {dict(by_router)}",
+        flush=True,
+    )
+    # Only what went to the killed router failed: in flight on it, or sent to it before it was back.
+    assert routing_then >= 1
+    for answer in failed:
+        assert answer.done_at > killed_at - 1, answer
+        assert answer.sent_at < back_at, answer
+        assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
+    # The other router routed on throughout, and the killed one routes again once back.
+    assert other["metadata"]["name"] in {a.recorded.get(routing.ROUTER_HEADER) for a in result.sent_between(killed_at)}
+    after = result.sent_between(back_at)
+    assert len(after) >= RATE * AFTER_S * 0.8, len(after)
+    assert all(a.ok for a in after), [a for a in after if not a.ok]
+    assert name in {a.recorded.get(routing.ROUTER_HEADER) for a in after}
+    assert {a.header for a in result.answers if a.ok} == {serving}
+
+
+def restarts(pod: Obj) -> int:
+    """The restarts of all a pod's containers."""
+    return sum(int(s.get("restartCount", 0)) for s in pod.get("status", {}).get("containerStatuses") or [])

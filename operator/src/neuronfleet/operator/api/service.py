@@ -195,7 +195,8 @@ class Routing(K8sModel):
         description=(
             "Router pods, each an Endpoint Picker (Gateway API Inference Extension) with an Envoy in front of it. "
             "Send requests to the Service <name>-router (port 8000): each goes to the replica the picker chooses "
-            "by the engines' waiting and running requests and KV cache, not at random."
+            "by the engines' waiting and running requests and KV cache, not at random. Two or more keep routing "
+            "when one is lost; they prefer different nodes, and a PodDisruptionBudget drains one at a time."
         ),
     )
     node_selector: dict[str, LabelValue] = Field(

@@ -31,6 +31,7 @@ from neuronfleet.engine.names import (
 )
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
+    HOSTNAME_LABEL,
     LABEL_COMPONENT,
     MANAGED_BY,
     Obj,
@@ -51,6 +52,8 @@ ENVOY_ADMIN_PORT = 19000
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 #: The response header naming the replica (``ip:port``) that answered: what a client sees of the choice.
 UPSTREAM_HEADER = "x-neuronfleet-endpoint"
+#: The response header naming the router pod (Envoy's host name) that routed the request.
+ROUTER_HEADER = "x-neuronfleet-router"
 ENVOY_FILE = "envoy.yaml"
 ENVOY_CONFIG_DIR = "/etc/envoy"
 #: GIE's distroless EPP image runs as nonroot (65532), Envoy's image as envoy (101).
@@ -101,8 +104,8 @@ def inference_pool(owner: Owner, namespace: str) -> Obj:
     }
 
 
-def _router_pods(service: str) -> dict[str, str]:
-    # Never the service label alone: the engine's Service selects on it.
+def router_pods(service: str) -> dict[str, str]:
+    """The labels of a service's router pods (never the service label alone: the engine's Service selects on it)."""
     return {
         "app.kubernetes.io/name": "neuronfleet-router",
         "app.kubernetes.io/instance": service,
@@ -181,7 +184,10 @@ def _connection_manager() -> Obj:
                 "route": {"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"},
             }
         ],
-        "response_headers_to_add": [{"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}}],
+        "response_headers_to_add": [
+            {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}},
+            {"header": {"key": ROUTER_HEADER, "value": "%HOSTNAME%"}},
+        ],
     }
     return {
         "@type": f"{_ENVOY_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -368,7 +374,7 @@ def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images
         "securityContext": {**container_security(), "runAsUser": ENVOY_USER, "runAsGroup": ENVOY_USER},
         "volumeMounts": [{"name": "envoy", "mountPath": ENVOY_CONFIG_DIR, "readOnly": True}],
     }
-    pods = _router_pods(owner.name)
+    pods = router_pods(owner.name)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -380,6 +386,20 @@ def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images
                 "metadata": {"labels": pods},
                 "spec": {
                     **_placement(routing),
+                    # Router pods on different nodes where they can be: losing one node loses one router.
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "labelSelector": {"matchLabels": pods},
+                                        "topologyKey": HOSTNAME_LABEL,
+                                    },
+                                }
+                            ]
+                        }
+                    },
                     "serviceAccountName": picker_name(owner.name),
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [picker, envoy],
@@ -401,7 +421,7 @@ def _placement(routing: api.Routing) -> Obj:
 
 def router_services(owner: Owner, namespace: str) -> list[Obj]:
     """``<name>-router`` (HTTP, what users send requests to) and ``<name>-epp`` (the pool's picker, for a Gateway)."""
-    pods = _router_pods(owner.name)
+    pods = router_pods(owner.name)
 
     def service(name: str, port: Obj) -> Obj:
         return {
@@ -420,11 +440,26 @@ def router_services(owner: Owner, namespace: str) -> list[Obj]:
     ]
 
 
+def router_disruption_budget(owner: Owner, namespace: str) -> Obj:
+    """Voluntary evictions take one router pod at a time: with two or more, a node drain never stops routing."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, router_name(owner.name), namespace),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": router_pods(owner.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def router_objects(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> list[Obj]:
     """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),
         router_deployment(owner, namespace, routing, images),
+        router_disruption_budget(owner, namespace),
         *router_services(owner, namespace),
     ]

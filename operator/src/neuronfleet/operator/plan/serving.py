@@ -13,6 +13,7 @@ from neuronfleet.operator.plan.shared import (
     CONFIG_DIR,
     ENGINE_COMMAND,
     ENGINE_FILE,
+    HOSTNAME_LABEL,
     MANAGED_BY,
     Obj,
     Owner,
@@ -138,10 +139,6 @@ def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
     if tolerations:
         placement["tolerations"] = tolerations
     return placement
-
-
-#: Where two pods count as on the same node.
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def _away_from_faults() -> Obj:

@@ -18,6 +18,8 @@ Obj = dict[str, Any]
 
 LABEL_COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = {MANAGED_BY_LABEL: OPERATOR_NAME}
+#: Where two pods count as on the same node.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 CONFIG_DIR = "/etc/neuronfleet"
 ENGINE_FILE = "engine.yaml"

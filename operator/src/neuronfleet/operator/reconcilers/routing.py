@@ -8,6 +8,7 @@ from neuronfleet.operator.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
     INFERENCE_POOLS,
+    PDBS,
     ROLE_BINDINGS,
     ROLES,
     SERVICE_ACCOUNTS,
@@ -54,6 +55,7 @@ class Router:
         router, picker = plan.router_name(service), plan.picker_name(service)
         for resource, name in (
             (DEPLOYMENTS, router),
+            (PDBS, router),
             (SERVICES, router),
             (SERVICES, picker),
             (CONFIGMAPS, router),
