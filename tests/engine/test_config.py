@@ -26,7 +26,7 @@ def test_last_prefill_bucket_is_checked_against_the_effective_budget() -> None:
         EngineConfig(max_num_batched_tokens=8192, max_model_len=4096, num_batched_tokens_buckets=[512, 8192])
     assert messages(caught.value) == {
         "num_batched_tokens_buckets": "Last bucket in num_batched_tokens_buckets must equal "
-        "max_num_batched_tokens (4096), got 8192"
+        "max_model_len (4096), got 8192"
     }
 
 

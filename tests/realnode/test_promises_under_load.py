@@ -302,7 +302,8 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
     victim, healthy = fleet.pods()
     name = victim["metadata"]["name"]
     fleet.wait(lambda: fleet.in_service(name), f"{name} in the Service")
-    with fleet.load("device-fault") as load:
+    # Each request on its own connection: kube-proxy spreads every one, so the victim always gets some.
+    with fleet.load("device-fault", keep_alive=False) as load:
         faulted_at, held = fleet.inject_fault(victim, {"kind": "error", "status": "NRT_EXEC_HW_ERR_HBM_UE"})
         out_at = fleet.wait(lambda: not fleet.in_service(name) and time.time(), f"{name} out of the Service")
         # The operator reads the fault from the pod and quarantines it: out of its Deployment, so a replacement
