@@ -77,7 +77,12 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
     assert (picker["image"], envoy["image"]) == (IMAGES.picker, IMAGES.envoy)
     assert "--pool-name=llama" in picker["args"]
     assert "--pool-namespace=serving" in picker["args"]
+    # Stopping, a router pod leaves the endpoints at once and routes what it holds for a while: both containers
+    # wait before their SIGTERM (the picker too, which Envoy asks about every request), the kubelet longer.
+    drain = routing.ROUTER_DRAIN_SECONDS
+    assert pod["terminationGracePeriodSeconds"] > drain
     for container in (picker, envoy):
+        assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": drain}}}
         assert container["securityContext"]["runAsUser"] != 0
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Router pods spread over nodes, and a drain takes one at a time: with two, routing never stops.

@@ -248,10 +248,10 @@ def router_pods(fleet: Fleet) -> list[Obj]:
     return sorted((p for p in items if not p["metadata"].get("deletionTimestamp")), key=lambda p: p["metadata"]["name"])
 
 
-def kill_router_while_it_routes(fleet: Fleet, pod: Obj, timeout: float = 60) -> tuple[float, int]:
-    """SIGKILL a router pod's picker and Envoy once its Envoy is routing a request; when (Unix seconds), and how
-    many requests it was routing then (Envoy's own gauge, read from its admin port inside the pod)."""
-    pids = [fleet.container_pid(pod, name) for name in ("epp", "envoy")]
+def when_router_routes(fleet: Fleet, pod: Obj, action: str = "", timeout: float = 60) -> tuple[float, int]:
+    """Run ``action`` (Python) once a router pod's Envoy is routing a request; when (Unix seconds), and how many
+    requests it was routing then (Envoy's own gauge, read from its admin port inside the pod)."""
+    envoy = fleet.container_pid(pod, "envoy")
     stat = f"http://127.0.0.1:{routing.ENVOY_ADMIN_PORT}/stats?filter=^http\\.router\\.downstream_rq_active$"
     script = (
         "import os, signal, time, urllib.request\n"
@@ -259,9 +259,8 @@ def kill_router_while_it_routes(fleet: Fleet, pod: Obj, timeout: float = 60) -> 
         "while time.time() < deadline:\n"
         f"    active = int(urllib.request.urlopen({stat!r}, timeout=5).read().decode().rsplit(':', 1)[1])\n"
         "    if active:\n"
-        f"        for pid in {pids!r}:\n"
-        "            os.kill(pid, signal.SIGKILL)\n"
-        "        print(time.time(), active)\n"
+        + "".join(f"        {line}\n" for line in action.splitlines())
+        + "        print(time.time(), active)\n"
         "        break\n"
         "    time.sleep(0.02)\n"
         "else:\n"
@@ -269,15 +268,21 @@ def kill_router_while_it_routes(fleet: Fleet, pod: Obj, timeout: float = 60) -> 
     )
     # In the pod's own network namespace, where Envoy's admin port listens on localhost.
     done = subprocess.run(
-        ["nsenter", "-t", str(pids[1]), "-n", "python3", "-I", "-c", script],
+        ["nsenter", "-t", str(envoy), "-n", "python3", "-I", "-c", script],
         capture_output=True,
         text=True,
         timeout=timeout + 30,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    killed_at, active = done.stdout.split()
-    return float(killed_at), int(active)
+    at, active = done.stdout.split()
+    return float(at), int(active)
+
+
+def kill_router_while_it_routes(fleet: Fleet, pod: Obj) -> tuple[float, int]:
+    """SIGKILL a router pod's picker and Envoy once its Envoy is routing a request (:func:`when_router_routes`)."""
+    pids = [fleet.container_pid(pod, name) for name in ("epp", "envoy")]
+    return when_router_routes(fleet, pod, f"for pid in {pids!r}:\n    os.kill(pid, signal.SIGKILL)")
 
 
 def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other_routes_on(routed: Fleet) -> None:
@@ -340,3 +345,38 @@ def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other
 def restarts(pod: Obj) -> int:
     """The restarts of all a pod's containers."""
     return sum(int(s.get("restartCount", 0)) for s in pod.get("status", {}).get("containerStatuses") or [])
+
+
+def test_a_router_pod_deleted_under_load_finishes_what_it_routes_and_none_fails(routed: Fleet) -> None:
+    fleet = routed
+    serving = fleet.status()["currentRevision"]
+    victim, other = fleet.wait(
+        lambda: len(pods := [p for p in router_pods(fleet) if pod_ready(p)]) == 2 and pods, "two router pods Ready"
+    )
+    name = victim["metadata"]["name"]
+    # Generations of about 8 s, each on its own connection: the deleted router holds some as it stops.
+    with fleet.load(
+        "router-deleted", rate=DRAIN_RATE, max_tokens=DRAIN_TOKENS, through=ROUTER, keep_alive=False
+    ) as load:
+        routing_then = when_router_routes(fleet, victim)[1]
+        deleted_at = time.time()
+        fleet.kubectl("delete", "pod", name, "--wait=false")
+        fleet.wait(
+            lambda: len([p for p in router_pods(fleet) if pod_ready(p) and p["metadata"]["name"] != name]) == 2,
+            "a new router pod Ready beside the other",
+            timeout=120,
+        )
+        replaced_at = time.time()
+        time.sleep(AFTER_S)
+        result = load.stop()
+    report("a router pod deleted", result, deleted=deleted_at, replaced=replaced_at)
+    held = [a for a in result.in_flight_at(deleted_at) if a.recorded.get(routing.ROUTER_HEADER) == name]
+    print(f"    {routing_then} routed by {name} as it was deleted, {len(held)} of them answered", flush=True)
+    assert routing_then >= 1
+    assert held, f"nothing {name} held at its deletion was answered through it"
+    assert result.failed == {}, result.summary
+    assert all(a.tokens == DRAIN_TOKENS for a in result.answers)
+    # Once deleted it took nothing new (a second of slack for the endpoints to change).
+    assert all(a.recorded.get(routing.ROUTER_HEADER) != name for a in result.sent_between(deleted_at + 1))
+    assert other["metadata"]["name"] in {a.recorded.get(routing.ROUTER_HEADER) for a in result.answers}
+    assert {a.header for a in result.answers} == {serving}

@@ -54,6 +54,9 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 UPSTREAM_HEADER = "x-neuronfleet-endpoint"
 #: The response header naming the router pod (Envoy's host name) that routed the request.
 ROUTER_HEADER = "x-neuronfleet-router"
+#: How long a stopping router pod keeps routing what it holds: it leaves the Service's endpoints at once,
+#: both containers wait this long before their SIGTERM (Envoy ends its streams then), the kubelet 5 s more.
+ROUTER_DRAIN_SECONDS = 30
 ENVOY_FILE = "envoy.yaml"
 ENVOY_CONFIG_DIR = "/etc/envoy"
 #: GIE's distroless EPP image runs as nonroot (65532), Envoy's image as envoy (101).
@@ -347,8 +350,9 @@ def picker_args(service: str, namespace: str) -> list[str]:
 
 
 def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> Obj:
-    """The router pods: the picker and its Envoy side by side."""
+    """The router pods: the picker and its Envoy side by side, each finishing what it holds before it stops."""
     grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
+    drain = {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}}
     picker: Obj = {
         "name": "epp",
         "image": images.picker,
@@ -361,6 +365,7 @@ def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images
         ],
         "readinessProbe": {**grpc_probe, "periodSeconds": 2},
         "livenessProbe": {**grpc_probe, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "lifecycle": drain,
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         "securityContext": {**container_security(), "runAsUser": PICKER_USER, "runAsGroup": PICKER_USER},
     }
@@ -370,6 +375,7 @@ def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images
         "args": ["-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}", "--log-level", "warn", "--concurrency", "2"],
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": ENVOY_PORT}],
         "readinessProbe": {"tcpSocket": {"port": ENVOY_PORT}, "periodSeconds": 2},
+        "lifecycle": drain,
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
         "securityContext": {**container_security(), "runAsUser": ENVOY_USER, "runAsGroup": ENVOY_USER},
         "volumeMounts": [{"name": "envoy", "mountPath": ENVOY_CONFIG_DIR, "readOnly": True}],
@@ -401,6 +407,7 @@ def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images
                         }
                     },
                     "serviceAccountName": picker_name(owner.name),
+                    "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [picker, envoy],
                     "volumes": [{"name": "envoy", "configMap": {"name": router_name(owner.name)}}],
