@@ -20,6 +20,7 @@ from neuronfleet.operator.api.service import MAX_ARTIFACT_HISTORY
 from neuronfleet.operator.cache import CachedKube, ObjectCache
 from neuronfleet.operator.handlers import build_registry
 from neuronfleet.operator.kube import EventRecorder
+from neuronfleet.operator.leadership import Election, LeaseUnavailable, answering_liveness, release, wait_to_lead
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.plan import RouterImages
 from neuronfleet.operator.reconcilers import Manager
@@ -107,6 +108,8 @@ async def operate(
         artifact_history_limit=artifact_history_limit,
     )
     registry = build_registry(reconciler, cache, namespaces, resync_seconds)
+    if metrics is not None:
+        metrics.leader.set(1)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -121,6 +124,21 @@ async def operate(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
+
+
+async def lead(
+    configuration: kubernetes.client.Configuration, election: Election | None, liveness: str | None, **options: Any
+) -> None:
+    """Operate once this process leads (at once without an ``election``); release the Lease on the way out."""
+    if election is None:
+        await operate(configuration, liveness=liveness, **options)
+        return
+    async with answering_liveness(liveness):
+        await wait_to_lead(election, configuration)
+    try:
+        await operate(configuration, liveness=liveness, **options)
+    finally:
+        await asyncio.to_thread(release, election, configuration)
 
 
 @app.command()
@@ -170,6 +188,24 @@ def run(
             help="Artifacts a service served before, kept for a rollback (unless its spec.rollout says).",
         ),
     ] = DEFAULT_ARTIFACT_HISTORY_LIMIT,
+    leader_election_namespace: Annotated[
+        str | None,
+        typer.Option(
+            help="Elect one leader on a Lease in this namespace (run several operators, one reconciles). "
+            "Default: no election, this one reconciles.",
+            show_default=False,
+        ),
+    ] = None,
+    leader_election_lease: Annotated[str, typer.Option(help="The Lease's name.")] = Election.lease,
+    lease_duration_seconds: Annotated[
+        int, typer.Option(min=1, help="A standby takes the Lease once it went unrenewed this long.")
+    ] = Election.lease_duration_s,
+    renew_deadline_seconds: Annotated[
+        int, typer.Option(min=1, help="The leader exits if it could not renew the Lease within this.")
+    ] = Election.renew_deadline_s,
+    retry_period_seconds: Annotated[
+        int, typer.Option(min=1, help="Seconds between tries to take or renew the Lease.")
+    ] = Election.retry_period_s,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
@@ -177,6 +213,17 @@ def run(
         configuration = load_configuration(kubeconfig)
     except kubernetes.config.ConfigException as error:
         fail(f"cannot load Kubernetes credentials: {error}")
+    election = None
+    if leader_election_namespace is not None:
+        election = Election(
+            leader_election_namespace,
+            leader_election_lease,
+            lease_duration_seconds,
+            renew_deadline_seconds,
+            retry_period_seconds,
+        )
+        if (problem := election.problem()) is not None:
+            fail(problem)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -186,18 +233,22 @@ def run(
             prometheus_client.start_http_server(metrics_port, metrics_address, registry=metrics.registry)
         except OSError as error:
             fail(f"cannot serve metrics on {metrics_address}:{metrics_port}: {error.strerror or error}")
-    asyncio.run(
-        operate(
-            configuration,
-            namespace or None,
-            resync_seconds=resync_seconds,
-            liveness=liveness,
-            metrics=metrics,
-            prometheus=prometheus_address,
-            router_images=RouterImages(picker=picker_image, envoy=envoy_image),
-            artifact_history_limit=artifact_history_limit,
+    try:
+        asyncio.run(
+            lead(
+                configuration,
+                election,
+                liveness,
+                namespaces=namespace or None,
+                resync_seconds=resync_seconds,
+                metrics=metrics,
+                prometheus=prometheus_address,
+                router_images=RouterImages(picker=picker_image, envoy=envoy_image),
+                artifact_history_limit=artifact_history_limit,
+            )
         )
-    )
+    except LeaseUnavailable as error:
+        fail(str(error))
 
 
 @app.command()

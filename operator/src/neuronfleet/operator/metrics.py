@@ -16,6 +16,7 @@ Series (all prefixed ``neuronfleet_operator_``):
 - ``resync_objects_total``: objects the full resyncs reconciled (one that failed counts next pass).
 - ``quarantined_replicas_total{fault}``: serving pods taken out of service for a Neuron fault, ``device``
   (their engine reported it) or ``node`` (their node's condition did).
+- ``leader``: 1 while this process reconciles, 0 while it stands by for the Lease (``leadership.py``).
 
 ``kind`` is ``NeuronInferenceService`` or ``NeuronCompiledArtifact``.
 """
@@ -29,7 +30,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -45,6 +46,7 @@ RESYNCS = "neuronfleet_operator_resyncs"
 RESYNC_DURATION = "neuronfleet_operator_resync_duration_seconds"
 RESYNC_OBJECTS = "neuronfleet_operator_resync_objects"
 QUARANTINED = "neuronfleet_operator_quarantined_replicas"
+LEADER = "neuronfleet_operator_leader"
 #: Artifact phases that end a compile.
 COMPILE_OUTCOMES = frozenset({"Ready", "Failed"})
 #: Every phase of each kind, exported even when no object is in it.
@@ -114,6 +116,9 @@ class OperatorMetrics:
         )
         for fault in ("device", "node"):
             self.quarantined.labels(fault)
+        self.leader = Gauge(
+            LEADER, "1 while this operator reconciles, 0 while it stands by for the Lease.", registry=self.registry
+        )
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], str] = {}
         self.registry.register(_PhaseCollector(self))
