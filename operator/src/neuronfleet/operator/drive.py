@@ -14,6 +14,7 @@ import datetime
 import functools
 import gc
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +31,10 @@ RESYNC_YIELD_TIMEOUT_S = 1.0
 RESYNC_LATE_PERIODS = 5
 
 
+class ResyncStopped(Exception):
+    """Ends a resync pass in flight: the operator is stopping."""
+
+
 class Drive:
     """Runs ``manager``'s reconciles for the handlers, and its resync every ``resync_seconds``."""
 
@@ -41,9 +46,10 @@ class Drive:
         self.executor: concurrent.futures.Executor | None = None
         self.last_resync: datetime.datetime | None = None
         self._resync: asyncio.Task[None] | None = None
+        self._stopping = threading.Event()
 
     async def in_worker(self, call: Callable[..., T], *args: Any) -> T:
-        """``call(*args)`` on kopf's worker threads (``settings.execution.max_workers``), as its sync handlers."""
+        """``call(*args)`` on kopf's worker threads (its ``settings.execution.executor``), as its sync handlers."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(call, *args))
 
     async def reconcile_service(self, namespace: str, name: str) -> None:
@@ -71,7 +77,8 @@ class Drive:
         self._resync = asyncio.create_task(self._resync_forever())
 
     def stop(self) -> None:
-        """Stop the resync and the retries waiting."""
+        """Stop the resync (a pass in flight ends at its next object) and the retries waiting."""
+        self._stopping.set()
         if self._resync is not None:
             self._resync.cancel()
         self.retries.cancel()
@@ -92,6 +99,8 @@ class Drive:
             # The pass's thread waits while the loop takes in what the watches delivered meanwhile: without
             # it the loop would fight the pass for the GIL, and a change would wait out the whole pass.
             # Bounded, and a closed loop passed over: the pass must not outlive the operator's stop.
+            if self._stopping.is_set():
+                raise ResyncStopped
             with contextlib.suppress(RuntimeError, TimeoutError):
                 asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=RESYNC_YIELD_TIMEOUT_S)
 

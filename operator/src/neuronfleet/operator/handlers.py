@@ -18,6 +18,7 @@ finalizer: children are owned and garbage-collected by Kubernetes. What runs a r
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 from collections.abc import Mapping, Sequence
@@ -109,21 +110,28 @@ def _feed(registry: kopf.OperatorRegistry, cache: ObjectCache, resource: Resourc
 
 
 def build_registry(
-    manager: Manager, cache: ObjectCache, namespaces: Sequence[str] | None, resync_seconds: float
+    manager: Manager,
+    cache: ObjectCache,
+    namespaces: Sequence[str] | None,
+    resync_seconds: float,
+    executor: concurrent.futures.ThreadPoolExecutor,
 ) -> kopf.OperatorRegistry:
-    """A kopf registry whose handlers drive ``manager``'s reconcilers, reading what they watch into ``cache``."""
+    """A kopf registry whose handlers drive ``manager``'s reconcilers on ``executor``'s threads, reading what
+    they watch into ``cache``."""
     registry = kopf.OperatorRegistry()
     for resource in WATCHED:
         _feed(registry, cache, resource)
     drive = Drive(manager, namespaces, resync_seconds)
-    _on_lifecycle(registry, drive)
+    _on_lifecycle(registry, drive, executor)
     _on_kinds(registry, drive)
     _on_children(registry, drive, cache)
     _on_nodes(registry, drive, cache)
     return registry
 
 
-def _on_lifecycle(registry: kopf.OperatorRegistry, drive: Drive) -> None:
+def _on_lifecycle(
+    registry: kopf.OperatorRegistry, drive: Drive, executor: concurrent.futures.ThreadPoolExecutor
+) -> None:
     """Settings and the resync at startup, its stop at cleanup, its health in the liveness probe."""
 
     @kopf.on.startup(registry=registry)
@@ -137,8 +145,8 @@ def _on_lifecycle(registry: kopf.OperatorRegistry, drive: Drive) -> None:
             if selector is not None:
                 settings.watching.label_selectors[resource.group or resource.version, resource.plural] = selector
         settings.posting.level = logging.WARNING
-        settings.execution.max_workers = 8
-        drive.start(settings.execution.executor)
+        settings.execution.executor = executor
+        drive.start(executor)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(**_: Any) -> None:

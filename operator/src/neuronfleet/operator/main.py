@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 from collections.abc import Sequence
@@ -20,12 +21,14 @@ from neuronfleet.operator.api.service import MAX_ARTIFACT_HISTORY
 from neuronfleet.operator.cache import CachedKube, ObjectCache
 from neuronfleet.operator.handlers import build_registry
 from neuronfleet.operator.kube import EventRecorder
-from neuronfleet.operator.leadership import Election, LeaseUnavailable, answering_liveness, release, wait_to_lead
+from neuronfleet.operator.leadership import Election, Leadership, LeaseUnavailable, answering_liveness
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.plan import RouterImages
 from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.reconcilers.service import DEFAULT_ARTIFACT_HISTORY_LIMIT
 
+#: Threads that run reconciles (kopf's executor).
+RECONCILE_WORKERS = 8
 #: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
 EXIT_INVALID = 2
 
@@ -107,7 +110,8 @@ async def operate(
         router_images=router_images,
         artifact_history_limit=artifact_history_limit,
     )
-    registry = build_registry(reconciler, cache, namespaces, resync_seconds)
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
+    registry = build_registry(reconciler, cache, namespaces, resync_seconds, executor)
     if metrics is not None:
         metrics.leader.set(1)
 
@@ -115,15 +119,21 @@ async def operate(
     def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(configuration)
 
-    await kopf.operator(
-        registry=registry,
-        standalone=True,
-        clusterwide=namespaces is None,
-        namespaces=list(namespaces or ()),
-        liveness_endpoint=liveness,
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-    )
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=namespaces is None,
+            namespaces=list(namespaces or ()),
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        # kopf cancelled its tasks, not the reconciles running in threads: they end here (the resync pass
+        # stops at its next object), so nothing of this operator still writes once another may lead.
+        await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+        await asyncio.get_running_loop().shutdown_default_executor()
 
 
 async def lead(
@@ -133,12 +143,53 @@ async def lead(
     if election is None:
         await operate(configuration, liveness=liveness, **options)
         return
+    leadership = Leadership(election, configuration)
     async with answering_liveness(liveness):
-        await wait_to_lead(election, configuration)
+        await leadership.acquire()
     try:
         await operate(configuration, liveness=liveness, **options)
     finally:
-        await asyncio.to_thread(release, election, configuration)
+        leadership.release()  # in the loop: its executor is shut down, and nothing else runs any more
+
+
+def serve_metrics(metrics: OperatorMetrics, address: str, port: int) -> None:
+    """Serve ``metrics`` on ``address:port`` (``/metrics``) from a thread, or fail with why not."""
+    try:
+        prometheus_client.start_http_server(port, address, registry=metrics.registry)
+    except OSError as error:
+        fail(f"cannot serve metrics on {address}:{port}: {error.strerror or error}")
+
+
+# Options of `run` too long to read in its signature.
+PrometheusAddress = Annotated[
+    str | None,
+    typer.Option(
+        help="Prometheus URL the KEDA triggers of autoscaled services query, e.g. http://prometheus.monitoring:9090.",
+        show_default=False,
+    ),
+]
+ArtifactHistoryLimit = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=MAX_ARTIFACT_HISTORY,
+        help="Artifacts a service served before, kept for a rollback (unless its spec.rollout says).",
+    ),
+]
+LeaseNamespace = Annotated[
+    str | None,
+    typer.Option(
+        help="Elect one leader on a Lease in this namespace (run several operators, one reconciles). "
+        "Default: no election, this one reconciles.",
+        show_default=False,
+    ),
+]
+LeaseName = Annotated[str, typer.Option(help="The Lease's name.")]
+LeaseDuration = Annotated[int, typer.Option(min=1, help="A standby takes the Lease once it went unrenewed this long.")]
+RenewDeadline = Annotated[
+    int, typer.Option(min=1, help="The leader exits if it has not renewed the Lease within this.")
+]
+RetryPeriod = Annotated[int, typer.Option(min=1, help="Seconds between tries to take or renew the Lease.")]
 
 
 @app.command()
@@ -167,45 +218,19 @@ def run(
         typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port (/metrics).", show_default=False),
     ] = None,
     metrics_address: Annotated[str, typer.Option(help="Address the metrics port listens on.")] = "0.0.0.0",
-    prometheus_address: Annotated[
-        str | None,
-        typer.Option(
-            help="Prometheus URL the KEDA triggers of autoscaled services query, e.g. http://prometheus.monitoring:9090.",
-            show_default=False,
-        ),
-    ] = None,
+    prometheus_address: PrometheusAddress = None,
     picker_image: Annotated[
         str, typer.Option(help="The Endpoint Picker's image, for services with spec.routing.")
     ] = RouterImages.picker,
     envoy_image: Annotated[str, typer.Option(help="Envoy's image, in front of each Endpoint Picker.")] = (
         RouterImages.envoy
     ),
-    artifact_history_limit: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=MAX_ARTIFACT_HISTORY,
-            help="Artifacts a service served before, kept for a rollback (unless its spec.rollout says).",
-        ),
-    ] = DEFAULT_ARTIFACT_HISTORY_LIMIT,
-    leader_election_namespace: Annotated[
-        str | None,
-        typer.Option(
-            help="Elect one leader on a Lease in this namespace (run several operators, one reconciles). "
-            "Default: no election, this one reconciles.",
-            show_default=False,
-        ),
-    ] = None,
-    leader_election_lease: Annotated[str, typer.Option(help="The Lease's name.")] = Election.lease,
-    lease_duration_seconds: Annotated[
-        int, typer.Option(min=1, help="A standby takes the Lease once it went unrenewed this long.")
-    ] = Election.lease_duration_s,
-    renew_deadline_seconds: Annotated[
-        int, typer.Option(min=1, help="The leader exits if it could not renew the Lease within this.")
-    ] = Election.renew_deadline_s,
-    retry_period_seconds: Annotated[
-        int, typer.Option(min=1, help="Seconds between tries to take or renew the Lease.")
-    ] = Election.retry_period_s,
+    artifact_history_limit: ArtifactHistoryLimit = DEFAULT_ARTIFACT_HISTORY_LIMIT,
+    leader_election_namespace: LeaseNamespace = None,
+    leader_election_lease: LeaseName = Election.lease,
+    lease_duration_seconds: LeaseDuration = Election.lease_duration_s,
+    renew_deadline_seconds: RenewDeadline = Election.renew_deadline_s,
+    retry_period_seconds: RetryPeriod = Election.retry_period_s,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
@@ -216,12 +241,9 @@ def run(
     election = None
     if leader_election_namespace is not None:
         election = Election(
-            leader_election_namespace,
-            leader_election_lease,
-            lease_duration_seconds,
-            renew_deadline_seconds,
+            leader_election_namespace, leader_election_lease, lease_duration_seconds, renew_deadline_seconds,
             retry_period_seconds,
-        )
+        )  # fmt: skip
         if (problem := election.problem()) is not None:
             fail(problem)
     logging.basicConfig(
@@ -229,10 +251,7 @@ def run(
     )
     metrics = OperatorMetrics()
     if metrics_port is not None:
-        try:
-            prometheus_client.start_http_server(metrics_port, metrics_address, registry=metrics.registry)
-        except OSError as error:
-            fail(f"cannot serve metrics on {metrics_address}:{metrics_port}: {error.strerror or error}")
+        serve_metrics(metrics, metrics_address, metrics_port)
     try:
         asyncio.run(
             lead(
