@@ -53,6 +53,8 @@ def test_helm_lint_strict(helm: Helm) -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("watchNamespaces[0]=Not_A_Namespace", "watchNamespaces"),
         ("artifactHistoryLimit=11", "artifactHistoryLimit"),
+        ("leaderElection.leaseSeconds=20", "additional properties 'leaseSeconds' not allowed"),
+        ("replicas=0", "replicas"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(helm: Helm, setting: str, complaint: str) -> None:
@@ -87,8 +89,6 @@ def test_chart_crds_are_the_generated_ones() -> None:
 
 def test_operator_pod_is_restricted_and_probed(render: Render) -> None:
     deployment = only(render(), "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "never two operators at once"
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] > 0
@@ -127,12 +127,13 @@ def documented_rbac() -> set[tuple[str, frozenset[str]]]:
 
 
 def granted(docs: list[Obj]) -> set[tuple[str, frozenset[str]]]:
-    rules = set()
-    for role in (d for d in docs if d["kind"] == "ClusterRole"):
+    """(resource, verbs) per resource, over every ClusterRole and Role the chart renders."""
+    verbs: dict[str, set[str]] = {}
+    for role in (d for d in docs if d["kind"] in {"ClusterRole", "Role"}):
         for rule in role["rules"]:
             for resource in rule["resources"]:
-                rules.add((resource, frozenset(rule["verbs"])))
-    return rules
+                verbs.setdefault(resource, set()).update(rule["verbs"])
+    return {(resource, frozenset(held)) for resource, held in verbs.items()}
 
 
 AUTOSCALING = ("autoscaling.enabled=true", "autoscaling.prometheus.address=http://prometheus.monitoring:9090")
@@ -158,14 +159,14 @@ def test_cluster_wide_by_default(render: Render) -> None:
     docs = render()
     bindings = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
     assert bindings == {"neuronfleet-neuronfleet-system", "neuronfleet-neuronfleet-system-scan"}
-    assert [d for d in docs if d["kind"] == "RoleBinding"] == []
+    assert [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"] == []
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not [a for a in args if a.startswith("--namespace")]
 
 
 def test_watch_namespaces_bind_the_role_only_there(render: Render) -> None:
     docs = render("watchNamespaces={llm,batch}")
-    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["batch", "llm"]
     assert {b["roleRef"]["name"] for b in bindings} == {"neuronfleet-neuronfleet-system"}
     # Only scanning (CRDs, namespaces) stays cluster-wide.
@@ -220,6 +221,65 @@ def test_the_operator_parses_every_argument_the_chart_passes_it(render: Render) 
     params = command.make_context(name, rest, parent=context).params
     assert params["artifact_history_limit"] == 0
     assert params["resync_seconds"] == 300
+    assert (params["leader_election_lease"], params["lease_duration_seconds"]) == ("neuronfleet", 15)
+
+
+def test_two_operators_elect_one_leader_on_a_lease_only_they_may_renew(render: Render) -> None:
+    docs = render()
+    deployment = only(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    # A new pod stands by before the old one goes: it releases the Lease on its way out.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {
+        "--leader-election-namespace=neuronfleet-system",
+        "--leader-election-lease=neuronfleet",
+        "--lease-duration-seconds=15",
+        "--renew-deadline-seconds=10",
+        "--retry-period-seconds=2",
+    } <= set(container["args"])
+    (spread,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    # The Lease's rights: in the release's namespace, renewing only its own Lease.
+    role = only(docs, "Role")
+    assert role["metadata"]["namespace"] == "neuronfleet-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["neuronfleet"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    # A drain takes one at a time.
+    budget = only(docs, "PodDisruptionBudget")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": deployment["spec"]["selector"]}
+    binding = only(docs, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+def test_without_leader_election_one_operator_runs_and_more_are_refused(render: Render, helm: Helm) -> None:
+    docs = render("leaderElection.enabled=false", "replicas=1")
+    deployment = only(docs, "Deployment")
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in container["args"] if a.startswith("--leader-election")]
+    assert [d for d in docs if d["kind"] in {"Role", "RoleBinding", "PodDisruptionBudget"}] == []
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    both = helm("template", "neuronfleet", str(CHART), "--set", "leaderElection.enabled=false")
+    assert both.returncode != 0
+    assert "replicas 2 needs leaderElection.enabled" in both.stderr
 
 
 def test_autoscaling_passes_the_prometheus_address_and_needs_one(render: Render, helm: Helm) -> None:

@@ -16,6 +16,8 @@ from neuronfleet.devcluster.process.waiting import WaitFor
 
 #: The operator's counter of finished full resyncs (``neuronfleet.operator.metrics.RESYNCS``), as scraped.
 RESYNCS_TOTAL = "neuronfleet_operator_resyncs_total"
+#: 1 while it reconciles, 0 while it stands by for the Lease (``neuronfleet.operator.metrics.LEADER``).
+LEADER = "neuronfleet_operator_leader"
 
 
 class OperatorProcess:
@@ -28,6 +30,7 @@ class OperatorProcess:
         log_dir: Path,
         resync_seconds: float = 5.0,
         prometheus: str | None = None,
+        leader_election: str | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces
@@ -35,6 +38,8 @@ class OperatorProcess:
         self.resync_seconds = resync_seconds
         #: The Prometheus URL autoscaled services' ScaledObjects query (``--prometheus-address``).
         self.prometheus = prometheus
+        #: The namespace of the Lease it is elected on (``--leader-election-namespace``); none: it always leads.
+        self.leader_election = leader_election
         self.managed: ManagedProcess | None = None
         self.runs = 0
         self.metrics_port = 0
@@ -50,7 +55,7 @@ class OperatorProcess:
         return self.log_dir / f"operator-{self.runs}.log"
 
     def start(self, wait_for: WaitFor, timeout: float = 60) -> None:
-        """Start it and wait until its liveness endpoint answers (it is watching)."""
+        """Start it and wait until its liveness endpoint answers (it is watching, or standing by to)."""
         if self.managed is not None and self.managed.alive():
             raise RuntimeError("the operator is still running: stop() or kill() it before starting it again")
         self.runs += 1
@@ -62,6 +67,8 @@ class OperatorProcess:
         argv += ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"]
         if self.prometheus is not None:
             argv += ["--prometheus-address", self.prometheus]
+        if self.leader_election is not None:
+            argv += ["--leader-election-namespace", self.leader_election]
         self.managed = ManagedProcess.spawn("operator", argv, self.log)
         self.managed.wait_ready(
             f"http://127.0.0.1:{port}/healthz", timeout=timeout, what="the operator's liveness endpoint", wait=wait_for
@@ -74,6 +81,10 @@ class OperatorProcess:
     def resyncs(self) -> int:
         """Full resyncs this run has finished (its resyncs counter)."""
         return int(self.metrics().get((RESYNCS_TOTAL, (("outcome", "ok"),)), 0))
+
+    def leading(self) -> bool:
+        """Whether it reconciles now (it may be standing by for the Lease)."""
+        return self.metrics().get((LEADER, ()), 0) == 1
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when its node dies."""
