@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.engine.serving.serve import (
     CPU_COMPILE_ENVS,
     MULTIPROC_METHOD_ENV,
@@ -172,3 +175,31 @@ def test_the_platform_plugin_answers_only_for_the_simulated_device(monkeypatch: 
     assert activate() is None
     monkeypatch.setenv("NEURONFLEET_DEVICE", "sim")
     assert activate() == "neuronfleet.engine.sim.platform.SimNeuronPlatform"
+
+
+def test_kv_events_are_published_on_their_port_and_replayed_on_the_next() -> None:
+    assert "--kv-events-config" not in options(vllm_serve_argv(request()))
+    config = json.loads(options(vllm_serve_argv(request(kv_events_port=KV_EVENTS_PORT)))["--kv-events-config"] or "")
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
+        "replay_endpoint": f"tcp://*:{KV_EVENTS_PORT + 1}",
+    }
+    assert HTTP_PORT not in {KV_EVENTS_PORT, KV_EVENTS_PORT + 1}
+
+
+@pytest.mark.parametrize(
+    ("ports", "complaint"),
+    [
+        (["--port", "5557", "--kv-events-port", "5557"], "the HTTP port (5557), the KV events port (5557)"),
+        (["--kv-events-port", "7999"], "the HTTP port (8000), the KV events port (7999) and its replay port (8000)"),
+        (["--kv-events-replay-port", "5558"], "--kv-events-replay-port needs --kv-events-port"),
+    ],
+)
+def test_ports_that_clash_are_refused_before_anything_starts(
+    run_cli: Callable[..., subprocess.CompletedProcess[str]], ports: list[str], complaint: str
+) -> None:
+    refused = run_cli("neuronfleet-engine", "serve", "--device", "sim", *ports)
+    assert refused.returncode == 2, refused.stderr
+    assert complaint in refused.stderr

@@ -25,10 +25,15 @@ from harness.engine_server import (
     error_lines,
     write_engine_config,
 )
+from harness.kv_events import replayed
+from vllm.distributed.kv_events import BlockStored
 
 from neuronfleet.devcluster.addons.metrics import Samples
+from neuronfleet.devcluster.process.managed import free_ports
+from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.engine import names
 from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
+from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.serving.drain import CLOSE_CONNECTIONS_S
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
@@ -82,6 +87,7 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
         check=False,
     )
     assert compiled.returncode == 0, compiled.stderr
+    kv_events, kv_replay = free_ports(2)
     server = servers.start(
         "--config",
         str(config),
@@ -91,9 +97,14 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
         "virtual",
         "--artifact-store",
         str(store),
+        "--kv-events-port",
+        str(kv_events),
+        "--kv-events-replay-port",
+        str(kv_replay),
         env={names.REPLICA_ENV: REPLICA},
     )
     server.extra["artifact"] = compiled.stdout.split("artifact ")[1].split()[0]
+    server.extra["kv_replay"] = f"tcp://127.0.0.1:{kv_replay}"
     return server
 
 
@@ -418,6 +429,26 @@ def test_the_picker_reads_running_waiting_and_kv_use_under_load(
     idle = {names.PICKER_RUNNING: 0.0, names.PICKER_WAITING: 0.0, names.PICKER_KV_CACHE_USAGE: 0.0}
     idled = scrape_until(server, lambda samples: picker_view(samples) == idle, "an idle engine")
     assert gauge(idled, names.REQUESTS_IN_FLIGHT) == 0
+
+
+def stored_blocks(server: EngineServer) -> int:
+    """Blocks the engine's KV cache events say it cached so far (``--kv-events-port``), from its replay."""
+    return sum(
+        len(event.block_hashes)
+        for batch in replayed(server.extra["kv_replay"])
+        for event in batch.events
+        if isinstance(event, BlockStored)
+    )
+
+
+def test_kv_cache_events_publish_the_blocks_a_prompt_filled(server: EngineServer) -> None:
+    before = stored_blocks(server)
+    answer = completion(server, "kv events " + prompt(90), 4)
+    filled = answer["usage"]["prompt_tokens"] // EngineConfig.model_fields["block_size"].default
+    assert filled >= 2
+    # The engine core publishes a step's events as the step ends: the answer may come first.
+    wait_for(lambda: stored_blocks(server) - before >= filled, timeout=10, interval=0.2, what="the events")
+    assert stored_blocks(server) - before == filled
 
 
 def test_prompt_longer_than_max_model_len_is_a_400(server: EngineServer) -> None:

@@ -40,6 +40,9 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 #: serving pods and their Service, which the probes and the scrapes refer to.
 HTTP_PORT = 8000
 HTTP_PORT_NAME = "http"
+#: Where the engine publishes its KV cache events when asked (``serve --kv-events-port``: vLLM's ZMQ
+#: publisher and default port) and replays those it still holds (the next port); apart from the HTTP port.
+KV_EVENTS_PORT = 5557
 
 #: The response header naming the replica (its pod) that answered, on every answer the engine sends; the
 #: operator gives each serving pod its own name in this environment variable (the host name otherwise).

@@ -31,7 +31,7 @@ from neuronfleet.engine.hardware import (
     largest_instance_type,
 )
 from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
-from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.engine.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
@@ -203,6 +203,40 @@ def compile_command(
     out.print(outcome_line(outcome))
 
 
+KvEventsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=65535,
+        help=f"Publish KV cache events (blocks cached and evicted, vLLM's format, over ZMQ) on this port, e.g. "
+        f"{KV_EVENTS_PORT}, for a prefix-cache-aware router. Default: off.",
+        show_default=False,
+    ),
+]
+KvEventsReplayPortOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=65535,
+        help="Replay recent KV cache events on this port. Default: --kv-events-port + 1.",
+        show_default=False,
+    ),
+]
+
+
+def check_ports(port: int, kv_events_port: int | None, kv_events_replay_port: int | None) -> None:
+    """Fail unless the HTTP port and the KV events' two ports are three different ports."""
+    if kv_events_port is None:
+        if kv_events_replay_port is not None:
+            fail("--kv-events-replay-port needs --kv-events-port")
+        return
+    replay = kv_events_port + 1 if kv_events_replay_port is None else kv_events_replay_port
+    if len({port, kv_events_port, replay}) < 3:
+        fail(
+            f"the HTTP port ({port}), the KV events port ({kv_events_port}) and its replay port ({replay}) must differ"
+        )
+
+
 def serve_command(
     ctx: typer.Context,
     config: ConfigOption = None,
@@ -232,9 +266,12 @@ def serve_command(
     shape: ShapeOption = None,
     instance_type: InstanceOption = None,
     clock: ClockOption = "real",
+    kv_events_port: KvEventsPortOption = None,
+    kv_events_replay_port: KvEventsReplayPortOption = None,
 ) -> None:
     """Serve the OpenAI-compatible API: vLLM's server with the Neuron scheduler. Arguments after -- go to vLLM."""
     check_device(device)
+    check_ports(port, kv_events_port, kv_events_replay_port)
     engine = load_config(config, None, None, None, None, None)
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
     if device == "sim":
@@ -273,6 +310,8 @@ def serve_command(
             async_scheduling=async_scheduling,
             artifact_dir=directory,
             sim=settings,
+            kv_events_port=kv_events_port,
+            kv_events_replay_port=kv_events_replay_port,
             extra_args=tuple(ctx.args),
         )
     )

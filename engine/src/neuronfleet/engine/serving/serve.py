@@ -78,6 +78,9 @@ class ServeRequest:
     #: A complete compiled artifact's directory; ``None`` compiles at start (sim only).
     artifact_dir: Path | None = None
     sim: SimSettings = field(default_factory=SimSettings)
+    #: Publish KV cache events on this port, and replay them on ``kv_events_replay_port``; ``None``: off.
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -116,6 +119,8 @@ def vllm_serve_argv(request: ServeRequest) -> list[str]:
         args += ["--distributed-executor-backend", EXECUTOR_CLS]
     elif request.revision is not None:
         args += ["--revision", request.revision]
+    if request.kv_events_port is not None:
+        args += ["--kv-events-config", kv_events_config(request.kv_events_port, request.kv_events_replay_port)]
     return [
         request.model,
         "--served-model-name",
@@ -130,6 +135,20 @@ def vllm_serve_argv(request: ServeRequest) -> list[str]:
         *args,
         *request.extra_args,
     ]
+
+
+def kv_events_config(port: int, replay_port: int | None) -> str:
+    """vLLM's ``--kv-events-config``: every block the scheduler caches or evicts, published on all addresses
+    at ``port`` (ZMQ PUB, msgpack ``KVEventBatch``), and the last batches replayed on ``replay_port`` (the
+    next port by default) to a subscriber that joins late or missed some."""
+    replay = port + 1 if replay_port is None else replay_port
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port}",
+        "replay_endpoint": f"tcp://*:{replay}",
+    }
+    return json.dumps(config, separators=(",", ":"))
 
 
 def metrics_dir(port: int) -> Path:
