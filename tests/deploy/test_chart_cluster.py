@@ -70,8 +70,8 @@ class Release:
         )
 
     def operator_log(self) -> str:
-        """The operator container's log, as the kubelet keeps it."""
-        return ok(self.kubectl("logs", f"deployment/{RELEASE}", "--tail=-1"))
+        """The leading operator container's log, as the kubelet keeps it."""
+        return ok(operator_release.leader_log(self.cluster, self.namespace))
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -97,7 +97,7 @@ def release(
     try:
         yield installed_release
     finally:
-        log = installed_release.kubectl("logs", f"deployment/{RELEASE}", "--tail=60")
+        log = operator_release.leader_log(real_cluster, namespace, tail=60)
         print(f"--- operator log ---\n{log.stdout}{log.stderr}")
         real_cluster.helm("uninstall", RELEASE, "--namespace", namespace)
         real_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
@@ -131,13 +131,21 @@ def ready_service(release: Release, kube: Any, tmp_path_factory: pytest.TempPath
 def test_operator_reaches_ready_with_only_the_charts_rights(release: Release, ready_service: Obj) -> None:
     assert ready_service["status"]["readyReplicas"] == ready_service["spec"]["replicas"] == 2
     pods = json.loads(ok(release.kubectl("get", "pods", "-l", "app.kubernetes.io/name=neuronfleet", "-o", "json")))
-    (pod,) = pods["items"]
-    # The operator ran in a container from the image built here, on the real node, as the chart's account.
-    assert pod["spec"]["nodeName"] == REAL_NODE
-    assert pod["spec"]["serviceAccountName"] == RELEASE
-    (status,) = pod["status"]["containerStatuses"]
-    assert status["image"] == release.image.name
-    assert status["ready"] is True
+    # Two operators ran in containers from the image built here, on the real node, as the chart's account.
+    assert len(pods["items"]) == 2
+    for pod in pods["items"]:
+        assert pod["spec"]["nodeName"] == REAL_NODE
+        assert pod["spec"]["serviceAccountName"] == RELEASE
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["image"] == release.image.name
+        assert status["ready"] is True
+    # One of them leads, and only it reconciled; the other stands by, alive to its probe.
+    leader = operator_release.leader(release.cluster, release.namespace)
+    (standby,) = {p["metadata"]["name"] for p in pods["items"]} - {leader}
+    waiting = ok(release.kubectl("logs", f"pod/{standby}", "--tail=-1"))
+    assert f"standing by for Lease {release.namespace}/{RELEASE}" in waiting, waiting
+    assert "leading" not in waiting, waiting
+    assert "Handler" not in waiting, waiting
     whoami = ok(release.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", as_operator=True))
     assert whoami == release.identity
     # A verb the chart forgot shows up as a 403 somewhere, even where the operator carries on. The
@@ -163,6 +171,8 @@ def test_service_account_has_the_documented_rights_and_no_more(release: Release)
         # A service whose spec.routing goes loses its router: the Deployment, its Services, the picker's access.
         ("delete", "deployments.apps"),
         ("create", "roles.rbac.authorization.k8s.io"),
+        # The leader election: its own Lease, in its own namespace.
+        ("update", f"leases.coordination.k8s.io/{RELEASE}"),
     ]
     denied = [
         ("update", "neuroninferenceservices.neuronfleet.io"),
@@ -175,6 +185,7 @@ def test_service_account_has_the_documented_rights_and_no_more(release: Release)
         ("create", "pods"),
         ("get", "configmaps"),
         ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("update", "leases.coordination.k8s.io/kube-scheduler"),
     ]
     assert [(v, r) for v, r in allowed if not can_i(release, v, r)] == []
     assert [(v, r) for v, r in denied if can_i(release, v, r)] == []
@@ -185,7 +196,7 @@ def test_service_account_has_the_documented_rights_and_no_more(release: Release)
 def test_operator_pod_passes_the_restricted_pod_security_standard(release: Release) -> None:
     deployment = yaml.safe_load(ok(release.kubectl("get", "deployment", RELEASE, "-o", "yaml")))
     # Admission would have refused the pod in this namespace (ReplicaSet FailedCreate) had it broken a rule.
-    assert deployment["status"].get("availableReplicas") == 1
+    assert deployment["status"].get("availableReplicas") == deployment["spec"]["replicas"] == 2
     labels = yaml.safe_load(ok(release.kubectl("get", "namespace", release.namespace, "-o", "yaml")))
     assert labels["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 

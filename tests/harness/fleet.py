@@ -314,8 +314,8 @@ class Fleet:
         items: list[Obj] = self.get("jobs", "", f"--selector={LABEL_ARTIFACT}={artifact_hash}")["items"]
         return items
 
-    def operator_pod(self) -> Obj:
-        """The operator's one running pod (not being deleted)."""
+    def operator_pods(self) -> list[Obj]:
+        """The operator's running pods (not being deleted): the leader and its standby."""
         found = self.cluster.kubectl(
             "get",
             "pods",
@@ -327,9 +327,11 @@ class Fleet:
             f"app.kubernetes.io/instance={operator_release.RELEASE}",
         )
         assert found.returncode == 0, found.stderr
-        pods = [p for p in json.loads(found.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
-        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-        return dict(pods[0])
+        return [p for p in json.loads(found.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def operator_leader(self) -> str:
+        """The operator pod that holds the Lease (``""`` while none does)."""
+        return operator_release.leader(self.cluster, self.operator_namespace)
 
 
 def watching(pod: Obj, timeout: float) -> str:
@@ -464,9 +466,7 @@ def started(
             service.wait(service.routed, f"{NAME}'s Endpoint Picker and Envoy Ready")
         yield service
     finally:
-        log = real_cluster.kubectl(
-            "logs", f"deployment/{operator_release.RELEASE}", "--namespace", operator_namespace, "--tail=40"
-        )
+        log = operator_release.leader_log(real_cluster, operator_namespace, tail=40)
         print(f"--- operator log ---\n{log.stdout}{log.stderr}")
         real_cluster.helm("uninstall", operator_release.RELEASE, "--namespace", operator_namespace)
         for name in (namespace, operator_namespace):

@@ -24,10 +24,12 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+import yaml
 from harness.cluster_fixtures import NodeImage
 from harness.fleet import (
     AFTER_S,
     BUCKET,
+    CHART,
     DRAIN_TOKENS,
     LLAMA_8B_MODEL,
     MAX_TOKENS,
@@ -51,9 +53,17 @@ from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.faults import DEVICE_FAULT_PREFIX, parse_termination_message
-from neuronfleet.engine.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE, REPLICA_HEADER
+from neuronfleet.engine.names import (
+    ANNOTATION_FAULT,
+    LABEL_ARTIFACT,
+    LABEL_QUARANTINED,
+    LABEL_SERVICE,
+    REPLICA_HEADER,
+)
 from neuronfleet.engine.serving.readiness import RUNTIME_ERROR_EXIT
 
+#: The chart's leader election timings, which bound a takeover after a crash.
+ELECTION = yaml.safe_load((CHART / "values.yaml").read_text())["leaderElection"]
 #: Long generations a second: two replicas run them with room, one alone just keeps up.
 DRAIN_RATE = 0.5
 
@@ -159,42 +169,81 @@ def test_a_failed_compile_blocks_while_the_old_pods_keep_serving(fleet: Fleet) -
     fleet.wait(lambda: fleet.rolled_out_to(serving), f"{NAME} Ready again on {serving}")
 
 
-def test_the_operator_killed_mid_compile_converges_without_duplicate_jobs(fleet: Fleet) -> None:
+def kill_operator(fleet: Fleet, pod: Obj) -> float:
+    """SIGKILL the operator's process in ``pod`` (a crash, not a delete); when."""
+    pid = fleet.container_pid(pod)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    return killed_at
+
+
+def test_the_leader_killed_mid_compile_and_mid_rollout_hands_over_without_a_duplicate_job(fleet: Fleet) -> None:
     changed = fleet.with_buckets([32, 256])
     new = identity_hash(changed)
-    operator = fleet.operator_pod()
-    pid = fleet.container_pid(operator)
-    with fleet.load("operator-killed") as load:
+    operators = {p["metadata"]["name"]: p for p in fleet.operator_pods()}
+    assert len(operators) == 2, list(operators)
+    first = fleet.operator_leader()
+    (standby,) = set(operators) - {first}
+    with fleet.load("leader-killed") as load:
         fleet.apply(changed)
         (job,) = wait_for(lambda: fleet.compile_jobs(new), timeout=120, interval=0.2, what=f"the compile Job of {new}")
-        # A crash, not a delete: SIGKILL to the operator's process, as soon as its compile Job exists.
-        killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        killed_at = kill_operator(fleet, operators[first])
         # Mid-compile: the Job, made before the kill, had not finished after it.
         compiling = fleet.get("job", job["metadata"]["name"])["status"]
-        restarted = fleet.wait(
-            lambda: restarts(p := fleet.operator_pod()) > restarts(operator) and pod_ready(p) and p,
-            "the operator's container restarted",
+        # The standby, which saw the Lease's last renewal, takes it once that is a lease duration old; the
+        # killed pod's restarted operator is a new candidate that has to wait a whole duration from its start.
+        took_over_at = wait_for(
+            lambda: fleet.operator_leader() == standby and time.time(),
+            timeout=60,
+            interval=0.2,
+            what=f"{standby} leads",
+        )
+        # Mid-rollout: the new leader killed as soon as it has started a replica on the new artifact.
+        started_at = wait_for(
+            lambda: any(p["metadata"]["labels"][LABEL_ARTIFACT] == new for p in fleet.pods()) and time.time(),
+            timeout=2 * POD_TIMEOUT_S,
+            interval=0.2,
+            what=f"a replica on {new}",
+        )
+        second_killed_at = kill_operator(fleet, operators[standby])
+        back_at = wait_for(
+            lambda: fleet.operator_leader() == first and time.time(), timeout=60, interval=0.2, what=f"{first} leads"
         )
         done_at = fleet.wait(
             lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
         )
         time.sleep(AFTER_S)
         result = load.stop()
-    report("operator killed mid-compile", result, killed=killed_at, rolled_out=done_at)
+    report(
+        "leader killed mid-compile, then its successor mid-rollout",
+        result,
+        killed=killed_at,
+        took_over=took_over_at,
+        rollout_started=started_at,
+        successor_killed=second_killed_at,
+        taken_back=back_at,
+        rolled_out=done_at,
+    )
+    # Within a lease duration and two retry periods of the kill (the last renewal was at most one before it).
+    bound = ELECTION["leaseDurationSeconds"] + 2 * ELECTION["retryPeriodSeconds"]
+    assert took_over_at - killed_at <= bound + 2
+    assert back_at - second_killed_at <= bound + 2
     assert not compiling.get("succeeded"), compiling
     assert not compiling.get("failed"), compiling
-    # The same pod, its container restarted once by the kubelet, on the real node.
-    assert restarted["metadata"]["uid"] == operator["metadata"]["uid"]
-    assert restarts(restarted) == restarts(operator) + 1
-    assert restarted["spec"]["nodeName"] == REAL_NODE
+    # Both pods still there, each container restarted once by the kubelet, on the real node.
+    after = {p["metadata"]["name"]: p for p in fleet.operator_pods()}
+    assert after.keys() == operators.keys()
+    for name, pod in after.items():
+        assert pod["metadata"]["uid"] == operators[name]["metadata"]["uid"]
+        assert restarts(pod) == restarts(operators[name]) + 1
+        assert pod["spec"]["nodeName"] == REAL_NODE
     assert result.failed == {}, result.summary
     assert {a.header for a in result.sent_between(done_at)} == {new}
-    # The same one Job, never made again by the restarted operator, and its one pod.
-    (after,) = fleet.compile_jobs(new)
-    assert after["metadata"]["uid"] == job["metadata"]["uid"]
-    assert after["status"].get("succeeded") == 1
-    assert not after["status"].get("failed")
+    # The same one Job, never made again by either successor, and its one pod.
+    (compiled,) = fleet.compile_jobs(new)
+    assert compiled["metadata"]["uid"] == job["metadata"]["uid"]
+    assert compiled["status"].get("succeeded") == 1
+    assert not compiled["status"].get("failed")
 
 
 def test_a_deleted_pod_finishes_the_requests_running_on_it_and_none_fails(fleet: Fleet) -> None:

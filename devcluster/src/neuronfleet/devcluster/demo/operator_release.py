@@ -78,3 +78,16 @@ def install(
         f"--timeout={timeout_s}s",
         timeout=timeout_s + 30,
     )
+
+
+def leader(cluster: LocalCluster, namespace: str) -> str:
+    """The pod whose operator holds the release's Lease, the one that reconciles; ``""`` before any does."""
+    holder = cluster.kubectl("get", "lease", RELEASE, "--namespace", namespace, "-o", "jsonpath={.spec.holderIdentity}")
+    # The operator names itself <pod>_<random> (neuronfleet.operator.leadership.candidate_identity).
+    return holder.stdout.rsplit("_", 1)[0] if holder.returncode == 0 and holder.stdout else ""
+
+
+def leader_log(cluster: LocalCluster, namespace: str, tail: int = -1) -> subprocess.CompletedProcess[str]:
+    """The log of the operator that reconciles (of the Deployment's first pod while none leads)."""
+    source = f"pod/{pod}" if (pod := leader(cluster, namespace)) else f"deployment/{RELEASE}"
+    return cluster.kubectl("logs", source, "--namespace", namespace, f"--tail={tail}")

@@ -177,9 +177,7 @@ class Demo:
         workdir.mkdir(exist_ok=True)
         name = self._apply(cluster, with_image(service, built["engine"].name), workdir)
         self._watch(cluster, service, name)
-        log = ok(
-            cluster.kubectl("logs", f"deployment/{RELEASE}", "-n", OPERATOR_NAMESPACE, "--tail=-1"), "operator log"
-        )
+        log = ok(operator_release.leader_log(cluster, OPERATOR_NAMESPACE), "operator log")
         refused = rbac_refusals(log)
         if refused:
             raise DemoError(f"the chart's RBAC refused the operator {len(refused)} times; first: {refused[0]}")
@@ -392,7 +390,8 @@ class Demo:
             f"  {kubectl} get neuron -n {NAMESPACE}",
             f"  {kubectl} describe nis {name} -n {NAMESPACE}",
             f"  {kubectl} get pods -A -o wide",
-            f"  {kubectl} logs deployment/{RELEASE} -n {OPERATOR_NAMESPACE} -f   # the operator",
+            f"  {kubectl} get lease {RELEASE} -n {OPERATOR_NAMESPACE}   # which operator pod leads",
+            f"  {kubectl} logs -l app.kubernetes.io/instance={RELEASE} -n {OPERATOR_NAMESPACE} --prefix -f",
             f"  {kubectl} logs deployment/{name} -n {NAMESPACE}   # the engine",
             f"  helm --kubeconfig {cluster.kubeconfig} status {RELEASE} -n {OPERATOR_NAMESPACE}",
             f"  {escape(shlex.join(curl))}   # through the Service",
