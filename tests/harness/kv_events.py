@@ -15,7 +15,7 @@ def replayed(endpoint: str) -> list[KVEventBatch]:
     try:
         socket.connect(endpoint)
         socket.send_multipart((b"", (0).to_bytes(8, "big")))
-        batches = []
+        batches: list[KVEventBatch] = []
         while True:
             assert socket.poll(10_000), "the replay socket did not answer"
             _, _topic, seq, payload = socket.recv_multipart()

@@ -16,15 +16,17 @@ def test_client_gos_defaults_elect_safely() -> None:
 
 
 @pytest.mark.parametrize(
-    ("timings", "complaint"),
+    ("lease", "deadline", "retry", "complaint"),
     [
-        ({"lease_duration_s": 10, "renew_deadline_s": 10}, "must exceed the renew deadline"),
-        ({"renew_deadline_s": 2, "retry_period_s": 2}, "must exceed 1.2 retry periods (2.4 s)"),
-        ({"retry_period_s": 0}, "at least 1 s"),
+        (10, 10, 2, "must exceed the renew deadline"),
+        (15, 2, 2, "must exceed 1.2 retry periods (2.4 s)"),
+        (15, 10, 0, "at least 1 s"),
     ],
 )
-def test_timings_that_could_leave_two_leaders_are_refused(timings: dict[str, int], complaint: str) -> None:
-    problem = Election("ops", **timings).problem()
+def test_timings_that_could_leave_two_leaders_are_refused(
+    lease: int, deadline: int, retry: int, complaint: str
+) -> None:
+    problem = Election("ops", lease_duration_s=lease, renew_deadline_s=deadline, retry_period_s=retry).problem()
     assert problem is not None
     assert complaint in problem
 
