@@ -253,19 +253,26 @@ class Demo:
         self.say(f"chart installed: CRDs {', '.join(names)}, ServiceAccount, RBAC, operator Deployment")
 
     def _show_operator(self, cluster: LocalCluster, image: dockerfile.BuiltImage) -> None:
-        """Where the operator runs: the chart's pod, from the image built here, on the real node."""
+        """Where the operator runs: the chart's pods, from the image built here, on the real node; which leads."""
         selector = "app.kubernetes.io/name=neuronfleet"
         listed = ok(cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", selector, "-o", "json"), "get pods")
-        pods = json.loads(listed)["items"]
-        if len(pods) != 1:
-            raise DemoError(f"expected one operator pod, found {len(pods)}")
-        pod = pods[0]
-        running = [s["image"] for s in pod["status"].get("containerStatuses", [])]
-        if running != [image.name] or pod["spec"].get("nodeName") != REAL_NODE:
-            raise DemoError(f"the operator pod runs {running} on {pod['spec'].get('nodeName')}, not {image.name}")
+        pods = {p["metadata"]["name"]: p for p in json.loads(listed)["items"]}
+        for pod in pods.values():
+            running = [s["image"] for s in pod["status"].get("containerStatuses", [])]
+            if running != [image.name] or pod["spec"].get("nodeName") != REAL_NODE:
+                raise DemoError(f"the operator pod runs {running} on {pod['spec'].get('nodeName')}, not {image.name}")
+        try:
+            leader = wait_for(
+                lambda: operator_release.leader(cluster, OPERATOR_NAMESPACE), timeout=60, interval=0.5, what="a leader"
+            )
+        except WaitTimeoutError as error:
+            raise DemoError(f"no operator pod took the Lease: {error}") from error
+        if leader not in pods:
+            raise DemoError(f"the Lease names {leader}, not one of the operator pods {sorted(pods)}")
         self.say(
-            f"operator pod {OPERATOR_NAMESPACE}/{pod['metadata']['name']} running on {REAL_NODE} from {image.name}, "
-            f"as serviceaccount {OPERATOR_NAMESPACE}/{pod['spec']['serviceAccountName']} (the chart's RBAC, not admin)"
+            f"operator pod {OPERATOR_NAMESPACE}/{leader} running on {REAL_NODE} from {image.name}, "
+            f"as serviceaccount {OPERATOR_NAMESPACE}/{pods[leader]['spec']['serviceAccountName']} (the chart's RBAC, "
+            f"not admin), leading; {len(pods) - 1} more standing by"
         )
 
     def _apply(self, cluster: LocalCluster, service: Obj, workdir: Path) -> str:
