@@ -258,9 +258,9 @@ class Fleet:
             for endpoint in found.get("endpoints") or []
         )
 
-    def complete_on(self, pod: Obj, max_tokens: int = MAX_TOKENS) -> Obj:
+    def complete_on(self, pod: Obj, max_tokens: int = MAX_TOKENS, port: int = HTTP_PORT) -> Obj:
         """One completion sent straight to the pod (not through the Service), from the node; its body."""
-        url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/v1/completions"
+        url = f"http://{pod['status']['podIP']}:{port}/v1/completions"
         model = served_name(self.manifest["spec"]["model"]["uri"])
         body = json.dumps({"model": model, "prompt": "The fleet", "max_tokens": max_tokens}).encode()
         script = (

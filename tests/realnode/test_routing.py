@@ -10,6 +10,7 @@ test sees where the picker sent what. The tests share the service and leave it R
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import signal
 import subprocess
@@ -279,6 +280,26 @@ def when_router_routes(fleet: Fleet, pod: Obj, action: str = "", timeout: float 
     return float(at), int(active)
 
 
+def routes(fleet: Fleet, router: Obj) -> bool:
+    """Whether the router pod answers a completion itself: Ready says its containers started (a restarted
+    picker too), this that its picker has replicas to pick."""
+    try:
+        fleet.complete_on(router, max_tokens=1, port=routing.ENVOY_PORT)
+    except AssertionError:
+        return False
+    return True
+
+
+def two_routers_routing(fleet: Fleet) -> list[Obj]:
+    """The two router pods, once both are Ready and each routes."""
+    pods: list[Obj] = fleet.wait(
+        lambda: len(pods := [p for p in router_pods(fleet) if pod_ready(p)]) == 2 and pods, "two router pods Ready"
+    )
+    for pod in pods:
+        fleet.wait(functools.partial(routes, fleet, pod), f"{pod['metadata']['name']} routes")
+    return pods
+
+
 def kill_router_while_it_routes(fleet: Fleet, pod: Obj) -> tuple[float, int]:
     """SIGKILL a router pod's picker and Envoy once its Envoy is routing a request (:func:`when_router_routes`)."""
     pids = [fleet.container_pid(pod, name) for name in ("epp", "envoy")]
@@ -291,9 +312,7 @@ def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other
     two = copy.deepcopy(fleet.manifest)
     two["spec"]["routing"]["replicas"] = 2
     fleet.apply(two)
-    victim, other = fleet.wait(
-        lambda: len(pods := [p for p in router_pods(fleet) if pod_ready(p)]) == 2 and pods, "two router pods Ready"
-    )
+    victim, other = two_routers_routing(fleet)
     name = victim["metadata"]["name"]
     assert fleet.get("pdb", ROUTER)["spec"]["maxUnavailable"] == 1
     # Each request on its own connection: kube-proxy sends each to either router.
@@ -350,9 +369,7 @@ def restarts(pod: Obj) -> int:
 def test_a_router_pod_deleted_under_load_finishes_what_it_routes_and_none_fails(routed: Fleet) -> None:
     fleet = routed
     serving = fleet.status()["currentRevision"]
-    victim, other = fleet.wait(
-        lambda: len(pods := [p for p in router_pods(fleet) if pod_ready(p)]) == 2 and pods, "two router pods Ready"
-    )
+    victim, other = two_routers_routing(fleet)
     name = victim["metadata"]["name"]
     # Generations of about 8 s, each on its own connection: the deleted router holds some as it stops.
     with fleet.load(
