@@ -96,3 +96,12 @@ def test_every_instance_type_the_crd_accepts_configures_the_simulated_device(nam
         cost = CostModel(instance, get_shape(settings.shape), tensor_parallel_size)
         assert cost.kv_cache_bytes(0.9) > 0
         assert cost.prefill_seconds(128, 0) >= cost.decode_seconds(1, 0) > 0
+
+
+def test_lnc_1_gives_a_trainium2_node_twice_the_logical_cores_and_a_tp_half_the_devices() -> None:
+    trn2 = get_instance_type("trn2.48xlarge")
+    assert (trn2.chip.default_lnc, trn2.chip.lnc_settings) == (2, (2, 1))
+    assert (trn2.cores_at(None), trn2.cores_at(1)) == (64, 128)
+    assert (trn2.devices_for(16), trn2.devices_for(16, 1)) == (4, 2)
+    inf2 = get_instance_type("inf2.48xlarge")
+    assert (inf2.chip.lnc_settings, inf2.cores_at(1)) == ((1,), 24)

@@ -126,3 +126,22 @@ def test_a_simulated_artifact_never_shares_a_neuron_ones_hash() -> None:
     assert "device" not in neuron.document()
     assert simulated.document() == {**neuron.document(), "device": "sim"}
     assert simulated.hash() != neuron.hash()
+
+
+def test_a_logical_neuron_core_setting_other_than_the_targets_default_is_a_new_artifact() -> None:
+    engine = EngineConfig()
+    paired = CompileIdentity.of(MODEL, engine, "trn2", "neuronfleet/engine:0.1.0", logical_neuron_cores=2)
+    alone = CompileIdentity.of(MODEL, engine, "trn2", "neuronfleet/engine:0.1.0", logical_neuron_cores=1)
+    # The default written out or not is one artifact, the one hashed before the setting existed.
+    assert paired.logical_neuron_cores is None
+    assert paired.hash() == identity().hash() == "51068632ce0177ca"
+    assert alone.hash() != paired.hash()
+    assert alone.document()["logical_neuron_cores"] == 1
+    # inf2's only setting is 1: its default, so no new artifact either.
+    on_inf2 = CompileIdentity.of(MODEL, engine, "inf2", "neuronfleet/engine:0.1.0", logical_neuron_cores=1)
+    assert "logical_neuron_cores" not in on_inf2.document()
+
+
+def test_a_setting_the_target_does_not_take_is_refused() -> None:
+    with pytest.raises(ValueError, match="logical NeuronCores 2 is not a setting of inf2: 1"):
+        CompileIdentity.of(MODEL, EngineConfig(), "inf2", "neuronfleet/engine:0.1.0", logical_neuron_cores=2)

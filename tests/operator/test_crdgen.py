@@ -113,12 +113,15 @@ def test_the_instance_type_enum_and_cel_maps_are_the_hardware_catalogue() -> Non
     assert spec["properties"]["instanceType"]["default"] == DEFAULT_INSTANCE_TYPE
     cel = " ".join(str(text) for rule in spec["x-kubernetes-validations"] for text in rule.values())
     maps = [ast.literal_eval(literal) for literal in re.findall(r"(\{[^{}]*\})\[self\.instanceType\]", cel)]
-    devices = {name: instance.devices for name, instance in INSTANCE_TYPES.items()}
-    cores_per_device = {name: instance.cores_per_device for name, instance in INSTANCE_TYPES.items()}
-    # Every map the rules index by instance type is one of the two, and each is used.
-    assert all(m in (devices, cores_per_device) for m in maps)
-    assert devices in maps
-    assert cores_per_device in maps
+    catalogue = [
+        {name: instance.devices for name, instance in INSTANCE_TYPES.items()},
+        {name: instance.cores_per_device for name, instance in INSTANCE_TYPES.items()},
+        {name: instance.chip.physical_cores for name, instance in INSTANCE_TYPES.items()},
+        {name: max(instance.chip.lnc_settings) for name, instance in INSTANCE_TYPES.items()},
+    ]
+    # Every map the rules index by instance type is one of the catalogue's, and each is used.
+    assert all(m in catalogue for m in maps)
+    assert all(m in maps for m in catalogue)
 
 
 def test_service_crd_has_scale_columns_and_names() -> None:

@@ -38,8 +38,8 @@ def artifact(phase: api.ArtifactPhase, reason: str | None = None, message: str |
 def deployment(artifact_hash: str = OLD, *, replicas: int = 2, ready: int = 2, **status: int) -> DeploymentView:
     values = {"total": replicas, "updated": replicas, "available": ready, "generation": 3, "observed_generation": 3}
     values.update(status)
-    configmap = f"svc-engine-{artifact_hash}"
-    return DeploymentView(artifact_hash=artifact_hash, configmap=configmap, replicas=replicas, ready=ready, **values)
+    inputs = frozenset({f"svc-engine-{artifact_hash}"})
+    return DeploymentView(artifact_hash=artifact_hash, pod_inputs=inputs, replicas=replicas, ready=ready, **values)
 
 
 def status_of(
@@ -98,7 +98,7 @@ def test_nothing_is_released_while_a_rollout_is_in_flight() -> None:
 def test_a_finished_rollout_moves_the_current_revision() -> None:
     decision = decide(NEW, deployment("new"), OLD)
     assert decision.keep == frozenset({"new"})
-    assert decision.keep_configmaps == frozenset({"svc-engine-new"})
+    assert decision.keep_pod_inputs == frozenset({"svc-engine-new"})
     assert decision.current_revision == "new"
 
 
@@ -107,7 +107,7 @@ def test_a_finished_rollout_keeps_the_revision_it_replaced_for_a_rollback() -> N
     assert decision.previous_revisions == (OLD, "older")
     assert decision.keep == frozenset({"new", OLD, "older"})
     # Its engine ConfigMap goes all the same: a rollback applies it again.
-    assert decision.keep_configmaps == frozenset({"svc-engine-new"})
+    assert decision.keep_pod_inputs == frozenset({"svc-engine-new"})
 
 
 @pytest.mark.parametrize(

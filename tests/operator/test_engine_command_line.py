@@ -35,7 +35,8 @@ def parsed(args: list[str]) -> dict[str, Any]:
     return params
 
 
-def service(device: str, instance_type: str, store: str) -> api.NeuronInferenceServiceSpec:
+def service(device: str, instance_type: str, store: str, lnc: int | None = 1) -> api.NeuronInferenceServiceSpec:
+    """A spec at logical-NeuronCore setting ``lnc``: 1 is the default of trn1 and inf2, not of trn2 and trn3."""
     return api.NeuronInferenceServiceSpec.model_validate(
         {
             "model": {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"},
@@ -45,6 +46,7 @@ def service(device: str, instance_type: str, store: str) -> api.NeuronInferenceS
             "image": "neuronfleet/engine:0.1.0",
             "compile": {"artifactStore": store},
             "drain": {"drainTimeoutSeconds": 45},
+            "placement": {} if lnc is None else {"logicalNeuronCores": lnc},
         }
     )
 
@@ -61,12 +63,16 @@ def test_the_serve_command_the_plan_writes_parses_to_the_spec(device: str, insta
     assert (params["artifact_store"], params["artifact_hash"]) == (plan.store_path(spec.compile), served.hash)
     assert (params["device"], params["instance_type"]) == (device, instance_type)
     assert (params["port"], params["drain_timeout"]) == (HTTP_PORT, 45)
+    # Written only where it is not the target's default: the identity the engine computes is the operator's.
+    expected = 1 if INSTANCE_TYPES[instance_type].chip.default_lnc != 1 else None
+    assert params["logical_neuron_cores"] == spec.identity().logical_neuron_cores == expected
 
 
+@pytest.mark.parametrize("lnc", [None, 1])
 @pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("device", ["neuron", "sim"])
-def test_the_compile_command_the_plan_writes_parses_to_the_artifact(device: str, store: str) -> None:
-    spec = service(device, "trn2.48xlarge", store)
+def test_the_compile_command_the_plan_writes_parses_to_the_artifact(device: str, store: str, lnc: int | None) -> None:
+    spec = service(device, "trn2.48xlarge", store, lnc)
     artifact = plan.artifact(OWNER, "llm", spec)
     artifact_spec = api.parse_artifact_spec(artifact["spec"])
     params = parsed(plan.compile_invocation(artifact_spec).args())
@@ -74,6 +80,7 @@ def test_the_compile_command_the_plan_writes_parses_to_the_artifact(device: str,
     assert (params["model"], params["revision"]) == (spec.model.uri, spec.model.revision)
     assert (params["target"], params["engine_image"], params["device"]) == ("trn2", spec.image, device)
     assert (params["artifact_store"], params["artifact_hash"]) == (plan.store_path(spec.compile), artifact_spec.hash())
+    assert params["logical_neuron_cores"] == lnc
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ depends on pydantic alone.
 
 Only compile-relevant inputs take part: the model and its revision, the shapes
 (limits and bucket sets, as compiled: defaults written out), tensor parallelism,
-dtype, the Neuron target, the engine image (which fixes the compiler version) and
-the device compiled for (a simulated artifact never stands in for a Neuron one).
+dtype, the Neuron target, the logical-NeuronCore setting when it is not the target's
+default, the engine image (which fixes the compiler version) and the device compiled
+for (a simulated artifact never stands in for a Neuron one).
 Replicas, resources and rollout settings never change the hash.
 """
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import NeuronTarget
+from neuronfleet.engine.hardware import NeuronTarget, chip_of
 from neuronfleet.engine.sim_settings import Device
 
 #: Bumped when the hashed document changes shape, so old and new hashes never collide.
@@ -48,6 +49,9 @@ BUCKET_FIELDS = (NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS, DECODE_CONTEXT_LE
 #: The ``EngineConfig`` fields that change only how requests are served, never a graph: not hashed.
 #: Every ``EngineConfig`` field is in exactly one of these, BUCKET_FIELDS and COMPILE_FIELDS (a test checks).
 SERVING_FIELDS = ("scheduler",)
+
+#: Physical NeuronCores per logical NeuronCore: the runtime's ``NEURON_LOGICAL_NC_CONFIG``.
+LogicalNeuronCores = Literal[1, 2]
 
 MODEL_URI_PATTERN = (
     r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]+|hf://([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*)$"
@@ -112,18 +116,42 @@ class CompileIdentity(BaseModel):
         "neuron",
         description="What the graphs are compiled for: neuron (Neuron devices) or sim (the simulated device).",
     )
+    logical_neuron_cores: LogicalNeuronCores | None = Field(
+        None,
+        description=(
+            "Physical NeuronCores per logical core the graphs are compiled for (LNC), when not the target's "
+            "default (2 on trn2 and trn3; trn1 and inf2 take only 1)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _lnc_of_the_target(self) -> CompileIdentity:
+        settings = chip_of(self.target).lnc_settings
+        if self.logical_neuron_cores is not None and self.logical_neuron_cores not in settings:
+            allowed = " or ".join(str(lnc) for lnc in settings)
+            lnc = self.logical_neuron_cores
+            raise ValueError(f"logical NeuronCores {lnc} is not a setting of {self.target}: {allowed}")
+        return self
 
     @classmethod
     def of(
-        cls, model: ModelSource, engine: EngineConfig, target: NeuronTarget, image: str, device: Device = "neuron"
+        cls,
+        model: ModelSource,
+        engine: EngineConfig,
+        target: NeuronTarget,
+        image: str,
+        device: Device = "neuron",
+        logical_neuron_cores: int | None = None,
     ) -> CompileIdentity:
         """The identity of serving ``model`` with ``engine`` on ``device``, normalized.
 
         The bucket sets are written out (an omitted list and the same list written
-        by hand are one artifact) and non-compile settings are dropped.
+        by hand are one artifact), non-compile settings are dropped, and the target's
+        default logical-NeuronCore setting is left unset (set or not, one artifact).
         """
         compiled = EngineConfig.model_validate(compiled_shapes(engine))
-        return cls(model=model, engine=compiled, target=target, image=image, device=device)
+        lnc = None if logical_neuron_cores == chip_of(target).default_lnc else logical_neuron_cores
+        return cls(model=model, engine=compiled, target=target, image=image, device=device, logical_neuron_cores=lnc)
 
     def document(self) -> dict[str, Any]:
         """The hashed document: the compile-relevant fields only, in a fixed shape."""
@@ -138,6 +166,9 @@ class CompileIdentity(BaseModel):
         # simulated one, whose document has one key more, can never hash like a Neuron one.
         if self.device != "neuron":
             document["device"] = self.device
+        # Likewise only a setting other than the target's default: the artifacts compiled before it keep their hashes.
+        if self.logical_neuron_cores not in (None, chip_of(self.target).default_lnc):
+            document["logical_neuron_cores"] = self.logical_neuron_cores
         return document
 
     def hash(self) -> str:

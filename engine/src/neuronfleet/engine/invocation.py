@@ -45,6 +45,7 @@ class CompileInvocation(_Invocation):
     artifact_store: str
     artifact_hash: str
     device: str = "neuron"
+    logical_neuron_cores: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,4 @@ class ServeInvocation(_Invocation):
     drain_timeout: int
     device: str = "neuron"
     instance_type: str | None = None
+    logical_neuron_cores: int | None = None

@@ -60,7 +60,8 @@ class DeploymentView:
     """What a service needs to know of its Deployment."""
 
     artifact_hash: str | None
-    configmap: str | None
+    #: What its pods read by name: the engine ConfigMap, and the Neuron claim template with DRA.
+    pod_inputs: frozenset[str]
     replicas: int
     generation: int
     observed_generation: int
@@ -77,9 +78,11 @@ class DeploymentView:
         labels = template["metadata"].get("labels") or {}
         volumes = template["spec"].get("volumes") or []
         configmaps = [v["configMap"]["name"] for v in volumes if v.get("name") == config_volume and "configMap" in v]
+        claims = template["spec"].get("resourceClaims") or []
+        templates = [c["resourceClaimTemplateName"] for c in claims if c.get("resourceClaimTemplateName")]
         return cls(
             artifact_hash=labels.get(LABEL_ARTIFACT),
-            configmap=configmaps[0] if configmaps else None,
+            pod_inputs=frozenset([*configmaps[:1], *templates]),
             replicas=int(body["spec"].get("replicas", 1)),
             generation=int(body["metadata"].get("generation", 0)),
             observed_generation=int(status.get("observedGeneration", 0)),
@@ -118,8 +121,8 @@ class Decision:
     serve: Serve
     #: Artifact hashes still needed; ``None`` while a rollout is in flight (release nothing).
     keep: frozenset[str] | None
-    #: Engine ConfigMaps still needed (with the one applied this pass), when ``keep`` is not ``None``.
-    keep_configmaps: frozenset[str]
+    #: Engine ConfigMaps and claim templates the pods still read, when ``keep`` is not ``None``.
+    keep_pod_inputs: frozenset[str]
     #: The artifact hash every replica ran at the last completed rollout.
     current_revision: str | None
     #: The artifact hashes served before it, newest first, kept for a rollback.
@@ -157,7 +160,7 @@ def decide(
     kept = tuple(previous_revisions[:history_limit])
     if deployment is None:
         return Decision(serve, frozenset({target.hash, *kept}), frozenset(), None, kept)
-    in_use = frozenset({deployment.configmap} if deployment.configmap else ())
+    in_use = deployment.pod_inputs
     if deployment.rolled_out and deployment.artifact_hash is not None:
         history = revision_history(previous_revisions, current_revision, deployment.artifact_hash, history_limit)
         keep = frozenset({target.hash, deployment.artifact_hash, *history})

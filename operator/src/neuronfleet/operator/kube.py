@@ -70,6 +70,9 @@ INFERENCE_POOLS = Resource("inference.networking.k8s.io", "v1", "inferencepools"
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+#: Dynamic Resource Allocation's, served from Kubernetes 1.34.
+RESOURCE_CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate")
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass")
 
 BY_KIND = {
     r.kind: r
@@ -87,6 +90,8 @@ BY_KIND = {
         SERVICE_ACCOUNTS,
         ROLES,
         ROLE_BINDINGS,
+        RESOURCE_CLAIM_TEMPLATES,
+        DEVICE_CLASSES,
     )
 }
 

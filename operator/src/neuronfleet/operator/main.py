@@ -25,6 +25,7 @@ from neuronfleet.operator.leadership import Election, Leadership, LeaseUnavailab
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.plan import RouterImages
 from neuronfleet.operator.reconcilers import Manager
+from neuronfleet.operator.reconcilers.devices import NeuronDevices, NeuronDevicesSetting
 from neuronfleet.operator.reconcilers.service import DEFAULT_ARTIFACT_HISTORY_LIMIT
 
 #: Threads that run reconciles (kopf's executor).
@@ -91,6 +92,7 @@ async def operate(
     prometheus: str | None = None,
     router_images: RouterImages | None = None,
     artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
+    neuron_devices: NeuronDevicesSetting = "devicePlugin",
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
@@ -109,6 +111,7 @@ async def operate(
         prometheus,
         router_images=router_images,
         artifact_history_limit=artifact_history_limit,
+        devices=await asyncio.to_thread(NeuronDevices.resolve, neuron_devices, kube),
     )
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
     registry = build_registry(reconciler, cache, namespaces, resync_seconds, executor)
@@ -176,6 +179,16 @@ ArtifactHistoryLimit = Annotated[
         help="Artifacts a service served before, kept for a rollback (unless its spec.rollout says).",
     ),
 ]
+NeuronDevicesOption = Annotated[
+    NeuronDevicesSetting,
+    typer.Option(
+        help=(
+            "How Neuron replicas get devices unless their spec.placement.devices says: dra (ResourceClaims of the "
+            "Neuron DRA driver), devicePlugin (aws.amazon.com/neuron), or auto (dra where the cluster has the "
+            "DeviceClass neuron.aws.com, decided at start)."
+        ),
+    ),
+]
 LeaseNamespace = Annotated[
     str | None,
     typer.Option(
@@ -226,6 +239,7 @@ def run(
         RouterImages.envoy
     ),
     artifact_history_limit: ArtifactHistoryLimit = DEFAULT_ARTIFACT_HISTORY_LIMIT,
+    neuron_devices: NeuronDevicesOption = "auto",
     leader_election_namespace: LeaseNamespace = None,
     leader_election_lease: LeaseName = Election.lease,
     lease_duration_seconds: LeaseDuration = Election.lease_duration_s,
@@ -264,6 +278,7 @@ def run(
                 prometheus=prometheus_address,
                 router_images=RouterImages(picker=picker_image, envoy=envoy_image),
                 artifact_history_limit=artifact_history_limit,
+                neuron_devices=neuron_devices,
             )
         )
     except LeaseUnavailable as error:

@@ -107,6 +107,19 @@ InstanceOption = Annotated[
 ClockOption = Annotated[
     ClockMode, typer.Option("--clock", help="Simulated time: real (sleep for each step) or virtual (count only).")
 ]
+LncOption = Annotated[
+    int | None,
+    typer.Option(
+        "--logical-neuron-cores",
+        min=1,
+        max=2,
+        help=(
+            "Physical NeuronCores per logical core (LNC) the graphs are compiled for; part of the artifact identity. "
+            "Default: the target's (2 on trn2 and trn3; trn1 and inf2 take only 1)."
+        ),
+        show_default=False,
+    ),
+]
 
 
 def check_device(device: Device) -> None:
@@ -119,12 +132,18 @@ def check_device(device: Device) -> None:
 
 
 def compile_identity(
-    engine: EngineConfig, model: str, revision: str, target: NeuronTarget, image: str | None, device: Device
+    engine: EngineConfig,
+    model: str,
+    revision: str,
+    target: NeuronTarget,
+    image: str | None,
+    device: Device,
+    logical_neuron_cores: int | None = None,
 ) -> CompileIdentity:
     """The artifact identity of serving ``model`` with ``engine`` on ``device``: the function the operator uses."""
     try:
         source = ModelSource(uri=model, revision=revision)
-        return CompileIdentity.of(source, engine, target, image or default_image(), device)
+        return CompileIdentity.of(source, engine, target, image or default_image(), device, logical_neuron_cores)
     except ValidationError as error:
         fail_validation(error)
 
@@ -184,13 +203,14 @@ def compile_command(
     shape: ShapeOption = None,
     instance_type: InstanceOption = None,
     clock: ClockOption = "real",
+    logical_neuron_cores: LncOption = None,
 ) -> None:
     """Compile every bucket's graph into the artifact store; an artifact already complete is not compiled again."""
     check_device(device)
     engine = load_config(config, None, None, None, None, None)
     if artifact_store is None:
         fail("--artifact-store is required: the directory that holds compiled artifacts")
-    identity = compile_identity(engine, model, revision, target, engine_image, device)
+    identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores)
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
     settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
@@ -268,6 +288,7 @@ def serve_command(
     clock: ClockOption = "real",
     kv_events_port: KvEventsPortOption = None,
     kv_events_replay_port: KvEventsReplayPortOption = None,
+    logical_neuron_cores: LncOption = None,
 ) -> None:
     """Serve the OpenAI-compatible API: vLLM's server with the Neuron scheduler. Arguments after -- go to vLLM."""
     check_device(device)
@@ -281,7 +302,7 @@ def serve_command(
         engine = resolve_on_neuron(engine, model, target, shape, instance_type)
     directory = None
     if artifact_store is not None:
-        identity = compile_identity(engine, model, revision, target, engine_image, device)
+        identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores)
         directory = _artifact_directory(
             engine, identity, artifact_store, artifact_hash, cache_dir, settings, compile_on_start
         )

@@ -43,7 +43,12 @@ class NeuronCompiledArtifactSpec(CompileIdentity):
     def identity(self) -> CompileIdentity:
         """The identity alone, without compile settings."""
         return CompileIdentity(
-            model=self.model, engine=self.engine, target=self.target, image=self.image, device=self.device
+            model=self.model,
+            engine=self.engine,
+            target=self.target,
+            image=self.image,
+            device=self.device,
+            logical_neuron_cores=self.logical_neuron_cores,
         )
 
 

@@ -145,6 +145,8 @@ def _cel_map(values: dict[str, int]) -> str:
 
 
 _CORES_PER_DEVICE = _cel_map({name: t.cores_per_device for name, t in INSTANCE_TYPES.items()})
+_PHYSICAL_CORES = _cel_map({name: t.chip.physical_cores for name, t in INSTANCE_TYPES.items()})
+_MOST_LNC = _cel_map({name: max(t.chip.lnc_settings) for name, t in INSTANCE_TYPES.items()})
 _DEVICES = _cel_map({name: t.devices for name, t in INSTANCE_TYPES.items()})
 
 # The engine's bucket rules 1-6 (see neuronfleet.engine.buckets): strictly ascending is isSorted() plus
@@ -314,11 +316,15 @@ AUTOSCALING: tuple[Rule[Autoscaling], ...] = (
 )
 
 
+def _cores_per_device(spec: NeuronInferenceServiceSpec) -> int:
+    return spec.instance.chip.logical_cores(spec.placement.logical_neuron_cores)
+
+
 def _devices_hold_tp(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
     given, tp, instance = spec.resources.neuron_devices, spec.engine.tensor_parallel_size, spec.instance
-    if given is None or given * instance.cores_per_device >= tp:
+    if given is None or given * _cores_per_device(spec) >= tp:
         return None
-    return (given, given * instance.cores_per_device, instance.name, tp)
+    return (given, given * _cores_per_device(spec), instance.name, tp)
 
 
 def _devices_fit_node(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
@@ -331,12 +337,21 @@ def _no_devices_on_sim(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] |
 
 
 def _tp_fits_node(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
-    tp = spec.engine.tensor_parallel_size
-    return (tp, spec.instance.cores, spec.instance.name) if tp > spec.instance.cores else None
+    tp, cores = spec.engine.tensor_parallel_size, spec.instance.devices * _cores_per_device(spec)
+    return (tp, cores, spec.instance.name) if tp > cores else None
+
+
+def _lnc_of_the_chip(spec: NeuronInferenceServiceSpec) -> tuple[object, ...] | None:
+    lnc, most = spec.placement.logical_neuron_cores, max(spec.instance.chip.lnc_settings)
+    return (lnc, spec.instance.name, most) if lnc is not None and lnc > most else None
 
 
 _GIVEN = "!has(self.resources.neuronDevices) || "
-_CORES_ON = f"{_CORES_PER_DEVICE}[self.instanceType]"
+_LNC_SET = "has(self.placement) && has(self.placement.logicalNeuronCores)"
+_CORES_ON = (
+    f"({_LNC_SET} ? {_PHYSICAL_CORES}[self.instanceType] / self.placement.logicalNeuronCores"
+    f" : {_CORES_PER_DEVICE}[self.instanceType])"
+)
 _DEVICES_ON = f"{_DEVICES}[self.instanceType]"
 
 #: On the service's spec: the Neuron fit, and replicas beside autoscaling.
@@ -384,7 +399,27 @@ SERVICE_SPEC: tuple[Rule[NeuronInferenceServiceSpec], ...] = (
         message="engine.tensor_parallel_size (%d) exceeds the %d logical NeuronCores of one %s",
         args=("self.engine.tensor_parallel_size", f"{_DEVICES_ON} * {_CORES_ON}", "self.instanceType"),
         check=_tp_fits_node,
-        examples=({"engine": {"tensor_parallel_size": 128}},),
+        examples=(
+            {"engine": {"tensor_parallel_size": 128}},
+            {"instanceType": "trn2.3xlarge", "engine": {"tensor_parallel_size": 8}},
+        ),
+    ),
+    Rule(
+        name="lnc-of-the-chip",
+        field=".placement.logicalNeuronCores",
+        cel=f"!({_LNC_SET}) || self.placement.logicalNeuronCores <= {_MOST_LNC}[self.instanceType]",
+        message="placement.logicalNeuronCores (%d) is not a setting of %s, whose devices take at most %d",
+        args=("self.placement.logicalNeuronCores", "self.instanceType", f"{_MOST_LNC}[self.instanceType]"),
+        check=_lnc_of_the_chip,
+        examples=({"instanceType": "inf2.48xlarge", "placement": {"logicalNeuronCores": 2}},),
+    ),
+    Rule(
+        name="dra-on-sim",
+        field=".placement.devices",
+        cel="self.device != 'sim' || !has(self.placement) || !has(self.placement.devices)",
+        message="placement.devices is for device neuron: a sim replica requests resources.cpu and resources.memory",
+        check=lambda spec: () if spec.device == "sim" and spec.placement.devices is not None else None,
+        examples=({"device": "sim", "placement": {"devices": "dra"}},),
     ),
     # Only the scaler writes spec.replicas of an autoscaled service (through the scale subresource): a
     # manifest naming both is refused, while the scaler's writes to one already autoscaled pass.

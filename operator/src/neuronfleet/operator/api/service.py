@@ -15,7 +15,7 @@ from pydantic import Field
 
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
-from neuronfleet.engine.identity import CompileIdentity, ModelSource
+from neuronfleet.engine.identity import CompileIdentity, LogicalNeuronCores, ModelSource
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import __version__
 from neuronfleet.operator.api import rules
@@ -53,6 +53,33 @@ class ServingResources(K8sModel):
     )
     cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, max_length=32, description="CPU request per replica.")
     memory: str | None = Field(None, pattern=QUANTITY_PATTERN, max_length=32, description="Memory request per replica.")
+
+
+#: How replicas get Neuron devices: the Neuron DRA driver's claims, or the device plugin's extended resource.
+DeviceAllocation = Literal["dra", "devicePlugin"]
+
+
+class Placement(K8sModel):
+    """How replicas get their Neuron devices, and the logical NeuronCores those devices run at."""
+
+    devices: DeviceAllocation | None = Field(
+        None,
+        description=(
+            "dra: each replica gets a ResourceClaim (the Neuron DRA driver, DeviceClass neuron.aws.com) for the "
+            "devices its tensor parallelism needs, all in one NeuronLink-connected group, at this spec's "
+            "logicalNeuronCores. devicePlugin: it requests aws.amazon.com/neuron devices (the Neuron device plugin). "
+            "Unset: the operator's default (the chart's neuronDevices; auto picks dra where the cluster has the "
+            "DeviceClass neuron.aws.com). For device neuron only."
+        ),
+    )
+    logical_neuron_cores: LogicalNeuronCores | None = Field(
+        None,
+        description=(
+            "Physical NeuronCores per logical core (LNC): 2 (the default on trn2 and trn3) pairs them, 1 runs each "
+            "alone (twice the logical cores a device, each half as strong; trn1 and inf2 take only 1). It changes "
+            "the compiled graphs (a new artifact) and the devices engine.tensor_parallel_size needs."
+        ),
+    )
 
 
 class RolloutSettings(K8sModel):
@@ -234,6 +261,9 @@ class NeuronInferenceServiceSpec(K8sModel):
         ),
     )
     resources: ServingResources = Field(default_factory=ServingResources, description="Per-replica resources.")
+    placement: Placement = Field(
+        default_factory=Placement, description="How replicas get Neuron devices (DRA or device plugin), at what LNC."
+    )
     node_selector: dict[str, LabelValue] = Field(
         default_factory=dict,
         max_length=16,
@@ -305,11 +335,18 @@ class NeuronInferenceServiceSpec(K8sModel):
         """Neuron devices per replica: as given, else derived from tensor parallelism."""
         if self.resources.neuron_devices is not None:
             return self.resources.neuron_devices
-        return self.instance.devices_for(self.engine.tensor_parallel_size)
+        return self.instance.devices_for(self.engine.tensor_parallel_size, self.placement.logical_neuron_cores)
 
     def identity(self) -> CompileIdentity:
         """The compiled artifact this spec serves."""
-        return CompileIdentity.of(self.model, self.engine, self.instance.target, self.image, self.device)
+        return CompileIdentity.of(
+            self.model,
+            self.engine,
+            self.instance.target,
+            self.image,
+            self.device,
+            self.placement.logical_neuron_cores,
+        )
 
 
 ServicePhase = Literal[

@@ -51,6 +51,7 @@ def artifact(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec)
         target=identity.target,
         image=identity.image,
         device=identity.device,
+        logical_neuron_cores=identity.logical_neuron_cores,
         compile=spec.compile,
     )
     return {
@@ -84,6 +85,7 @@ def compile_invocation(spec: api.NeuronCompiledArtifactSpec) -> CompileInvocatio
         artifact_store=store_path(spec.compile),
         artifact_hash=spec.hash(),
         device=spec.device,
+        logical_neuron_cores=spec.logical_neuron_cores,
     )
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
+from neuronfleet.engine import dra
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.engine.invocation import ServeInvocation
 from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT, LABEL_QUARANTINED, REPLICA_ENV
@@ -30,6 +33,13 @@ from neuronfleet.operator.plan.shared import (
     store_access,
     store_path,
 )
+
+#: The name of a serving pod's Neuron claim (and of the request in it) when DRA hands out its devices.
+NEURON_CLAIM = "neuron"
+#: The Neuron runtime's logical-NeuronCore setting, for a container whose devices the device plugin gives.
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+#: Hex digits of a claim template's content hash in its name.
+CLAIM_HASH_LENGTH = 10
 
 #: What a replica on the simulated device asks for when resources.cpu and resources.memory are unset:
 #: vLLM's API server and engine core with a small model, on CPU.
@@ -76,6 +86,7 @@ def serve_invocation(spec: api.NeuronInferenceServiceSpec, served: ServedArtifac
         drain_timeout=spec.drain.drain_timeout_seconds,
         device=spec.device,
         instance_type=spec.instance_type,
+        logical_neuron_cores=spec.identity().logical_neuron_cores,
     )
 
 
@@ -110,20 +121,70 @@ def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
     }
 
 
-def _resources(spec: api.NeuronInferenceServiceSpec) -> Obj:
-    """A replica's requests and limits: Neuron devices, or on the simulated device CPU and memory."""
+def _resources(spec: api.NeuronInferenceServiceSpec, claim: Obj | None) -> Obj:
+    """A replica's requests and limits: Neuron devices (from the device plugin, or its ``claim``), or on the
+    simulated device CPU and memory."""
     requests: Obj = {}
     limits: Obj = {}
     cpu, memory = spec.resources.cpu, spec.resources.memory
-    if spec.device == "neuron":
-        requests[NEURON_DEVICE_RESOURCE] = limits[NEURON_DEVICE_RESOURCE] = str(spec.neuron_devices)
-    else:
+    if spec.device == "sim":
         cpu, memory = cpu or SIM_CPU, memory or SIM_MEMORY
+    elif claim is None:
+        requests[NEURON_DEVICE_RESOURCE] = limits[NEURON_DEVICE_RESOURCE] = str(spec.neuron_devices)
     if cpu is not None:
         requests["cpu"] = cpu
     if memory is not None:
         requests["memory"] = limits["memory"] = memory
-    return {"requests": requests, "limits": limits}
+    resources: Obj = {"requests": requests, "limits": limits}
+    if claim is not None:
+        resources["claims"] = [{"name": NEURON_CLAIM}]
+    return resources
+
+
+def neuron_claim(spec: api.NeuronInferenceServiceSpec) -> Obj:
+    """What one replica claims of the Neuron DRA driver: the devices its tensor parallelism needs, on its instance
+    type, all in one NeuronLink-connected group, configured at its logical-NeuronCore setting."""
+    instance = spec.instance
+    attributes = f"device.attributes['{dra.DRIVER}']"
+    selector = (
+        f"{attributes}.{dra.RESOURCE_TYPE} == '{dra.NEURON_DEVICE}'"
+        f" && {attributes}.{dra.INSTANCE_TYPE} == '{instance.name}'"
+    )
+    devices: Obj = {
+        "requests": [
+            {
+                "name": NEURON_CLAIM,
+                "exactly": {
+                    "deviceClassName": dra.DEVICE_CLASS,
+                    "allocationMode": "ExactCount",
+                    "count": spec.neuron_devices,
+                    "selectors": [{"cel": {"expression": selector}}],
+                },
+            }
+        ]
+    }
+    group = dra.connected_group(instance, spec.neuron_devices)
+    if group is not None:
+        devices["constraints"] = [{"requests": [NEURON_CLAIM], "matchAttribute": dra.connected_group_attribute(group)}]
+    lnc = spec.placement.logical_neuron_cores or instance.chip.default_lnc
+    parameters = {"apiVersion": dra.CONFIG_API_VERSION, "kind": dra.CONFIG_KIND, "logicalNeuronCore": lnc}
+    devices["config"] = [{"requests": [NEURON_CLAIM], "opaque": {"driver": dra.DRIVER, "parameters": parameters}}]
+    return {"devices": devices}
+
+
+def claim_template(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec) -> Obj:
+    """The ResourceClaimTemplate each serving pod's claim is made from. Named by content, like the engine
+    ConfigMap: a changed claim is a new template, and old pods' replacements keep theirs during a rollout."""
+    claim = neuron_claim(spec)
+    digest = hashlib.sha256(json.dumps(claim, sort_keys=True).encode()).hexdigest()[:CLAIM_HASH_LENGTH]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": owner.child_metadata(
+            f"{owner.name}-neuron-{digest}", namespace, {**service_labels(owner.name), **MANAGED_BY}
+        ),
+        "spec": {"metadata": {"labels": service_labels(owner.name)}, "spec": claim},
+    }
 
 
 def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
@@ -161,8 +222,15 @@ def _away_from_faults() -> Obj:
     }
 
 
-def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact) -> Obj:
-    """The serving Deployment: Neuron nodes, pinned to one artifact, surge-first, draining on stop."""
+def deployment(
+    owner: Owner,
+    namespace: str,
+    spec: api.NeuronInferenceServiceSpec,
+    served: ServedArtifact,
+    claim: Obj | None = None,
+) -> Obj:
+    """The serving Deployment: Neuron nodes, pinned to one artifact, surge-first, draining on stop; with a
+    ``claim`` template, its pods get their Neuron devices through DRA."""
     config_volume, config_mount = engine_config_volume(engine_configmap_name(owner.name, spec.engine))
     # Who the pods are is the service's business; where the artifact is, the artifact's.
     who = served.store.model_copy(
@@ -182,11 +250,12 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
             {"name": "NEURONFLEET_ARTIFACT_HASH", "value": served.hash},
             # Every answer names its replica (X-Neuronfleet-Replica).
             {"name": REPLICA_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            *_lnc_env(spec, claim),
             *access.env,
         ],
         **env_from(access),
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}],
-        "resources": _resources(spec),
+        "resources": _resources(spec, claim),
         **_probes(spec),
         "securityContext": container_security(),
         # A device fault is the engine's own last line (neuronfleet.engine.faults); any other crash, its log's tail.
@@ -221,10 +290,25 @@ def deployment(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpe
                     "securityContext": pod_security(),
                     "containers": [container],
                     "volumes": [config_volume, *access.volumes, {"name": "tmp", "emptyDir": {}}],
+                    **_claims(claim),
                 },
             },
         },
     }
+
+
+def _claims(claim: Obj | None) -> Obj:
+    if claim is None:
+        return {}
+    return {"resourceClaims": [{"name": NEURON_CLAIM, "resourceClaimTemplateName": claim["metadata"]["name"]}]}
+
+
+def _lnc_env(spec: api.NeuronInferenceServiceSpec, claim: Obj | None) -> list[Obj]:
+    """The runtime's LNC, set where the device plugin gives the devices (a DRA claim's config sets it otherwise)."""
+    lnc = spec.placement.logical_neuron_cores
+    if spec.device != "neuron" or claim is not None or lnc is None:
+        return []
+    return [{"name": LNC_ENV, "value": str(lnc)}]
 
 
 def service(owner: Owner, namespace: str) -> Obj:
@@ -262,29 +346,49 @@ class ServingPlan:
     deployment: Obj
     service: Obj
     disruption_budget: Obj
+    #: The ResourceClaimTemplate of the pods' Neuron devices, when DRA hands them out.
+    claim_template: Obj | None = None
 
     @property
     def configmap_name(self) -> str:
         """The engine ConfigMap the Deployment's pods mount: kept while they run."""
         return str(self.configmap["metadata"]["name"])
 
+    @property
+    def pod_inputs(self) -> frozenset[str]:
+        """The objects the pods read by name (the ConfigMap and claim template): kept while they run."""
+        claim = () if self.claim_template is None else (str(self.claim_template["metadata"]["name"]),)
+        return frozenset({self.configmap_name, *claim})
+
 
 def serving_plan(
-    owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact
+    owner: Owner,
+    namespace: str,
+    spec: api.NeuronInferenceServiceSpec,
+    served: ServedArtifact,
+    devices: api.DeviceAllocation = "devicePlugin",
 ) -> ServingPlan:
-    """What a service serves ``served`` with."""
+    """What a service serves ``served`` with; ``devices``: how Neuron replicas get theirs (the spec's, else the
+    operator's default)."""
+    claim = claim_template(owner, namespace, spec) if spec.device == "neuron" and devices == "dra" else None
     return ServingPlan(
         configmap=engine_configmap(owner, namespace, spec, served.hash),
-        deployment=deployment(owner, namespace, spec, served),
+        deployment=deployment(owner, namespace, spec, served, claim),
         service=service(owner, namespace),
         disruption_budget=disruption_budget(owner, namespace),
+        claim_template=claim,
     )
 
 
 def serving_objects(
-    owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec, served: ServedArtifact
+    owner: Owner,
+    namespace: str,
+    spec: api.NeuronInferenceServiceSpec,
+    served: ServedArtifact,
+    devices: api.DeviceAllocation = "devicePlugin",
 ) -> list[Obj]:
-    """Everything a service serves with, in apply order (the config before the pods that mount it), for whoever
+    """Everything a service serves with, in apply order (what the pods read before the pods), for whoever
     applies them all alike: the bench, tests."""
-    planned = serving_plan(owner, namespace, spec, served)
-    return [planned.configmap, planned.deployment, planned.service, planned.disruption_budget]
+    planned = serving_plan(owner, namespace, spec, served, devices)
+    claim = [] if planned.claim_template is None else [planned.claim_template]
+    return [planned.configmap, *claim, planned.deployment, planned.service, planned.disruption_budget]

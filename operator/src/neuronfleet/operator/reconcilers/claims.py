@@ -13,7 +13,15 @@ import logging
 from collections.abc import Collection
 
 from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
-from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, CONFLICT, NOT_FOUND, ApiError, Kube
+from neuronfleet.operator.kube import (
+    ARTIFACTS,
+    CONFIGMAPS,
+    CONFLICT,
+    NOT_FOUND,
+    RESOURCE_CLAIM_TEMPLATES,
+    ApiError,
+    Kube,
+)
 from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater
 from neuronfleet.operator.status import Event, Reason
 
@@ -68,12 +76,19 @@ class ArtifactClaims:
         raise RetryLater(f"{name} kept changing under concurrent updates")
 
     def release(
-        self, service: Obj, keep: frozenset[str], keep_configmaps: Collection[str], *, deleted: bool = False
+        self,
+        service: Obj,
+        keep: frozenset[str],
+        keep_pod_inputs: Collection[str],
+        *,
+        deleted: bool = False,
+        claim_templates: bool = False,
     ) -> None:
         """Drop this service's claim on artifacts (and engine ConfigMaps) it no longer needs.
 
-        ``keep``: the artifact hashes it still needs; ``keep_configmaps``: the ConfigMaps its pods still mount.
-        A ``deleted`` service posts no events and leaves its ConfigMaps to the garbage collector.
+        ``keep``: the artifact hashes it still needs; ``keep_pod_inputs``: the ConfigMaps (and, with
+        ``claim_templates``, the Neuron ResourceClaimTemplates) its pods still read. A ``deleted`` service posts no
+        events and leaves those to the garbage collector.
         """
         meta = service["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -104,8 +119,12 @@ class ArtifactClaims:
             return
         # Its engine ConfigMaps only (they name an artifact): the router's stays.
         for configmap in self.kube.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}={name},{LABEL_ARTIFACT}"):
-            if configmap["metadata"]["name"] not in keep_configmaps:
+            if configmap["metadata"]["name"] not in keep_pod_inputs:
                 self.kube.delete(CONFIGMAPS, namespace, configmap["metadata"]["name"])
+        if claim_templates:
+            for template in self.kube.list(RESOURCE_CLAIM_TEMPLATES, namespace, f"{LABEL_SERVICE}={name}"):
+                if template["metadata"]["name"] not in keep_pod_inputs:
+                    self.kube.delete(RESOURCE_CLAIM_TEMPLATES, namespace, template["metadata"]["name"])
 
     def _delete_unowned(self, artifact: Obj) -> None:
         # The precondition fails (409) if another service claimed it meanwhile.

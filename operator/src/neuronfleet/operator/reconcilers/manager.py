@@ -14,6 +14,7 @@ from neuronfleet.operator.reconcilers.artifact import ArtifactReconciler
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater
+from neuronfleet.operator.reconcilers.devices import NeuronDevices
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
@@ -38,6 +39,7 @@ class Manager:
         *,
         router_images: plan.RouterImages | None = None,
         artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
+        devices: NeuronDevices | None = None,
         events_first_timeout: float = EVENTS_FIRST_TIMEOUT_S,
     ) -> None:
         self.kube = kube
@@ -57,6 +59,7 @@ class Manager:
             self.metrics,
             self.nodes,
             artifact_history_limit=artifact_history_limit,
+            devices=devices,
         )
         self.artifacts = ArtifactReconciler(kube, emit, status, self.locks, self.metrics)
         # Event-driven reconciles running now: a resync lets them finish before its next object.

@@ -18,6 +18,7 @@ from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Obj, RetryLater, previous_status
+from neuronfleet.operator.reconcilers.devices import NeuronDevices
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
@@ -48,6 +49,7 @@ class ServiceReconciler:
         nodes: NodeHealth,
         *,
         artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
+        devices: NeuronDevices | None = None,
     ) -> None:
         self.kube = kube
         self.status = status
@@ -59,6 +61,8 @@ class ServiceReconciler:
         self.nodes = nodes
         #: For services whose spec.rollout sets none.
         self.artifact_history_limit = artifact_history_limit
+        #: How Neuron replicas get devices, for services whose spec.placement says not.
+        self.devices = devices or NeuronDevices("devicePlugin")
 
     def reconcile(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
@@ -97,12 +101,14 @@ class ServiceReconciler:
 
         # Decide the rollout, then act on it.
         serve = decide.rollout(target, deployment)
-        applied_configmaps: set[str] = set()
+        applied: frozenset[str] = frozenset()
+        devices = self.devices.allocation(spec)
         if serve is decide.Serve.TARGET:
             store = api.parse_artifact_spec(artifact_body["spec"]).compile
-            serving = plan.serving_plan(owner, namespace, spec, plan.ServedArtifact(target.name, target.hash, store))
+            served = plan.ServedArtifact(target.name, target.hash, store)
+            serving = plan.serving_plan(owner, namespace, spec, served, devices)
             deployment = self._apply(serving)
-            applied_configmaps.add(serving.configmap_name)
+            applied = serving.pod_inputs
         elif serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.desired_replicas:
             # The serving revision's template stays as it is until the new artifact is Ready.
             patch = {"spec": {"replicas": spec.desired_replicas}}
@@ -121,7 +127,9 @@ class ServiceReconciler:
         scaling_state = self.autoscaler.reconcile(owner, namespace, spec, previous, serving=deployment is not None)
         routing_state = self.router.reconcile(owner, namespace, spec, previous)
         if decision.keep is not None:
-            self.claims.release(body, decision.keep, applied_configmaps | decision.keep_configmaps)
+            self.claims.release(
+                body, decision.keep, applied | decision.keep_pod_inputs, claim_templates=devices == "dra"
+            )
         # Its serving pods and those quarantined from it.
         pods = self.kube.list(PODS, namespace, plan.serving_pod_selector(name)) if deployment is not None else []
         unschedulable = decide.unschedulable_messages(pods)
@@ -165,6 +173,8 @@ class ServiceReconciler:
     def _apply(self, serving: plan.ServingPlan) -> decide.DeploymentView:
         """Apply the serving objects, the config before the pods that mount it; the Deployment as applied."""
         self.kube.apply(serving.configmap)
+        if serving.claim_template is not None:
+            self.kube.apply(serving.claim_template)
         deployment = decide.DeploymentView.of(self.kube.apply(serving.deployment), plan.CONFIG_VOLUME)
         self.kube.apply(serving.service)
         self.kube.apply(serving.disruption_budget)
