@@ -152,7 +152,13 @@ def test_rbac_grants_exactly_the_documented_verbs(render: Render) -> None:
     for role in (d for d in docs if d["kind"] == "ClusterRole"):
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
-            assert "resourceNames" not in rule
+            # By name only where the object is cluster-scoped: the Neuron DRA driver's DeviceClass.
+            assert rule.get("resourceNames", ["neuron.aws.com"]) == ["neuron.aws.com"], rule
+            assert "resourceNames" not in rule or rule["resources"] == ["deviceclasses"], rule
+    # Told how Neuron devices come, the operator asks the cluster nothing about them.
+    assert granted(render("neuronDevices=devicePlugin")) == documented_rbac() - unused - {
+        ("deviceclasses", frozenset({"get"}))
+    }
 
 
 def test_cluster_wide_by_default(render: Render) -> None:

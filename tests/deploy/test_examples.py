@@ -29,6 +29,8 @@ def test_the_issue_examples_are_there() -> None:
     assert (large.instance_type, large.engine.tensor_parallel_size) == ("trn2.48xlarge", 32)
     assert "Llama-3.1-70B" in large.model.uri
     assert large.neuron_devices == 8, "TP 32 is 8 Trainium2 devices at 4 logical cores each"
+    through_dra = specs["llama-3.1-70b-trn2-dra"]
+    assert (through_dra.placement.devices, through_dra.neuron_devices) == ("dra", 4), "at LNC=1, 8 cores a device"
     long = specs["long-context-chunked-prefill"]
     # Chunked prefill: prompts up to max_model_len run as chunks of at most max_num_batched_tokens.
     assert long.engine.max_model_len >= 8 * long.engine.max_num_batched_tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.fleet import (
     DEFAULT_FLEET,
     INF2_48XLARGE,
@@ -13,6 +14,7 @@ from neuronfleet.devcluster.controlplane.fleet import (
     NodePool,
     fleet_nodes,
 )
+from neuronfleet.engine import dra
 from neuronfleet.engine.hardware import INSTANCE_TYPES, NEURON_CORE_RESOURCE, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 
@@ -62,3 +64,23 @@ def test_a_neuron_node_advertises_the_catalogued_devices_cores_and_host(name: st
     assert capacity[NEURON_DEVICE_RESOURCE] == str(instance.devices)
     assert capacity[NEURON_CORE_RESOURCE] == str(instance.devices * instance.cores_per_device)
     assert (capacity["cpu"], capacity["memory"]) == (str(instance.vcpus), f"{instance.memory_gib}Gi")
+
+
+def test_a_fake_nodes_devices_are_published_as_the_neuron_dra_driver_does() -> None:
+    published = devices.resource_slice("trn2-0", "trn2.48xlarge")
+    spec = published["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (dra.DRIVER, "trn2-0", "trn2-0")
+    assert [d["name"] for d in spec["devices"]] == [f"neurondevice{i}" for i in range(16)]
+    for size in (4, 8, 16):
+        attribute = dra.connected_group_attribute(size)
+        groups = [d["attributes"][attribute]["string"] for d in spec["devices"]]
+        # Consecutive devices share a group, ``size`` to a group, and no two groups share an id.
+        assert groups == [g for g in dict.fromkeys(groups) for _ in range(size)]
+        assert len(set(groups)) == 16 // size
+    # Another node's groups are its own.
+    other = devices.resource_slice("trn2-1", "trn2.48xlarge")["spec"]["devices"][0]["attributes"]
+    assert other[dra.connected_group_attribute(4)] != spec["devices"][0]["attributes"][dra.connected_group_attribute(4)]
+    # Inferentia2 names no groups: its devices are only a node's.
+    inf2 = devices.resource_slice("inf2-0", "inf2.48xlarge")["spec"]["devices"]
+    assert len(inf2) == 12
+    assert not [a for a in inf2[0]["attributes"] if a.startswith("resource.aws.com/")]

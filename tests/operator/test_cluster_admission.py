@@ -182,3 +182,12 @@ def test_an_artifact_is_immutable(api: Kube) -> None:
         assert "a compiled artifact is immutable" in caught.value.message
     finally:
         api.delete(ARTIFACTS, "default", "immutable-test")
+
+
+def test_lnc_1_admits_twice_the_tensor_parallelism_a_node_holds_at_the_default(api: Kube) -> None:
+    # 128 logical NeuronCores: a trn2.48xlarge's 16 devices at LNC=1; refused at the default (tp-beyond-node).
+    created = api.create(service("lnc-one", engine={"tensor_parallel_size": 128}, placement={"logicalNeuronCores": 1}))
+    try:
+        assert parse_service_spec(created["spec"]).neuron_devices == 16
+    finally:
+        api.delete(SERVICES_NIS, "default", "lnc-one")

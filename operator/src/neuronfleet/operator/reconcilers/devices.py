@@ -14,7 +14,7 @@ from typing import Literal
 
 from neuronfleet.engine import dra
 from neuronfleet.operator import api
-from neuronfleet.operator.kube import DEVICE_CLASSES, NOT_FOUND, ApiError, Kube
+from neuronfleet.operator.kube import DEVICE_CLASSES, FORBIDDEN, NOT_FOUND, ApiError, Kube
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,13 @@ class NeuronDevices:
         try:
             kube.request("GET", DEVICE_CLASSES.path(None, dra.DEVICE_CLASS))
         except ApiError as error:
+            if error.status == FORBIDDEN:
+                log.warning(
+                    "may not read DeviceClass %s (grant get on it, or set --neuron-devices): Neuron devices through "
+                    "the device plugin",
+                    dra.DEVICE_CLASS,
+                )
+                return cls("devicePlugin")
             if error.status != NOT_FOUND:
                 raise
             log.info("no DeviceClass %s: Neuron devices through the device plugin", dra.DEVICE_CLASS)
