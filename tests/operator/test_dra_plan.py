@@ -127,8 +127,13 @@ def test_the_device_plugin_way_is_unchanged_and_sets_the_runtimes_lnc_only_when_
     assert container["resources"]["limits"][NEURON_DEVICE_RESOURCE] == "1"
 
 
-def test_the_spec_chooses_the_way_and_a_simulated_replica_never_claims_devices() -> None:
+def test_the_spec_chooses_the_way_and_a_simulated_replica_claims_devices_only_when_it_says_dra() -> None:
     assert serving(spec(device="sim")).claim_template is None
+    rehearsed = serving(spec(device="sim", placement={"devices": "dra"}), "devicePlugin")
+    assert claim_of(rehearsed)["requests"][0]["exactly"]["count"] == 1
+    (container,) = rehearsed.deployment["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["claims"] == [{"name": plan.NEURON_CLAIM}]
+    assert container["resources"]["requests"]["cpu"] == plan.SIM_CPU
     chosen = spec(placement={"devices": "devicePlugin"})
     assert NeuronDevices("dra").allocation(chosen) == "devicePlugin"
     assert NeuronDevices("dra").allocation(spec()) == "dra"

@@ -1,8 +1,11 @@
-"""The engine image on the real node, in the operator's own pod template: probes, Service, completion, drain.
+"""The engine image on the real node, in the operator's own pod template: probes, Service, completion, drain,
+and its devices claimed through DRA and prepared by the node's kubelet.
 
-The Deployment, its ConfigMap and its Service are what :mod:`neuronfleet.operator.plan` renders for a
-``device: sim`` trn2.48xlarge service placed on the real node, changed in one way only: the engine is
-given no artifact to load (it compiles its simulated graphs at start), since nothing was compiled here.
+The Deployment, its ConfigMap, its Neuron ResourceClaimTemplate and its Service are what
+:mod:`neuronfleet.operator.plan` renders for a ``device: sim`` trn2.48xlarge service with ``placement.devices:
+dra`` placed on the real node, changed in one way only: the engine is given no artifact to load (it compiles its
+simulated graphs at start), since nothing was compiled here. The node's DRA kubelet plugin (``tools/dra``)
+publishes its simulated Neuron devices under the Neuron driver's name; the test adds the driver's DeviceClass.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import pytest
 from harness.cluster_fixtures import NodeImage
 
 from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode, pinned_here
+from neuronfleet.engine import dra
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.operator import api as nis_api
 from neuronfleet.operator import plan
@@ -38,6 +43,8 @@ SPEC = {
     "engine": {"max_num_seqs": 4, "max_model_len": 256, "max_num_batched_tokens": 256, "tensor_parallel_size": 4},
     "compile": {"artifactStore": "s3://unused/neff"},
     "drain": {"preStopSeconds": 2, "drainTimeoutSeconds": 5},
+    # One device (TP 4 at LNC=2), claimed from the node's DRA plugin.
+    "placement": {"devices": "dra"},
 }
 #: Only the serve command's artifact pins go: the flags and their values.
 ARTIFACT_FLAGS = ("--artifact-store", "--artifact-hash")
@@ -57,18 +64,18 @@ def unpinned(args: list[str]) -> list[str]:
     return kept
 
 
-def rendered(image: str) -> tuple[Obj, Obj, Obj]:
-    """The operator's ConfigMap, Deployment and Service for :data:`SPEC`, without owner references."""
+def rendered(image: str) -> tuple[Obj, Obj, Obj, Obj]:
+    """The operator's ConfigMap, claim template, Deployment and Service for :data:`SPEC`, without owner references."""
     spec = nis_api.parse_service_spec({**SPEC, "image": image})
     owner = plan.Owner(nis_api.API_VERSION, "NeuronInferenceService", NAME, "not-applied")
     served = plan.ServedArtifact("unused", "0" * 16, spec.compile)
-    configmap, deployment, service, _ = plan.serving_objects(owner, NAMESPACE, spec, served)
-    for obj in (configmap, deployment, service):
+    configmap, claim, deployment, service, _ = plan.serving_objects(owner, NAMESPACE, spec, served)
+    for obj in (configmap, claim, deployment, service):
         # No NeuronInferenceService exists: the garbage collector would delete what it owns.
         obj["metadata"].pop("ownerReferences")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["args"] = unpinned(container["args"])
-    return configmap, deployment, service
+    return configmap, claim, deployment, service
 
 
 def pods(api: Api) -> list[Obj]:
@@ -88,9 +95,11 @@ def ready(pod: Obj) -> bool:
 def engine(real_cluster: LocalCluster, node_image: NodeImage) -> Iterator[tuple[Api, Obj, Obj]]:
     """The engine Deployment and Service applied; the API, the Deployment and the created Service."""
     image = node_image("engine")
-    configmap, deployment, service = rendered(image.name)
+    configmap, claim, deployment, service = rendered(image.name)
     with real_cluster.admin_api() as api:
+        api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", devices.device_class())
         api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", configmap)
+        api.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", claim)
         api.request("POST", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", deployment)
         created = api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", service)
         try:
@@ -100,6 +109,8 @@ def engine(real_cluster: LocalCluster, node_image: NodeImage) -> Iterator[tuple[
                 f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}",
                 f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}",
                 f"/api/v1/namespaces/{NAMESPACE}/configmaps/{configmap['metadata']['name']}",
+                f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates/{claim['metadata']['name']}",
+                f"/apis/resource.k8s.io/v1/deviceclasses/{dra.DEVICE_CLASS}",
             ):
                 api.request("DELETE", path)
 
@@ -194,3 +205,45 @@ def test_deleted_pod_runs_its_prestop_and_stops_within_its_grace(engine: tuple[A
     reasons = [e["reason"] for e in events["items"] if e["source"].get("component") == "kubelet"]
     assert "Killing" in reasons, reasons
     assert "FailedPreStopHook" not in reasons, reasons
+
+
+def plugin_records(cluster: LocalCluster) -> list[Obj]:
+    """What the node's DRA kubelet plugin was asked, in order: its JSON log lines."""
+    (plugin,) = [p for p in cluster.state.processes if p.name == "neuron-dra"]
+    lines = plugin.log.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith('{"event"')]
+
+
+def claim_of(api: Api, pod: Obj) -> Obj:
+    """The pod's Neuron claim, made by Kubernetes from the claim template."""
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim: Obj = api.request(
+        "GET", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{status['resourceClaimName']}"
+    )
+    return claim
+
+
+def test_the_kubelet_prepared_each_replicas_claimed_device_before_it_ran_and_released_it_after(
+    engine: tuple[Api, Obj, Obj], real_cluster: LocalCluster
+) -> None:
+    api, _, _ = engine
+    # The replacement of the pod the drain test deleted: its container runs only once its claim is prepared.
+    pod = running_pod(api)
+    claim = claim_of(api, pod)
+    (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (allocated["driver"], allocated["pool"]) == (dra.DRIVER, REAL_NODE)
+    records = wait_for(
+        lambda: plugin_records(real_cluster),
+        lambda found: any(r["event"] == "prepare" and r["uid"] == claim["metadata"]["uid"] for r in found),
+        timeout=30,
+        what=f"the plugin preparing {claim['metadata']['name']}",
+    )
+    prepared = [r for r in records if r["event"] == "prepare"]
+    print(f"the DRA plugin's records: {records}")
+    assert {"devices": [allocated["device"]], "claim": claim["metadata"]["name"]}.items() <= next(
+        r for r in prepared if r["uid"] == claim["metadata"]["uid"]
+    ).items()
+    # The pod the drain test deleted had a claim of its own: prepared, then unprepared once it stopped.
+    gone = {r["uid"] for r in prepared} - {claim["metadata"]["uid"]}
+    assert gone, "the deleted pod's claim was prepared too"
+    assert gone <= {r["uid"] for r in records if r["event"] == "unprepare"}

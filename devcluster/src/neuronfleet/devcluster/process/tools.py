@@ -1,5 +1,6 @@
 """Where the pinned binaries live: the control plane's (``tools/kube/build.sh``), the real node's
-(``tools/node/build.sh``), the tests' S3 server (``tools/s3/build.sh``), and the autoscaling tests'
+(``tools/node/build.sh``) and its simulated Neuron DRA kubelet plugin (``tools/dra/build.sh``), the tests' S3
+server (``tools/s3/build.sh``), and the autoscaling tests'
 Prometheus and KEDA (``tools/prometheus``, ``tools/keda``), the GitOps tests' Argo CD (``tools/argocd``), and
 the routing tests' Endpoint Picker (``tools/gie``) and Envoy (``tools/envoy``, a pinned wheel, not Go), all run
 by ``make tools``."""
@@ -18,6 +19,11 @@ TOOLS_ENV = "NEURONFLEET_KUBE_TOOLS"
 #: Overrides the real node's bin dir (``tools/node/build.sh --print-bin-dir`` otherwise).
 NODE_TOOLS_ENV = "NEURONFLEET_NODE_TOOLS"
 
+#: Overrides the real node's DRA kubelet plugin's bin dir (``tools/dra/build.sh --print-bin-dir`` otherwise).
+DRA_TOOLS_ENV = "NEURONFLEET_DRA_TOOLS"
+#: What ``tools/dra/build.sh`` produces.
+DRA_PLUGIN = "neuron-dra-sim"
+
 #: Overrides the S3 server's bin dir (``tools/s3/build.sh --print-bin-dir`` otherwise).
 S3_TOOLS_ENV = "NEURONFLEET_S3_TOOLS"
 #: Override the Prometheus and KEDA bin dirs (KEDA's CRDs are in ``crds/`` beside its bin dir).
@@ -31,6 +37,7 @@ ENVOY_TOOLS_ENV = "NEURONFLEET_ENVOY_TOOLS"
 _OVERRIDES = {
     "kube": TOOLS_ENV,
     "node": NODE_TOOLS_ENV,
+    "dra": DRA_TOOLS_ENV,
     "s3": S3_TOOLS_ENV,
     "prometheus": PROMETHEUS_TOOLS_ENV,
     "keda": KEDA_TOOLS_ENV,
@@ -152,6 +159,14 @@ class NodeTools:
     def path(self, name: str) -> Path:
         """The path of one binary."""
         return self.directory / name
+
+
+def dra_plugin() -> Path:
+    """The real node's simulated Neuron DRA kubelet plugin, or explain in one line how to build it."""
+    path = bin_dir("dra") / DRA_PLUGIN
+    if not path.is_file():
+        raise ToolsMissingError(f"the DRA kubelet plugin is not built ({path} is missing): run `make tools`")
+    return path
 
 
 def helm_env(home: Path) -> dict[str, str]:

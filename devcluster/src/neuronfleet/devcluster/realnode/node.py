@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import yaml
 
+from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.controlplane.fleet import (
     DEFAULT_FLEET,
@@ -37,6 +38,7 @@ from neuronfleet.devcluster.controlplane.fleet import (
     NodePool,
 )
 from neuronfleet.devcluster.images import node_images, runc_norlimits
+from neuronfleet.devcluster.process import tools
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord, stop
 from neuronfleet.devcluster.process.state import ClusterState
 from neuronfleet.devcluster.process.tools import KubeTools, NodeTools, ToolsMissingError
@@ -53,6 +55,7 @@ POOL = "real"
 #: The node's processes, in the order :func:`teardown` stops them (after the pods are removed).
 PROCESSES = (
     "node-capacity",
+    "neuron-dra",
     "kubelet",
     "kube-proxy",
     "containerd",
@@ -427,6 +430,7 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
     node = RealNode(state)
     wait("containerd to answer", containerd, lambda: _answers(node))
     _start_kubelet_and_proxy(layout, kube_tools, spawn, enter, env, files, paths)
+    _start_dra_plugin(layout, spawn, enter, paths)
     spawn(
         "node-capacity",
         [
@@ -436,6 +440,26 @@ def start(state: ClusterState, layout: Layout, kube_tools: KubeTools, spawn: Spa
             REAL_NODE,
             INSTANCE_TYPE,
             state.server,
+        ],
+        None,
+    )
+
+
+def _start_dra_plugin(layout: Layout, spawn: Spawn, enter: list[str], paths: NodePaths) -> None:
+    """The node's simulated Neuron devices, published and prepared as the Neuron DRA driver's kubelet plugin
+    would (``tools/dra``): claims on them reach the kubelet's side of DRA. Only a DeviceClass selecting the
+    driver (which the tests create) lets a pod claim them."""
+    published = paths.root / "dra-devices.json"
+    published.write_text(json.dumps(devices.resource_slice(REAL_NODE, INSTANCE_TYPE)["spec"]["devices"]))
+    spawn(
+        "neuron-dra",
+        [
+            *enter,
+            str(tools.dra_plugin()),
+            f"--kubeconfig={layout.kubeconfigs[REAL_NODE]}",
+            f"--node-name={REAL_NODE}",
+            f"--kubelet-root-dir={paths.root / 'kubelet'}",
+            f"--devices={published}",
         ],
         None,
     )
@@ -539,7 +563,7 @@ def teardown(state: ClusterState) -> list[ProcessRecord]:
     def stop_named(*names: str) -> list[ProcessRecord]:
         return stop([records[name] for name in names if name in records])
 
-    survivors = stop_named("node-capacity", "kubelet")
+    survivors = stop_named("node-capacity", "neuron-dra", "kubelet")
     containerd = records.get("containerd")
     if containerd is not None and containerd.alive():
         # Stopped and removed while containerd runs: containers killed, CNI torn down.

@@ -414,12 +414,18 @@ SERVICE_SPEC: tuple[Rule[NeuronInferenceServiceSpec], ...] = (
         examples=({"instanceType": "inf2.48xlarge", "placement": {"logicalNeuronCores": 2}},),
     ),
     Rule(
-        name="dra-on-sim",
+        name="device-plugin-on-sim",
         field=".placement.devices",
-        cel="self.device != 'sim' || !has(self.placement) || !has(self.placement.devices)",
-        message="placement.devices is for device neuron: a sim replica requests resources.cpu and resources.memory",
-        check=lambda spec: () if spec.device == "sim" and spec.placement.devices is not None else None,
-        examples=({"device": "sim", "placement": {"devices": "dra"}},),
+        cel=(
+            "self.device != 'sim' || !has(self.placement) || !has(self.placement.devices)"
+            " || self.placement.devices == 'dra'"
+        ),
+        message=(
+            "placement.devices devicePlugin is for device neuron: a sim replica requests resources.cpu and "
+            "resources.memory, and with dra also claims simulated devices"
+        ),
+        check=lambda spec: () if spec.device == "sim" and spec.placement.devices == "devicePlugin" else None,
+        examples=({"device": "sim", "placement": {"devices": "devicePlugin"}},),
     ),
     # Only the scaler writes spec.replicas of an autoscaled service (through the scale subresource): a
     # manifest naming both is refused, while the scaler's writes to one already autoscaled pass.

@@ -69,7 +69,8 @@ class Placement(K8sModel):
             "devices its tensor parallelism needs, all in one NeuronLink-connected group, at this spec's "
             "logicalNeuronCores. devicePlugin: it requests aws.amazon.com/neuron devices (the Neuron device plugin). "
             "Unset: the operator's default (the chart's neuronDevices; auto picks dra where the cluster has the "
-            "DeviceClass neuron.aws.com). For device neuron only."
+            "DeviceClass neuron.aws.com). With device sim only dra does anything: replicas also claim devices, "
+            "from a driver publishing simulated ones (a rehearsal of placement)."
         ),
     )
     logical_neuron_cores: LogicalNeuronCores | None = Field(

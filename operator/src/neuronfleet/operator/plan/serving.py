@@ -172,6 +172,14 @@ def neuron_claim(spec: api.NeuronInferenceServiceSpec) -> Obj:
     return {"devices": devices}
 
 
+def claims_devices(spec: api.NeuronInferenceServiceSpec, devices: api.DeviceAllocation) -> bool:
+    """Whether replicas claim their devices through DRA: Neuron ones by the way in force (``devices``), simulated
+    ones only when their spec says ``dra`` (a rehearsal of placement against a driver publishing simulated devices)."""
+    if spec.device == "sim":
+        return spec.placement.devices == "dra"
+    return devices == "dra"
+
+
 def claim_template(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec) -> Obj:
     """The ResourceClaimTemplate each serving pod's claim is made from. Named by content, like the engine
     ConfigMap: a changed claim is a new template, and old pods' replacements keep theirs during a rollout."""
@@ -370,7 +378,7 @@ def serving_plan(
 ) -> ServingPlan:
     """What a service serves ``served`` with; ``devices``: how Neuron replicas get theirs (the spec's, else the
     operator's default)."""
-    claim = claim_template(owner, namespace, spec) if spec.device == "neuron" and devices == "dra" else None
+    claim = claim_template(owner, namespace, spec) if claims_devices(spec, devices) else None
     return ServingPlan(
         configmap=engine_configmap(owner, namespace, spec, served.hash),
         deployment=deployment(owner, namespace, spec, served, claim),
