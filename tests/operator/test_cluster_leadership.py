@@ -12,6 +12,7 @@ from harness.services import Services
 
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.controlplane.status import observed, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator.leadership import Election
 
@@ -60,9 +61,12 @@ def test_one_of_two_operators_reconciles_and_a_stopped_leader_hands_over_at_once
         assert first.process.returncode == 0, first.tail()
         assert "released Lease" in first.log.read_text()
         assert handover < Election.lease_duration_s
-        # The successor reconciles what arrives after the handover.
+        # The successor reconciles what arrives after the handover: Compiling, or already Ready where the compile
+        # it shares with "before" finished first.
         services.create("after", SPEC)
-        services.wait_phase("after", "Compiling")
+        services.wait(
+            "after", lambda b: observed(b) and phase_of(b) in ("Compiling", "Ready"), "reconciled by the successor"
+        )
     finally:
         second.stop()
         first.stop()
