@@ -200,3 +200,16 @@ def test_serve_and_compile_on_neuron_need_the_plugin(run_cli: RunCli, tmp_path: 
         ), command
     # Refused before anything was written.
     assert not (tmp_path / "store").exists()
+
+
+def test_the_lnc_setting_is_part_of_the_hash_and_a_chip_without_it_is_refused(run_cli: RunCli, tmp_path: Path) -> None:
+    config = write_engine_config(tmp_path, **SETTINGS)
+    model = ModelSource(uri="hf://neuronfleet/tiny", revision="main")
+    lnc_1 = CompileIdentity.of(model, EngineConfig(**SETTINGS), "trn2", "neuronfleet/engine:0.1.0", "sim", 1)
+    assert lnc_1.hash() != expected_hash()
+    result = compile_sim(run_cli, config, tmp_path, "--logical-neuron-cores", "1", "--artifact-hash", "0" * 16)
+    assert result.returncode == 2
+    assert f"does not match the identity computed here ({lnc_1.hash()})" in result.stderr
+    refused = compile_sim(run_cli, config, tmp_path, "--target", "inf2", "--logical-neuron-cores", "2")
+    assert refused.returncode == 2
+    assert "logical NeuronCores 2 is not a setting of inf2: 1" in refused.stderr

@@ -116,3 +116,23 @@ def test_every_instance_type_takes_a_replica_on_one_core_and_on_all(name: str) -
     assert whole.hbm_bytes == instance.devices * instance.chip.hbm_bytes
     # A whole instance streams the weights faster than one core does.
     assert 0 < whole.decode_seconds(1, 0) < one.decode_seconds(1, 0)
+
+
+def test_at_lnc_1_a_logical_core_is_one_physical_core_so_a_tp_holds_half_the_device() -> None:
+    trn2 = get_instance_type("trn2.48xlarge")
+    alone = CostModel(trn2, LLAMA_8B, tensor_parallel_size=8, logical_neuron_cores=1)
+    # TP 8 at LNC 1 is one device: the hardware of TP 4 at the default LNC 2, half that of TP 8 there.
+    paired_4 = CostModel(trn2, LLAMA_8B, tensor_parallel_size=4)
+    assert (alone.peak_flops, alone.hbm_bandwidth, alone.hbm_bytes) == (
+        paired_4.peak_flops,
+        paired_4.hbm_bandwidth,
+        paired_4.hbm_bytes,
+    )
+    assert alone.prefill_seconds(4096, 0) > TRN2_8B.prefill_seconds(4096, 0)
+    # A whole node holds twice the tensor parallelism.
+    assert (
+        CostModel(trn2, LLAMA_8B, tensor_parallel_size=128, logical_neuron_cores=1).hbm_bytes
+        == 16 * trn2.chip.hbm_bytes
+    )
+    with pytest.raises(ValueError, match=r"does not fit trn2.48xlarge \(64 NeuronCores\)"):
+        CostModel(trn2, LLAMA_8B, tensor_parallel_size=128)

@@ -39,6 +39,9 @@ class SimSettings(BaseModel):
     artifact_dir: str | None = Field(
         None, description="Compiled artifact to load (its manifest fixes the compiled buckets); None: compile now."
     )
+    logical_neuron_cores: int | None = Field(
+        None, description="Physical NeuronCores per logical core the cost model times (LNC); None: the chip's default."
+    )
 
 
 def read_settings(additional_config: Any) -> SimSettings:

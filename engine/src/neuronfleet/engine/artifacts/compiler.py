@@ -42,7 +42,10 @@ def choose_compiler(
     artifact_hash = identity.hash()
     try:
         cost = CostModel(
-            get_instance_type(settings.instance_type), get_shape(settings.shape), engine.tensor_parallel_size
+            get_instance_type(settings.instance_type),
+            get_shape(settings.shape),
+            engine.tensor_parallel_size,
+            logical_neuron_cores=settings.logical_neuron_cores,
         )
     except ValueError as error:
         raise CompileError(str(error)) from None

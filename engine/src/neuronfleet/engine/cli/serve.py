@@ -154,7 +154,12 @@ def default_image() -> str:
 
 
 def sim_settings(
-    model: str, target: NeuronTarget, shape: str | None, instance_type: InstanceTypeName | None, clock: ClockMode
+    model: str,
+    target: NeuronTarget,
+    shape: str | None,
+    instance_type: InstanceTypeName | None,
+    clock: ClockMode,
+    logical_neuron_cores: int | None = None,
 ) -> SimSettings:
     """The simulated device's settings, checked: a known shape, an instance of the target's family."""
     shape = shape or shape_for_model(model)
@@ -164,13 +169,15 @@ def sim_settings(
     instance = INSTANCE_TYPES[instance_type]
     if instance.target != target:
         fail(f"--instance-type {instance_type} is not a {target} instance")
-    return SimSettings(shape=shape, instance_type=instance_type, clock=clock)
+    return SimSettings(shape=shape, instance_type=instance_type, clock=clock, logical_neuron_cores=logical_neuron_cores)
 
 
-def step_times(instance_type: str, shape: str, engine: EngineConfig) -> CostModel:
-    """The cost model of a replica of ``shape`` on ``instance_type``; a one-line error when it cannot exist."""
+def step_times(instance_type: str, shape: str, engine: EngineConfig, lnc: int | None = None) -> CostModel:
+    """The cost model of a replica of ``shape`` on ``instance_type`` at LNC ``lnc``; a one-line error when it
+    cannot exist."""
     try:
-        return CostModel(get_instance_type(instance_type), get_shape(shape), engine.tensor_parallel_size)
+        instance = get_instance_type(instance_type)
+        return CostModel(instance, get_shape(shape), engine.tensor_parallel_size, logical_neuron_cores=lnc)
     except ValueError as error:
         fail(str(error))
 
@@ -213,7 +220,9 @@ def compile_command(
     identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores)
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
-    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
+    settings = SimSettings()
+    if device == "sim":
+        settings = sim_settings(model, target, shape, instance_type, clock, logical_neuron_cores)
     try:
         outcome = compile_into_store(
             engine, identity, artifact_store, cache=cache_root(cache_dir), settings=settings, progress=StderrProgress()
@@ -294,10 +303,11 @@ def serve_command(
     check_device(device)
     check_ports(port, kv_events_port, kv_events_replay_port)
     engine = load_config(config, None, None, None, None, None)
-    settings = sim_settings(model, target, shape, instance_type, clock) if device == "sim" else SimSettings()
+    lnc = logical_neuron_cores
+    settings = sim_settings(model, target, shape, instance_type, clock, lnc) if device == "sim" else SimSettings()
     if device == "sim":
         # The simulated device's step times are the cost model's: `auto` is derived from them.
-        engine = resolve_prefill_cap(engine, step_times(settings.instance_type, settings.shape, engine))
+        engine = resolve_prefill_cap(engine, step_times(settings.instance_type, settings.shape, engine, lnc))
     else:
         engine = resolve_on_neuron(engine, model, target, shape, instance_type)
     directory = None

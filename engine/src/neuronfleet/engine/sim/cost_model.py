@@ -51,19 +51,23 @@ class CostModel:
     dtype_bytes: int = 2
     #: The chip's fitted constants (``calibration_for``); the benchmarks pass others to test their sensitivity.
     calibration: Calibration = field(default=None)  # type: ignore[assignment]
+    #: Physical NeuronCores per logical core (LNC; ``None``: the chip's default). At LNC=1 a Trainium2 logical
+    #: core is one physical core, half of one at LNC=2: the same tensor parallelism holds half the device.
+    logical_neuron_cores: int | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= self.tensor_parallel_size <= self.instance.cores:
+        cores = self.instance.cores_at(self.logical_neuron_cores)
+        if not 1 <= self.tensor_parallel_size <= cores:
             raise ValueError(
                 f"tensor_parallel_size {self.tensor_parallel_size} does not fit {self.instance.name} "
-                f"({self.instance.cores} NeuronCores)"
+                f"({cores} NeuronCores)"
             )
         if self.calibration is None:
             object.__setattr__(self, "calibration", calibration_for(self.instance.chip.name))
 
     @property
     def _core_share(self) -> float:
-        return self.tensor_parallel_size / self.instance.cores_per_device
+        return self.tensor_parallel_size / self.instance.chip.logical_cores(self.logical_neuron_cores)
 
     @property
     def peak_flops(self) -> float:

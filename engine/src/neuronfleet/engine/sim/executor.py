@@ -58,6 +58,7 @@ class SimNeuronWorker:
             shape=self.shape,
             tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
             dtype_bytes=_DTYPE_BYTES.get(self.dtype, 2),
+            logical_neuron_cores=settings.logical_neuron_cores,
         )
         self.block_size = vllm_config.cache_config.block_size
         neuron_config = read_neuron_config(vllm_config.additional_config)
