@@ -19,6 +19,7 @@ import pytest
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.images.dockerfile import checkout
 from neuronfleet.devcluster.realnode.store import OciImage
+from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing
 
 
@@ -112,8 +113,10 @@ def test_the_picker_holds_epp_a_writable_tmp_and_the_ca_bundle(picker: Path, tmp
     assert "--pool-name" in helped.stdout + helped.stderr
 
 
-def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Path) -> None:
-    """The picker's own config loader takes the operator's ``--config-text`` (GIE v1.5.0 refuses some scorers).
+@pytest.mark.parametrize("prefix_cache_weight", [0, 2])
+def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Path, prefix_cache_weight: float) -> None:
+    """The picker's own config loader takes the operator's ``--config-text`` (GIE v1.5.0 refuses some scorers),
+    with the prefix-cache scorer and the producer it needs, or without it.
 
     Run with a kubeconfig naming a closed port: the config loads before any API call, then the picker stops.
     """
@@ -132,7 +135,7 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
         )
     )
     ran = subprocess.run(
-        [str(epp), *routing.picker_args("llama", "serving")],
+        [str(epp), *routing.picker_args("llama", "serving", api.Routing(prefix_cache_weight=prefix_cache_weight))],
         env={"KUBECONFIG": str(kubeconfig)},
         capture_output=True,
         text=True,
@@ -146,7 +149,13 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
     (effective,) = [entry["config"] for entry in logged if entry["msg"].startswith("Instantiated all plugins")]
     for scorer, weight in routing.PICKER_SCORERS.items():
         assert f"{{PluginRef: {scorer}, Weight: {weight:.2f}}}" in effective, effective
-    assert "prefix-cache-scorer" not in effective
+    if prefix_cache_weight:
+        assert f"{{PluginRef: prefix-cache-scorer, Weight: {prefix_cache_weight:.2f}}}" in effective, effective
+        # The scorer reads what its producer writes: GIE's loader adds the producer for it, in the engines' blocks.
+        (producer,) = [entry["config"] for entry in logged if entry["msg"] == "Prefix PrepareData initialized"]
+        assert (producer["autoTune"], producer["blockSizeTokens"]) == (True, routing.DEFAULT_BLOCK_SIZE)
+    else:
+        assert "prefix-cache-scorer" not in effective
     # Pods are read with the engine mapping of ours, the default for pods without an engine-type label.
     engines = [entry.get("engine") for entry in logged if entry["msg"] == "Registered engine mapping"]
     assert engines[0] == routing.ENGINE

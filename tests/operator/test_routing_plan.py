@@ -120,7 +120,7 @@ def test_the_picker_scores_running_requests_beside_the_queue_and_kv_cache() -> N
     assert weights["queue-scorer"] == 2.0
     assert weights["kv-cache-utilization-scorer"] == 1.0
     assert weights["max-score-picker"] is None
-    # Without its producer the prefix-cache scorer scores nothing and logs an error per pod per request.
+    # Load alone unless the service weighs prefix locality.
     assert "prefix-cache-scorer" not in plugins
     # Running requests come from the engine's live count, not vLLM's gauge of the last step.
     (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
@@ -225,3 +225,16 @@ def test_the_condition_follows_the_router_pods() -> None:
     status, reason, message, _ = routing_condition({"replicas": 2}, RoutingState(True, ready=2))
     assert (status, reason) == ("True", Reason.PICKER_READY)
     assert "Service llama-router" in message
+
+
+def test_a_prefix_cache_weight_adds_gies_scorer_in_the_engines_kv_blocks() -> None:
+    routing_spec = api.Routing.model_validate({"prefixCacheWeight": 2})
+    config = picker_config_of(by_kind_and_name(plan.router_objects(OWNER, NS, routing_spec, IMAGES, block_size=16)))
+    (prefix,) = [p for p in config["plugins"] if p["type"] == "prefix-cache-scorer"]
+    # Its producer comes with it (GIE's loader adds it); autoTune reads the engines' block size and capacity.
+    assert prefix["parameters"] == {"autoTune": True, "blockSizeTokens": 16}
+    (profile,) = config["schedulingProfiles"]
+    weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+    assert weights["prefix-cache-scorer"] == 2
+    # Beside the load scorers, not instead of them.
+    assert (weights["queue-scorer"], weights["running-requests-size-scorer"]) == (2.0, 1.0)

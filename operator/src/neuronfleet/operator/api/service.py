@@ -233,6 +233,18 @@ class Routing(K8sModel):
         description="Node labels router pods require (they need no Neuron device: a CPU pool, typically).",
     )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=16, description="Router pod tolerations.")
+    prefix_cache_weight: float = Field(
+        0,
+        ge=0,
+        le=10,
+        description=(
+            "How much the picker weighs prefix-cache locality (GIE's prefix-cache scorer: it hashes each prompt in "
+            "the engines' KV blocks and remembers which replica it sent them to) beside load (the waiting queue "
+            "weighs 2, running requests 1, the KV cache 1). With it, a conversation or a shared system prompt goes "
+            "back to the replica that holds it cached instead of being prefilled again elsewhere. 0 (the "
+            "default): load alone."
+        ),
+    )
 
 
 class NeuronInferenceServiceSpec(K8sModel):

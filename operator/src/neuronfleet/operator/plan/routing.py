@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.names import (
     HTTP_PORT,
     HTTP_PORT_NAME,
@@ -299,22 +300,41 @@ def engine_metrics() -> Obj:
     }
 
 
-def picker_config() -> Obj:
+#: The engines' KV block size when a caller names none.
+DEFAULT_BLOCK_SIZE = EngineConfig().block_size
+#: The prefix-cache scorer (GIE's approximate one: it learns from what it routes, and its producer plugin comes
+#: with it), and the block size it hashes prompts in until it reads the engines' own (``autoTune``).
+PREFIX_SCORER = "prefix-cache-scorer"
+
+
+def prefix_scorer(block_size: int) -> Obj:
+    """GIE's prefix-cache scorer, hashing prompts in the engines' KV blocks: ``block_size`` tokens until its
+    ``autoTune`` reads the block size and the cache's capacity from each engine's ``vllm:cache_config_info``."""
+    return {"type": PREFIX_SCORER, "parameters": {"autoTune": True, "blockSizeTokens": block_size}}
+
+
+def picker_config(prefix_cache_weight: float = 0.0, block_size: int = DEFAULT_BLOCK_SIZE) -> Obj:
     """The picker's scoring for Neuron replicas: the waiting queue, the running requests, the KV cache.
 
-    GIE's default weighs the waiting queue and KV usage (and a prefix-cache scorer that, without the prefix
-    producer the default leaves out, scores nothing and logs an error for every pod of every request). A
+    GIE's default weighs the waiting queue and KV usage (and prefix-cache locality, which here is a service's
+    choice: ``spec.routing.prefixCacheWeight``). A
     Neuron replica in a long prefill shows none waiting: the running-requests scorer sees it busy, reading
     the engine's live :data:`REQUESTS_IN_FLIGHT` (:func:`engine_metrics`), since vLLM's gauges change only
     as each step ends and a long prefill is one long step. GIE's in-flight token scorer would do as well from
     the picker's side, but GIE v1.5.0's config loader refuses it (its producer's and scorer's declared
-    types never compare equal).
+    types never compare equal). With a ``prefix_cache_weight``, locality is weighed beside load
+    (:func:`prefix_scorer`).
     """
+    scorers = [{"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()]
+    prefix = [prefix_scorer(block_size)] if prefix_cache_weight else []
+    if prefix_cache_weight:
+        scorers.append({"pluginRef": PREFIX_SCORER, "weight": prefix_cache_weight})
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": [
             *({"type": name} for name in PICKER_SCORERS),
+            *prefix,
             {"type": "max-score-picker"},
             {"type": METRICS_SOURCE},
             {"type": METRICS_EXTRACTOR, "parameters": {"defaultEngine": ENGINE, "engineConfigs": [engine_metrics()]}},
@@ -323,17 +343,18 @@ def picker_config() -> Obj:
         "schedulingProfiles": [
             {
                 "name": "default",
-                "plugins": [
-                    *({"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()),
-                    {"pluginRef": "max-score-picker"},
-                ],
+                "plugins": [*scorers, {"pluginRef": "max-score-picker"}],
             }
         ],
     }
 
 
-def picker_args(service: str, namespace: str) -> list[str]:
-    """The picker's command line: its pool and scoring; no tracing exporter; metrics without token review."""
+def picker_args(
+    service: str, namespace: str, routing: api.Routing | None = None, block_size: int = DEFAULT_BLOCK_SIZE
+) -> list[str]:
+    """The picker's command line: its pool and scoring (``routing``'s, in ``block_size`` token blocks); no tracing
+    exporter; metrics without token review."""
+    weight = 0.0 if routing is None else routing.prefix_cache_weight
     return [
         f"--pool-name={service}",
         f"--pool-namespace={namespace}",
@@ -345,18 +366,21 @@ def picker_args(service: str, namespace: str) -> list[str]:
         "--enable-pprof=false",
         "--zap-encoder=json",
         # Inline (JSON is YAML): a change of scoring rolls the router pods like any other change of theirs.
-        f"--config-text={json.dumps(picker_config(), sort_keys=True)}",
+        f"--config-text={json.dumps(picker_config(weight, block_size), sort_keys=True)}",
     ]
 
 
-def router_deployment(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> Obj:
-    """The router pods: the picker and its Envoy side by side, each finishing what it holds before it stops."""
+def router_deployment(
+    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, block_size: int = DEFAULT_BLOCK_SIZE
+) -> Obj:
+    """The router pods: the picker and its Envoy side by side, each finishing what it holds before it stops;
+    ``block_size``: the engines' KV block, the prefix-cache scorer's unit."""
     grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
     drain = {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}}
     picker: Obj = {
         "name": "epp",
         "image": images.picker,
-        "args": picker_args(owner.name, namespace),
+        "args": picker_args(owner.name, namespace, routing, block_size),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "ports": [
             {"name": "grpc", "containerPort": PICKER_PORT},
@@ -461,12 +485,14 @@ def router_disruption_budget(owner: Owner, namespace: str) -> Obj:
     }
 
 
-def router_objects(owner: Owner, namespace: str, routing: api.Routing, images: RouterImages) -> list[Obj]:
+def router_objects(
+    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, block_size: int = DEFAULT_BLOCK_SIZE
+) -> list[Obj]:
     """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),
-        router_deployment(owner, namespace, routing, images),
+        router_deployment(owner, namespace, routing, images, block_size),
         router_disruption_budget(owner, namespace),
         *router_services(owner, namespace),
     ]
