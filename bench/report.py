@@ -249,6 +249,24 @@ def routing_rows(data: Obj) -> Iterator[Row]:
         )
 
 
+def prefix_routing_rows(data: Obj) -> Iterator[Row]:
+    """Conversations' TTFT through the prefix-aware picker, against the load-only picker and the plain Service."""
+    prefix = data["sides"]["picker-prefix"]
+    args = data["args"]
+    workload = f"{args['conversations']} conversations on {args['prefixes']} prompts of {args['system_tokens']} tokens"
+    for side, against in (("picker", "load-only picker"), ("service", "Service")):
+        base = data["sides"][side]
+        for key, label in (("ttft_p50_s", "p50"), ("ttft_p99_s", "p99")):
+            yield Row(
+                "routing",
+                f"conversation TTFT {label} through the prefix-aware picker, 3 sim replicas",
+                f"{1000 * prefix[key]:.0f} ms",
+                f"{1000 * base[key]:.0f} ms ({against})",
+                _ratio(prefix[key], base[key]),
+                workload if label == "p50" else f"{prefix['failed']} + {base['failed']} failed",
+            )
+
+
 SOURCES: dict[str, tuple[str, Callable[[Any], Iterator[Row]]]] = {
     "calibration.json": ("make bench-calibration", calibration_rows),
     "scheduler_cost.json": ("make bench-scheduler", scheduler_rows),
@@ -258,6 +276,7 @@ SOURCES: dict[str, tuple[str, Callable[[Any], Iterator[Row]]]] = {
     "serving.json": ("make bench-serving", serving_rows),
     "operator.json": ("make bench-operator", operator_rows),
     "routing.json": ("make bench-routing", routing_rows),
+    "prefix_routing.json": ("make bench-prefix", prefix_routing_rows),
 }
 
 

@@ -91,33 +91,36 @@ def router_images(real_node: RealNode) -> RouterImages:
     return RouterImages(picker=node_images.PICKER_IMAGE, envoy=node_images.ENVOY_IMAGE)
 
 
-def start_gie_defaults_router(fleet: Fleet) -> None:
-    """A copy of the operator's router (its pods' spec, its Envoy, its pool) whose picker has no ``--config-text``.
+def start_router_copy(fleet: Fleet, name: str, config: Obj | None) -> None:
+    """A copy of the operator's router (its pods' spec, its Envoy, its pool) named ``name``, whose picker scores by
+    ``config`` (an ``EndpointPickerConfig``) or, for ``None``, GIE's defaults (no ``--config-text``).
 
     Its own labels keep it out of the operator's watches and out of the router Service's endpoints.
     """
     original = fleet.get("deployment", routing.router_name(NAME))
     spec = copy.deepcopy(original["spec"])
-    labels = {**spec["selector"]["matchLabels"], "app.kubernetes.io/instance": GIE_DEFAULTS}
+    labels = {**spec["selector"]["matchLabels"], "app.kubernetes.io/instance": name}
     labels.pop(MANAGED_BY_LABEL, None)
     spec["selector"] = {"matchLabels": labels}
     spec["template"]["metadata"]["labels"] = labels
     picker = spec["template"]["spec"]["containers"][0]
     picker["args"] = [arg for arg in picker["args"] if not arg.startswith("--config-text=")]
+    if config is not None:
+        picker["args"].append(f"--config-text={json.dumps(config, sort_keys=True)}")
     service = fleet.get("service", routing.router_name(NAME))
     objects = [
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": GIE_DEFAULTS}, "spec": spec},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec},
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": GIE_DEFAULTS},
+            "metadata": {"name": name},
             "spec": {"selector": labels, "ports": service["spec"]["ports"]},
         },
     ]
-    path = fleet.workdir / "gie-defaults-router.json"
+    path = fleet.workdir / f"{name}-router.json"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     fleet.kubectl("apply", "-f", str(path))
-    fleet.kubectl("rollout", "status", f"deployment/{GIE_DEFAULTS}", "--timeout=300s")
+    fleet.kubectl("rollout", "status", f"deployment/{name}", "--timeout=300s")
 
 
 def prompt(words: int) -> str:
@@ -212,7 +215,7 @@ def main() -> None:
             router_images=router_images(real_node),
             engine_config=ENGINE,
         ) as fleet:
-            start_gie_defaults_router(fleet)
+            start_router_copy(fleet, GIE_DEFAULTS, None)
             print(f"[{time.monotonic() - began:5.0f} s] service Ready behind both pickers", flush=True)
             sides = list(SIDES)
             for index in range(args.rounds):

@@ -78,15 +78,16 @@ def service_manifest(
     model: str = TINY_MODEL,
     routing: Obj | None = None,
     engine: Obj | None = None,
+    replicas: int = 2,
 ) -> Obj:
     """The service of ``model``, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
 
-    Two replicas, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``; ``engine`` overrides
+    ``replicas``, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``; ``engine`` overrides
     engine fields.
     """
-    replicas: Obj = {"replicas": 2} if autoscaling is None else {"autoscaling": autoscaling}
+    scale: Obj = {"replicas": replicas} if autoscaling is None else {"autoscaling": autoscaling}
     if routing is not None:
-        replicas["routing"] = routing
+        scale["routing"] = routing
     return {
         "apiVersion": API_VERSION,
         "kind": SERVICE_KIND.kind,
@@ -96,7 +97,7 @@ def service_manifest(
             "instanceType": "trn2.48xlarge",
             "device": "sim",
             "image": image,
-            **replicas,
+            **scale,
             "engine": {
                 "max_num_seqs": max_num_seqs,
                 "max_model_len": 256,
@@ -396,8 +397,9 @@ def started(
     model: str = TINY_MODEL,
     router_images: RouterImages | None = None,
     engine_config: Obj | None = None,
+    replicas: int = 2,
 ) -> Iterator[Fleet]:
-    """The service of ``model`` Ready (two replicas, or ``autoscaling``'s minimum), rolled out by the operator.
+    """The service of ``model`` Ready (``replicas``, or ``autoscaling``'s minimum), rolled out by the operator.
 
     A ``prometheus`` URL installs the operator with autoscaling on, its ScaledObjects querying it.
     ``router_images`` gives the service ``spec.routing`` (one router pod) and the operator those images, and
@@ -452,13 +454,14 @@ def started(
             model=model,
             routing=None if router_images is None else {"replicas": 1, **pinned_here()},
             engine=engine_config,
+            replicas=replicas,
         )
         service = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
         service.apply(manifest)
         first = identity_hash(manifest)
-        replicas = 2 if autoscaling is None else int(autoscaling.get("minReplicas", 1))
+        ready = replicas if autoscaling is None else int(autoscaling.get("minReplicas", 1))
         service.wait(
-            lambda: service.rolled_out_to(first, replicas),
+            lambda: service.rolled_out_to(first, ready),
             f"{NAME} Ready on artifact {first}",
             timeout=2 * POD_TIMEOUT_S,
         )

@@ -1,0 +1,89 @@
+"""Multi-turn conversations against one completions URL, for ``bench/prefix_routing.py`` (run in the real node's
+network namespace, where the Services' cluster IPs answer).
+
+Each of ``--conversations`` clients holds one conversation at a time on one of ``--prefixes`` shared system
+prompts: every turn sends the system prompt, the conversation so far and a new user message, asks for one token
+(so its latency is its time to first token), and after ``--think`` seconds sends the next, the earlier turn's
+prompt a prefix of it; after ``--turns`` turns the client starts a new conversation. Every request goes on a
+connection of its own, so a Service's kube-proxy picks a replica per request. Prompts are words of the simulated
+tokenizer's vocabulary, drawn from seeded random generators: the same seed gives every side the same
+conversations. Prints one JSON line per answered or failed turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+
+import httpx
+
+#: Words the simulated device's tokenizer knows: one token each.
+VOCABULARY = ("bada", "bade", "badi", "bado", "badu", "beda", "bede", "bedi")
+REPLICA_HEADER = "x-neuronfleet-replica"
+
+
+def words(seed: str, count: int) -> str:
+    """``count`` vocabulary words drawn by a generator seeded with ``seed``."""
+    draw = random.Random(seed)
+    return " ".join(draw.choice(VOCABULARY) for _ in range(count))
+
+
+async def converse(client_index: int, args: argparse.Namespace, deadline: float) -> None:
+    """One client's conversations, turn by turn, until ``deadline``."""
+    conversation = 0
+    while time.monotonic() < deadline:
+        key = f"{args.seed}/{client_index}/{conversation}"
+        prefix = (client_index + conversation) % args.prefixes
+        history = [words(f"{args.seed}/system/{prefix}", args.system_tokens)]
+        for turn in range(args.turns):
+            if time.monotonic() >= deadline:
+                return
+            history.append(words(f"{key}/user/{turn}", args.user_tokens))
+            await send(" ".join(history), args, {"client": client_index, "prefix": prefix, "turn": turn})
+            history.append(words(f"{key}/reply/{turn}", args.reply_tokens))
+            await asyncio.sleep(args.think)
+        conversation += 1
+
+
+async def send(prompt: str, args: argparse.Namespace, about: dict[str, int]) -> None:
+    """One turn on a connection of its own; its outcome as a JSON line."""
+    body = {"model": args.model, "prompt": prompt, "max_tokens": 1}
+    started = time.monotonic()
+    outcome: dict[str, object] = {**about, "prompt_words": len(prompt.split())}
+    try:
+        async with httpx.AsyncClient(timeout=args.timeout) as client:
+            response = await client.post(args.url, json=body, headers={"Connection": "close"})
+        outcome.update(status=response.status_code, replica=response.headers.get(REPLICA_HEADER))
+    except httpx.HTTPError as error:
+        outcome.update(status=type(error).__name__, replica=None)
+    outcome["latency_s"] = time.monotonic() - started
+    print(json.dumps(outcome), flush=True)
+
+
+async def main() -> None:
+    """Run the clients for ``--duration`` seconds."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--duration", type=float, required=True)
+    parser.add_argument("--conversations", type=int, default=6)
+    parser.add_argument("--prefixes", type=int, default=3)
+    parser.add_argument("--system-tokens", type=int, default=1500)
+    parser.add_argument("--user-tokens", type=int, default=60)
+    parser.add_argument("--reply-tokens", type=int, default=30)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--think", type=float, default=1.5)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--seed", default="0")
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.duration
+    await asyncio.gather(*(converse(i, args, deadline) for i in range(args.conversations)))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)

@@ -1,0 +1,210 @@
+"""Multi-turn conversations' time to first token through a prefix-aware picker, a load-only one and the Service.
+
+One ``device: sim`` service (Llama 3.1 8B on trn2.48xlarge's calibrated clock, TP 1, prefill buckets 128 to
+4,096) with three replicas on the real node, rolled out by the operator from the chart with ``spec.routing``:
+the operator's router scores load alone (its default). Beside it the bench runs a copy of that router whose
+picker adds GIE's prefix-cache scorer at the weight the operator writes for ``prefixCacheWeight``
+(:func:`neuronfleet.operator.plan.routing.picker_config`). The same conversations (``bench/conversations.py``:
+clients on a few long shared system prompts, each conversation growing turn by turn, one token asked per turn)
+go through the plain Service, the load-only router and the prefix-aware one, in windows of ``--window``
+seconds (``--rounds`` each, the order rotating every round), every request on a connection of its own. vLLM's
+prefix cache is on in every replica: a turn sent back to the replica that served the conversation's last turn
+prefills only its new message (one 128-token bucket, about 66 ms); sent elsewhere, it prefills the system
+prompt and the history it misses there (a 2,048-token bucket, about 0.6 s). Every window draws new system
+prompts and conversations, so none starts with another's cache.
+
+Reported for each side: TTFT p50 and p99 over all windows and each window's median [min-max], turns answered
+per second, failures, and how often a turn went to the replica that served its conversation's previous turn;
+then the load-only picker's p50 and p99 over the prefix-aware one's (the goal: at least 2x lower).
+
+Run: ``make bench-prefix`` (root: the real node). Prints one table and the commit it ran on; writes
+bench/results/prefix_routing.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from harness.fleet import LLAMA_8B_MODEL, NAME, Fleet, started
+from provenance import commit, show, spread
+from routing import node_image, quantile, router_images, start_router_copy
+
+from neuronfleet.devcluster.addons.routing import install_gie_crds
+from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
+from neuronfleet.devcluster.images.dockerfile import TARGETS, build
+from neuronfleet.devcluster.process.tools import NodeTools
+from neuronfleet.devcluster.realnode import node
+from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
+from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.engine.serving.serve import served_name
+from neuronfleet.operator.plan import routing
+
+RESULTS = Path(__file__).resolve().parent / "results" / "prefix_routing.json"
+DRIVER = Path(__file__).resolve().parent / "conversations.py"
+Obj = dict[str, Any]
+ENGINE: Obj = {
+    "max_model_len": 4096,
+    "max_num_batched_tokens": 4096,
+    "num_batched_tokens_buckets": [128, 512, 1024, 2048, 4096],
+    "max_num_seqs": 8,
+}
+REPLICAS = 3
+#: The prefix-aware copy of the operator's router.
+PREFIX_AWARE = f"{routing.router_name(NAME)}-prefix"
+SIDES = {"service": NAME, "picker": routing.router_name(NAME), "picker-prefix": PREFIX_AWARE}
+
+
+def window(fleet: Fleet, side: str, args: argparse.Namespace, index: int) -> list[Obj]:
+    """One window of conversations through ``side``: each turn's outcome."""
+    cluster_ip = fleet.get("service", SIDES[side])["spec"]["clusterIP"]
+    argv = [
+        "ip", "netns", "exec", fleet.node.netns, sys.executable, str(DRIVER),
+        f"--url=http://{cluster_ip}:{HTTP_PORT}/v1/completions",
+        f"--model={served_name(fleet.manifest['spec']['model']['uri'])}",
+        f"--duration={args.window}",
+        f"--conversations={args.conversations}",
+        f"--prefixes={args.prefixes}",
+        f"--system-tokens={args.system_tokens}",
+        f"--turns={args.turns}",
+        f"--think={args.think}",
+        # New prompts every window: no side starts with what another left cached.
+        f"--seed={side}-{index}",
+    ]  # fmt: skip
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=args.window + 120, check=False)
+    if ran.returncode != 0:
+        raise RuntimeError(f"the conversations driver failed: {ran.stderr[-2000:]}")
+    return [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+
+
+def summary(turns: list[Obj], seconds: float) -> Obj:
+    """TTFT p50/p99 of the answered turns, turns per second, failures, and how often a turn stayed put."""
+    ok = [t for t in turns if t["status"] == 200]
+    latencies = sorted(t["latency_s"] for t in ok)
+    last: dict[tuple[int, int], str] = {}
+    stayed = moved = 0
+    for turn in ok:
+        key = (turn["client"], turn["prefix"])
+        if turn["turn"] > 0 and key in last:
+            stayed, moved = (stayed + 1, moved) if last[key] == turn["replica"] else (stayed, moved + 1)
+        last[key] = turn["replica"]
+    return {
+        "sent": len(turns),
+        "failed": len(turns) - len(ok),
+        "ttft_p50_s": quantile(latencies, 0.5) if latencies else float("nan"),
+        "ttft_p99_s": quantile(latencies, 0.99) if latencies else float("nan"),
+        "turns_per_s": len(ok) / seconds,
+        "same_replica_share": stayed / (stayed + moved) if stayed + moved else float("nan"),
+        "replicas_used": len({t["replica"] for t in ok} - {None}),
+    }
+
+
+def parse() -> argparse.Namespace:
+    """The bench's options."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
+    parser.add_argument("--rounds", type=int, default=3, help="windows per side")
+    parser.add_argument("--conversations", type=int, default=6, help="clients, each one conversation at a time")
+    parser.add_argument("--prefixes", type=int, default=3, help="shared system prompts")
+    parser.add_argument("--system-tokens", type=int, default=1500, help="words (tokens) in a system prompt")
+    parser.add_argument("--turns", type=int, default=6, help="turns per conversation")
+    parser.add_argument("--think", type=float, default=1.5, help="seconds between an answer and the next turn")
+    parser.add_argument("--prefix-weight", type=float, default=2.0, help="the prefix-aware picker's prefixCacheWeight")
+    return parser.parse_args()
+
+
+def main() -> None:
+    """Start the rig, run the windows, print the table and write the results."""
+    args = parse()
+    if os.geteuid() != 0:
+        sys.exit("the real node needs root")
+    began = time.monotonic()
+    reap_orphans()
+    store = NodeImageStore.default(NodeTools.locate().directory)
+    store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}"))
+    cluster = LocalCluster.start(
+        f"bench-prefix-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
+    )
+    windows: dict[str, list[list[Obj]]] = {side: [] for side in SIDES}
+    try:
+        real_node = cluster.real_node
+        assert real_node is not None
+        install_gie_crds(cluster)
+        workdir = cluster.state.workdir / "bench"
+        workdir.mkdir()
+        with started(
+            cluster,
+            real_node,
+            node_image(real_node),
+            workdir,
+            model=LLAMA_8B_MODEL,
+            router_images=router_images(real_node),
+            engine_config=ENGINE,
+            replicas=REPLICAS,
+        ) as fleet:
+            block_size = int(fleet.manifest["spec"]["engine"].get("block_size", routing.DEFAULT_BLOCK_SIZE))
+            start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(args.prefix_weight, block_size))
+            print(f"[{time.monotonic() - began:5.0f} s] {REPLICAS} replicas Ready behind both pickers", flush=True)
+            sides = list(SIDES)
+            for index in range(args.rounds):
+                for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
+                    windows[side].append(window(fleet, side, args, index))
+                    print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
+    finally:
+        cluster.stop()
+    report(args, windows, time.monotonic() - began)
+
+
+def report(args: argparse.Namespace, windows: dict[str, list[list[Obj]]], wall_s: float) -> None:
+    """Print the table and write the JSON."""
+    seconds = args.window * args.rounds
+    sides = {
+        side: {
+            **summary([t for got in rounds for t in got], seconds),
+            "window_ttft_p50_s": spread([summary(got, args.window)["ttft_p50_s"] for got in rounds]),
+            "window_ttft_p99_s": spread([summary(got, args.window)["ttft_p99_s"] for got in rounds]),
+        }
+        for side, rounds in windows.items()
+    }
+    load_only, prefix = sides["picker"], sides["picker-prefix"]
+    ratios = {q: load_only[f"ttft_{q}_s"] / prefix[f"ttft_{q}_s"] for q in ("p50", "p99")}
+    results = {"commit": commit(), "args": vars(args), "engine": ENGINE, "wall_s": wall_s, "sides": sides}
+    results["load_only_over_prefix"] = ratios
+    print(
+        f"\n{args.conversations} clients in conversations of {args.turns} turns on {args.prefixes} system prompts of "
+        f"{args.system_tokens} tokens ({args.think:g} s between turns, 1 token asked), {REPLICAS} sim replicas "
+        f"(Llama 3.1 8B, trn2.48xlarge, TP 1), {args.rounds} windows of {args.window:g} s per side, rotating, a "
+        f"connection per request; took {wall_s / 60:.1f} min; commit {results['commit']}"
+    )
+    print(
+        f"{'route':<14} {'sent':>5} {'failed':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'p50 by window, ms':>20} "
+        f"{'p99 by window, ms':>20} {'turns/s':>8} {'same replica':>12}"
+    )
+    for side, figures in sides.items():
+        p50s, p99s = (
+            {k: 1000 * v for k, v in figures[key].items()} for key in ("window_ttft_p50_s", "window_ttft_p99_s")
+        )
+        print(
+            f"{side:<14} {figures['sent']:>5} {figures['failed']:>6} {1000 * figures['ttft_p50_s']:>6.0f} ms "
+            f"{1000 * figures['ttft_p99_s']:>6.0f} ms {show(p50s, '{:.0f}'):>20} {show(p99s, '{:.0f}'):>20} "
+            f"{figures['turns_per_s']:>8.2f} {figures['same_replica_share']:>11.0%}"
+        )
+    print(
+        f"TTFT, load-only picker / prefix-aware picker (weight {args.prefix_weight:g}): p50 {ratios['p50']:.2f}x, "
+        f"p99 {ratios['p99']:.2f}x (goal >= 2x); turns/s {prefix['turns_per_s'] / load_only['turns_per_s']:.2f}x"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
