@@ -5,9 +5,11 @@ Each of ``--conversations`` clients holds one conversation at a time on one of `
 prompts: every turn sends the system prompt, the conversation so far and a new user message, asks for one token
 (so its latency is its time to first token), and after ``--think`` seconds sends the next, the earlier turn's
 prompt a prefix of it; after ``--turns`` turns the client starts a new conversation. Every request goes on a
-connection of its own, so a Service's kube-proxy picks a replica per request. Prompts are words of the simulated
+connection of its own, so a Service's kube-proxy picks a replica per request. Before the clients start, each
+system prompt is sent once alone (``warmup``, not a turn): shared system prompts live long in a real fleet, so
+the window measures conversations, not the first prefill of each prompt. Prompts are words of the simulated
 tokenizer's vocabulary, drawn from seeded random generators: the same seed gives every side the same
-conversations. Prints one JSON line per answered or failed turn.
+conversations. Prints one JSON line per answered or failed request.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ async def converse(client_index: int, args: argparse.Namespace, deadline: float)
         conversation += 1
 
 
-async def send(prompt: str, args: argparse.Namespace, about: dict[str, int]) -> None:
+async def send(prompt: str, args: argparse.Namespace, about: dict[str, object]) -> None:
     """One turn on a connection of its own; its outcome as a JSON line."""
     body = {"model": args.model, "prompt": prompt, "max_tokens": 1}
     started = time.monotonic()
@@ -75,11 +77,14 @@ async def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=1500)
     parser.add_argument("--user-tokens", type=int, default=60)
     parser.add_argument("--reply-tokens", type=int, default=30)
-    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--think", type=float, default=1.5)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--seed", default="0")
     args = parser.parse_args()
+    for prefix in range(args.prefixes):
+        system = words(f"{args.seed}/system/{prefix}", args.system_tokens)
+        await send(system, args, {"warmup": True, "prefix": prefix})
     deadline = time.monotonic() + args.duration
     await asyncio.gather(*(converse(i, args, deadline) for i in range(args.conversations)))
 
