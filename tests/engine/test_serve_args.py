@@ -82,6 +82,9 @@ def test_sim_arguments() -> None:
         },
     }
     assert ENGINE.neuron_config()["num_batched_tokens_buckets"] == [128, 256, 512, 1024, 2048, 4096]
+    # An LNC setting reaches the simulated device's cost model in the engine core.
+    lnc = options(vllm_serve_argv(request(sim=SimSettings(shape="llama-3.1-8b", logical_neuron_cores=1))))
+    assert json.loads(lnc["--additional-config"] or "")["neuronfleet_sim"]["logical_neuron_cores"] == 1
 
 
 def test_no_async_scheduling_selects_the_sync_scheduler() -> None:

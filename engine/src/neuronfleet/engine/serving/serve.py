@@ -115,7 +115,8 @@ def vllm_serve_argv(request: ServeRequest) -> list[str]:
         sim = request.sim.model_copy(
             update={"artifact_dir": None if request.artifact_dir is None else str(request.artifact_dir)}
         )
-        args = replace_additional_config(args, {SETTINGS_KEY: sim.model_dump(mode="json")})
+        # Unset settings stay off the command line: the engine core reads them back as their defaults.
+        args = replace_additional_config(args, {SETTINGS_KEY: sim.model_dump(mode="json", exclude_none=True)})
         args += ["--distributed-executor-backend", EXECUTOR_CLS]
     elif request.revision is not None:
         args += ["--revision", request.revision]
