@@ -346,12 +346,14 @@ def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other
         f"({dict(Counter(a.result for a in failed))}); answers by router: {dict(by_router)}",
         flush=True,
     )
-    # Only what went to the killed router failed: in flight on it, or sent to it before it was back.
+    # Only what went to the killed router failed: in flight on it, or sent to it before it was back: refused, cut
+    # off, or answered 500 by its restarted Envoy (it names itself) while its restarted picker was still starting.
     assert routing_then >= 1
     for answer in failed:
         assert answer.done_at > killed_at - 1, answer
         assert answer.sent_at < back_at, answer
-        assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
+        from_it = answer.result == "500" and answer.recorded.get(routing.ROUTER_HEADER) == name
+        assert answer.result in {REFUSED, TRANSPORT_ERROR} or from_it, answer
     # The other router routed on throughout, and the killed one routes again once back.
     assert other["metadata"]["name"] in {a.recorded.get(routing.ROUTER_HEADER) for a in result.sent_between(killed_at)}
     after = result.sent_between(back_at)
