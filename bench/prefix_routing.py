@@ -36,16 +36,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from harness.fleet import LLAMA_8B_MODEL, NAME, Fleet, started
+from harness.fleet import NAME, Fleet
 from provenance import commit, show, spread
-from routing import node_image, quantile, router_images, start_router_copy
+from routing import quantile, routed_fleet, start_router_copy
 
-from neuronfleet.devcluster.addons.routing import install_gie_crds
-from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
-from neuronfleet.devcluster.images.dockerfile import TARGETS, build
-from neuronfleet.devcluster.process.tools import NodeTools
-from neuronfleet.devcluster.realnode import node
-from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator.plan import routing
@@ -134,39 +128,16 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("the real node needs root")
     began = time.monotonic()
-    reap_orphans()
-    store = NodeImageStore.default(NodeTools.locate().directory)
-    store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}"))
-    cluster = LocalCluster.start(
-        f"bench-prefix-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
-    )
     windows: dict[str, list[list[Obj]]] = {side: [] for side in SIDES}
-    try:
-        real_node = cluster.real_node
-        assert real_node is not None
-        install_gie_crds(cluster)
-        workdir = cluster.state.workdir / "bench"
-        workdir.mkdir()
-        with started(
-            cluster,
-            real_node,
-            node_image(real_node),
-            workdir,
-            model=LLAMA_8B_MODEL,
-            router_images=router_images(real_node),
-            engine_config=ENGINE,
-            replicas=REPLICAS,
-        ) as fleet:
-            block_size = int(fleet.manifest["spec"]["engine"].get("block_size", routing.DEFAULT_BLOCK_SIZE))
-            start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(args.prefix_weight, block_size))
-            print(f"[{time.monotonic() - began:5.0f} s] {REPLICAS} replicas Ready behind both pickers", flush=True)
-            sides = list(SIDES)
-            for index in range(args.rounds):
-                for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
-                    windows[side].append(window(fleet, side, args, index))
-                    print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
-    finally:
-        cluster.stop()
+    with routed_fleet("bench-prefix", ENGINE, REPLICAS) as fleet:
+        block_size = int(fleet.manifest["spec"]["engine"].get("block_size", routing.DEFAULT_BLOCK_SIZE))
+        start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(args.prefix_weight, block_size))
+        print(f"[{time.monotonic() - began:5.0f} s] {REPLICAS} replicas Ready behind both pickers", flush=True)
+        sides = list(SIDES)
+        for index in range(args.rounds):
+            for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
+                windows[side].append(window(fleet, side, args, index))
+                print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
     report(args, windows, time.monotonic() - began)
 
 

@@ -26,13 +26,14 @@ bench/results/routing.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,37 @@ def start_router_copy(fleet: Fleet, name: str, config: Obj | None) -> None:
     fleet.kubectl("rollout", "status", f"deployment/{name}", "--timeout=300s")
 
 
+@contextlib.contextmanager
+def routed_fleet(name: str, engine: Obj, replicas: int = 2) -> Iterator[Fleet]:
+    """A real-node cluster with the service of Llama 3.1 8B (``engine`` its engine fields) Ready behind the
+    operator's router, ``replicas`` of it; the cluster stopped afterwards."""
+    reap_orphans()
+    store = NodeImageStore.default(NodeTools.locate().directory)
+    store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}"))
+    cluster = LocalCluster.start(
+        f"{name}-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
+    )
+    try:
+        real_node = cluster.real_node
+        assert real_node is not None
+        install_gie_crds(cluster)
+        workdir = cluster.state.workdir / "bench"
+        workdir.mkdir()
+        with started(
+            cluster,
+            real_node,
+            node_image(real_node),
+            workdir,
+            model=LLAMA_8B_MODEL,
+            router_images=router_images(real_node),
+            engine_config=engine,
+            replicas=replicas,
+        ) as fleet:
+            yield fleet
+    finally:
+        cluster.stop()
+
+
 def prompt(words: int) -> str:
     """``words`` words (tokens, to the simulated tokenizer); the load marks each request's copy as its own."""
     vocabulary = ["bada", "bade", "badi", "bado", "badu", "beda", "bede", "bedi"]
@@ -192,42 +224,20 @@ def main() -> None:
         sys.exit("the real node needs root")
 
     began = time.monotonic()
-    reap_orphans()
-    store = NodeImageStore.default(NodeTools.locate().directory)
-    store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}"))
-    cluster = LocalCluster.start(
-        f"bench-routing-{os.getpid()}", fleet=node.fleet_beside(), owner_pid=os.getpid(), real_node=True
-    )
     windows: dict[str, list[list[Answer]]] = {side: [] for side in SIDES}
     long_failures = dict.fromkeys(SIDES, 0)
-    try:
-        real_node = cluster.real_node
-        assert real_node is not None
-        install_gie_crds(cluster)
-        workdir = cluster.state.workdir / "bench"
-        workdir.mkdir()
-        with started(
-            cluster,
-            real_node,
-            node_image(real_node),
-            workdir,
-            model=LLAMA_8B_MODEL,
-            router_images=router_images(real_node),
-            engine_config=ENGINE,
-        ) as fleet:
-            start_router_copy(fleet, GIE_DEFAULTS, None)
-            print(f"[{time.monotonic() - began:5.0f} s] service Ready behind both pickers", flush=True)
-            sides = list(SIDES)
-            for index in range(args.rounds):
-                # Each side goes first, in the middle and last once every len(SIDES) rounds.
-                order = sides[index % len(sides) :] + sides[: index % len(sides)]
-                for side in order:
-                    got, failed_longs = window(fleet, side, args.window, args, index)
-                    windows[side].append(got)
-                    long_failures[side] += failed_longs
-                    print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
-    finally:
-        cluster.stop()
+    with routed_fleet("bench-routing", ENGINE) as fleet:
+        start_router_copy(fleet, GIE_DEFAULTS, None)
+        print(f"[{time.monotonic() - began:5.0f} s] service Ready behind both pickers", flush=True)
+        sides = list(SIDES)
+        for index in range(args.rounds):
+            # Each side goes first, in the middle and last once every len(SIDES) rounds.
+            order = sides[index % len(sides) :] + sides[: index % len(sides)]
+            for side in order:
+                got, failed_longs = window(fleet, side, args.window, args, index)
+                windows[side].append(got)
+                long_failures[side] += failed_longs
+                print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
 
     seconds = args.window * args.rounds
     slo_s = args.slo_ms / 1000
