@@ -250,19 +250,27 @@ def router_pods(fleet: Fleet) -> list[Obj]:
 
 
 def when_router_routes(fleet: Fleet, pod: Obj, action: str = "", timeout: float = 60) -> tuple[float, int]:
-    """Run ``action`` (Python) once a router pod's Envoy is routing a request; when (Unix seconds), and how many
-    requests it was routing then (Envoy's own gauge, read from its admin port inside the pod)."""
+    """Run ``action`` (Python) once a router pod's Envoy has just taken a request; when (Unix seconds), and how
+    many requests it was routing then (Envoy's own gauges, read from its admin port inside the pod).
+
+    It waits for a request to start, not for one to be in flight: one seen in its last milliseconds would be
+    answered before the action lands."""
     envoy = fleet.container_pid(pod, "envoy")
-    stat = f"http://127.0.0.1:{routing.ENVOY_ADMIN_PORT}/stats?filter=^http\\.router\\.downstream_rq_active$"
+    stat = f"http://127.0.0.1:{routing.ENVOY_ADMIN_PORT}/stats?filter=^http\\.router\\.downstream_rq_(active|total)$"
     script = (
         "import os, signal, time, urllib.request\n"
+        "def gauges():\n"
+        f"    text = urllib.request.urlopen({stat!r}, timeout=5).read().decode()\n"
+        "    return dict((k.rsplit('_', 1)[1], int(v)) for k, v in (l.split(':') for l in text.splitlines()))\n"
         f"deadline = time.time() + {timeout}\n"
+        "started = gauges()['total']\n"
         "while time.time() < deadline:\n"
-        f"    active = int(urllib.request.urlopen({stat!r}, timeout=5).read().decode().rsplit(':', 1)[1])\n"
-        "    if active:\n"
+        "    now = gauges()\n"
+        "    if now['active'] and now['total'] > started:\n"
         + "".join(f"        {line}\n" for line in action.splitlines())
-        + "        print(time.time(), active)\n"
+        + "        print(time.time(), now['active'])\n"
         "        break\n"
+        "    started = now['total']\n"
         "    time.sleep(0.02)\n"
         "else:\n"
         "    raise SystemExit('the router routed nothing')\n"
