@@ -46,7 +46,8 @@ from provenance import commit, show, spread
 from neuronfleet.devcluster.addons.routing import install_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.images import node_images
-from neuronfleet.devcluster.images.dockerfile import TARGETS, BuiltImage, Target, build
+from neuronfleet.devcluster.images.dockerfile import BuiltImage, build
+from neuronfleet.devcluster.images.inputs import TARGETS, Target
 from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.realnode import node
 from neuronfleet.devcluster.realnode.node import RealNode

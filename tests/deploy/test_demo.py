@@ -27,7 +27,7 @@ from neuronfleet.devcluster.demo.run import (
     with_image,
 )
 from neuronfleet.devcluster.demo.view import headline, stages
-from neuronfleet.devcluster.images.dockerfile import base_archive, checkout_key, file_digest
+from neuronfleet.devcluster.images.inputs import base_archive, checkout_key, file_digest
 from neuronfleet.devcluster.process.managed import SCRIPTS
 from neuronfleet.operator.api import parse_service_spec
 

@@ -20,7 +20,8 @@ from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.images import node_images
-from neuronfleet.devcluster.images.dockerfile import TARGETS, BuiltImage, Target, build
+from neuronfleet.devcluster.images.dockerfile import BuiltImage, build
+from neuronfleet.devcluster.images.inputs import TARGETS, Target
 from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.process.waiting import WaitFor, wait_for
 from neuronfleet.devcluster.realnode import node

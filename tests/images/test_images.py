@@ -8,7 +8,7 @@ import pytest
 from harness.image_runner import RunnableImage
 from harness.lockfile import closure, load_lock, locked_versions, normalize
 
-from neuronfleet.devcluster.images.dockerfile import image_config
+from neuronfleet.devcluster.images.layout import image_config
 
 #: The environment's own distributions (not the base image's), as ``{name: version}``.
 INSTALLED = (

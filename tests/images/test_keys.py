@@ -11,30 +11,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.devcluster.images.dockerfile import (
-    DEPENDENCIES_ANNOTATION,
+from neuronfleet.devcluster.images.dockerfile import KEPT_STAGES, build_args, stale_temporaries
+from neuronfleet.devcluster.images.inputs import (
     INPUT_FILES,
-    KEPT_STAGES,
     LOCK_DIGEST_ARG,
-    NAME_ANNOTATION,
-    REF_ANNOTATION,
     SOURCES_DIGEST_ARG,
-    build_args,
     build_digests,
     checkout,
     checkout_key,
     dependencies_key,
+    image_key,
+    input_files,
+    read_inputs,
+)
+from neuronfleet.devcluster.images.layout import (
+    DEPENDENCIES_ANNOTATION,
+    NAME_ANNOTATION,
+    REF_ANNOTATION,
     holds,
     image_config,
-    image_key,
     image_layer_sizes,
-    input_files,
     layout_annotations,
     layout_index,
     name_in_layout,
     prune_layout,
-    read_inputs,
-    stale_temporaries,
 )
 from neuronfleet.devcluster.images.podman import DiskGuard, Podman
 
@@ -228,7 +228,7 @@ def test_prune_keeps_the_newest_image_of_that_target_and_every_blob_it_shares(tm
     (layout.root / "oci-put-blob12345").write_bytes(b"partial")
     kept = layout.blobs() - {old["manifest"], old["config"], old["layer2"], *unnamed.values()}
 
-    dropped = prune_layout(layout.root, "engine", keep="localhost/neuronfleet/engine:new")
+    dropped = prune_layout(layout.root, keep="localhost/neuronfleet/engine:new")
 
     assert dropped == ["localhost/neuronfleet/engine:old", unnamed["manifest"]]
     assert [entry["digest"] for entry in layout_index(layout.root)["manifests"]] == [
@@ -238,7 +238,7 @@ def test_prune_keeps_the_newest_image_of_that_target_and_every_blob_it_shares(tm
     assert layout.blobs() == kept
     assert new["layer1"] == old["layer1"] in kept, "the dependencies' layer both builds share stays"
     assert not list(layout.root.glob("oci-put-blob*"))
-    assert prune_layout(layout.root, "engine", keep="localhost/neuronfleet/engine:new") == []
+    assert prune_layout(layout.root, keep="localhost/neuronfleet/engine:new") == []
     assert layout.blobs() == kept
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from neuronfleet.devcluster.images import node_images
-from neuronfleet.devcluster.images.dockerfile import checkout
+from neuronfleet.devcluster.images.inputs import checkout
 from neuronfleet.devcluster.realnode.store import OciImage
 from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing

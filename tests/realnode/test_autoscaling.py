@@ -24,7 +24,7 @@ from harness.cluster_fixtures import NodeImage
 from harness.fleet import NAME, POD_TIMEOUT_S, Fleet, identity_hash, pod_ready, report, started
 from harness.node_load import NodeLoad
 
-from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig, RigError
+from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig, AutoscalingRigError
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.names import LABEL_ARTIFACT
@@ -94,7 +94,7 @@ class Timeline:
         while not self._stop.is_set():
             try:
                 self.moments.append(self._sample())
-            except (AssertionError, RigError) as error:
+            except (AssertionError, AutoscalingRigError) as error:
                 # A sample lost to a slow kubectl or query leaves a gap, shown with the timeline.
                 self.gaps.append(f"{time.time():.1f}: {error}")
             self._stop.wait(2)

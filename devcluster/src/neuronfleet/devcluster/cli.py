@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from neuronfleet.devcluster.cluster.local import ClusterError, LocalCluster, reap_orphans
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.process.managed import is_alive
 from neuronfleet.devcluster.process.state import state_file
 from neuronfleet.devcluster.process.tools import ToolsMissingError
@@ -157,16 +158,16 @@ def demo(
     """A local control plane with a real node, the Helm chart's operator in a pod there, a simulated service
     rolled out to Ready and a completion through its Service."""
     # Imported here: `cluster` commands stay quick and need neither the operator nor rich's live view.
-    from neuronfleet.devcluster.demo.run import DEFAULT_EXAMPLE, Demo, DemoError, Options, checkout
-    from neuronfleet.devcluster.images.dockerfile import ImageError
+    from neuronfleet.devcluster.demo.run import DEFAULT_EXAMPLE, Demo, Options, checkout
 
     try:
         chosen = example if example is not None else checkout() / DEFAULT_EXAMPLE
         Demo(out, Options(example=chosen, name=name, exit_when_ready=exit_when_ready)).run()
-    except (DemoError, ImageError, ClusterError) as error:
-        fail(str(error), EXIT_FAILED)
     except ToolsMissingError as error:
         fail(str(error))
+    except RigError as error:
+        # Whatever part of the rig failed (an image, the cluster, the demo's own checks), its message says.
+        fail(str(error), EXIT_FAILED)
     except KeyboardInterrupt:
         err.print("interrupted: torn down", markup=False)
         raise typer.Exit(130) from None
@@ -259,7 +260,8 @@ def images_build(
     ] = None,
 ) -> None:
     """Build each image whose inputs changed; print each one's OCI layout reference (``oci:<dir>:<name>``)."""
-    from neuronfleet.devcluster.images.dockerfile import TARGETS, ImageError, build
+    from neuronfleet.devcluster.images.dockerfile import build
+    from neuronfleet.devcluster.images.inputs import TARGETS, ImageError
 
     chosen = target or list(TARGETS)
     unknown = sorted(set(chosen) - set(TARGETS))

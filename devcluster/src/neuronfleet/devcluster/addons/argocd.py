@@ -37,6 +37,7 @@ import yaml
 
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.api import ApiError
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
@@ -71,7 +72,7 @@ WORKLOADS = {
 }
 
 
-class ArgoCdError(RuntimeError):
+class ArgoCdError(RigError):
     """Argo CD could not be started, or a command against it failed."""
 
 

@@ -40,6 +40,7 @@ from neuronfleet.devcluster.addons.s3_server import answers_in_netns
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane import pki
 from neuronfleet.devcluster.controlplane.api import Api
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
@@ -60,7 +61,7 @@ SCRAPE_INTERVAL = "2s"
 _FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
 
 
-class RigError(RuntimeError):
+class AutoscalingRigError(RigError):
     """The rig could not be started, or a query failed."""
 
 
@@ -296,7 +297,9 @@ class AutoscalingRig:
         begun = time.monotonic()
         node = cluster.real_node
         if node is None:
-            raise RigError(f"cluster {cluster.name!r} has no real node: the rig runs in its network namespace")
+            raise AutoscalingRigError(
+                f"cluster {cluster.name!r} has no real node: the rig runs in its network namespace"
+            )
         prometheus, operator, adapter = (
             _binary("prometheus", "prometheus"),
             _binary("keda", "keda-operator"),
@@ -351,14 +354,14 @@ class AutoscalingRig:
         try:
             process.wait_ready(check, timeout=timeout, what=what, interval=0.5)
         except ProcessNotReadyError as error:
-            raise RigError(str(error)) from None
+            raise AutoscalingRigError(str(error)) from None
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """The result of an instant query (Prometheus's ``data.result``), asked from the node's namespace."""
         url = f"{self.prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
         result = self.node.in_netns(["python3", "-I", "-c", _FETCH, url], timeout=15)
         if result.returncode != 0:
-            raise RigError(f"query {promql!r} failed: {result.stderr.strip()[-500:]}")
+            raise AutoscalingRigError(f"query {promql!r} failed: {result.stderr.strip()[-500:]}")
         answer: dict[str, Any] = json.loads(result.stdout)
         data: list[dict[str, Any]] = answer["data"]["result"]
         return data
@@ -367,13 +370,13 @@ class AutoscalingRig:
         """The value of a query that yields one sample, or None when it yields none."""
         samples = self.query(promql)
         if len(samples) > 1:
-            raise RigError(f"query {promql!r} yields {len(samples)} samples, not one: {samples}")
+            raise AutoscalingRigError(f"query {promql!r} yields {len(samples)} samples, not one: {samples}")
         return float(samples[0]["value"][1]) if samples else None
 
     def stop(self) -> None:
         """Stop Prometheus and KEDA (the CRDs and objects stay: the cluster goes with its test session)."""
         if not stop_all(self.processes, grace=5):
-            raise RigError(f"could not stop {', '.join(p.record.name for p in self.processes if p.alive())}")
+            raise AutoscalingRigError(f"could not stop {', '.join(p.record.name for p in self.processes if p.alive())}")
         pids = {p.pid for p in self.processes}
         self.cluster.state.processes = [r for r in self.cluster.state.processes if r.pid not in pids]
         save(self.cluster.state)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from neuronfleet.devcluster.errors import RigError
+
 if TYPE_CHECKING:
     from neuronfleet.devcluster.cluster.local import LocalCluster
 
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 TOKEN_SECONDS = 4 * 3600
 
 
-class CredentialsError(RuntimeError):
+class CredentialsError(RigError):
     """The API server would not issue a token."""
 
 

@@ -22,6 +22,7 @@ import httpx
 from neuronfleet.devcluster.controlplane.api import Api, ApiError
 from neuronfleet.devcluster.controlplane.components import COMPONENTS, REAL_NODE, Layout, argv
 from neuronfleet.devcluster.controlplane.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.process.managed import (
     ManagedProcess,
     ProcessNotReadyError,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 
-class ClusterError(RuntimeError):
+class ClusterError(RigError):
     """A cluster could not be started, found or stopped."""
 
 

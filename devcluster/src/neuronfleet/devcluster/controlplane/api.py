@@ -15,10 +15,12 @@ from typing import Any
 
 import httpx
 
+from neuronfleet.devcluster.errors import RigError
+
 Obj = dict[str, Any]
 
 
-class ApiError(RuntimeError):
+class ApiError(RigError):
     """The API server answered with an error status (``status`` holds the HTTP code)."""
 
     def __init__(self, status: int, message: str) -> None:

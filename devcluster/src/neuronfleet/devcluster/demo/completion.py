@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from neuronfleet.devcluster.errors import RigError
+
 Obj = dict[str, Any]
 
 #: The prompt of the demo's completion.
@@ -61,7 +63,7 @@ class Response:
     body: str
 
 
-class ResponseError(ValueError):
+class ResponseError(RigError, ValueError):
     """curl's output is not an HTTP response."""
 
 

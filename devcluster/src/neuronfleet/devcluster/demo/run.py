@@ -38,7 +38,8 @@ from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.controlplane.storage import artifact_volume
 from neuronfleet.devcluster.demo import completion, operator_release, view
-from neuronfleet.devcluster.images import dockerfile
+from neuronfleet.devcluster.errors import RigError
+from neuronfleet.devcluster.images import dockerfile, inputs
 from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
 from neuronfleet.devcluster.realnode import node
@@ -68,7 +69,7 @@ def rbac_refusals(log: str) -> list[str]:
     return [line for line in log.splitlines() if REFUSED.search(line)]
 
 
-class DemoError(RuntimeError):
+class DemoError(RigError):
     """A step of the demo failed; the message says which and why."""
 
 
@@ -166,7 +167,7 @@ class Demo:
         reaped = reap_orphans()
         if reaped:
             self.say(f"stopped clusters left by dead runs: {', '.join(reaped)}")
-        built = {target: dockerfile.build(target, say=self.say) for target in dockerfile.TARGETS}
+        built = {target: dockerfile.build(target, say=self.say) for target in inputs.TARGETS}
         self._store_images(built)
         cluster = self._start_cluster(teardown)
         self._import_images(cluster, built)
@@ -208,10 +209,10 @@ class Demo:
         cluster.stop()
         self.say("done: every process stopped, every file removed")
 
-    def _store_images(self, built: dict[dockerfile.Target, dockerfile.BuiltImage]) -> None:
+    def _store_images(self, built: dict[inputs.Target, dockerfile.BuiltImage]) -> None:
         """Both images unpacked into the node image store, which the node's containerd starts from."""
         store = NodeImageStore.default(NodeTools.locate().directory)
-        images = [OciImage.of(built[target]) for target in dockerfile.TARGETS]
+        images = [OciImage.of(built[target]) for target in inputs.TARGETS]
         try:
             missing = store.missing(images)
             if missing:
@@ -223,11 +224,11 @@ class Demo:
         except StoreError as error:
             raise DemoError(str(error)) from None
 
-    def _import_images(self, cluster: LocalCluster, built: dict[dockerfile.Target, dockerfile.BuiltImage]) -> None:
+    def _import_images(self, cluster: LocalCluster, built: dict[inputs.Target, dockerfile.BuiltImage]) -> None:
         """Both images in the node's containerd (there is no registry to pull from): there from its start."""
         real_node = cluster.real_node
         assert real_node is not None
-        for target in dockerfile.TARGETS:
+        for target in inputs.TARGETS:
             image = built[target]
             try:
                 layers = real_node.import_image(OciImage.of(image))

@@ -5,54 +5,46 @@
 layout directory ``~/.cache/neuronfleet/images/layout``, named ``localhost/neuronfleet/<target>:<key>`` there
 and in the store (``index.json``: ``io.containerd.image.name`` and ``org.opencontainers.image.ref.name``).
 Both persist across builds: the store is buildah's layer cache, and the layout writes only the blobs it lacks.
-
-Each image's environment is two layers (the Dockerfile's header says why): the dependencies, installed from
-the lock alone, and the project. A source change rebuilds only the project's small layer; the dependencies'
-layer comes from the layer cache with the same digest, so neither the layout nor an importer that holds it
-writes it again. buildah's cache does not hash what a ``RUN --mount`` reads, so each install is keyed by a
-digest of its inputs passed as a build argument (:func:`build_digests`). The dependencies' digest reads only
-what a dependency install depends on (:func:`dependency_view`): an edit to a linter's table in pyproject.toml
-reinstalls the project, not the engine's 10 GB of dependencies.
-
-The key hashes everything the image is made of: the Dockerfile, .dockerignore, pyproject.toml, uv.lock,
-README.md, the package sources and the base image. An image whose key is in the layout is reused as it is;
-each target keeps only its newest image, in the layout and in the store.
+Each target keeps only its newest image, in the layout and in the store. What an image is made of and its
+key: :mod:`~neuronfleet.devcluster.images.inputs`; the layout itself: :mod:`~neuronfleet.devcluster.images.layout`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
-import tomllib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 from neuronfleet.devcluster.images import node_images, runc_norlimits
+from neuronfleet.devcluster.images.inputs import (
+    BuildDigests,
+    ImageError,
+    Target,
+    base_archive,
+    build_digests,
+    checkout,
+    dependencies_key,
+    file_digest,
+    image_key,
+    read_inputs,
+)
+from neuronfleet.devcluster.images.layout import (
+    DEPENDENCIES_ANNOTATION,
+    blobs,
+    holds,
+    image_layer_sizes,
+    layout_annotations,
+    name_in_layout,
+    prune_layout,
+)
 from neuronfleet.devcluster.images.podman import DiskGuard, Podman, PodmanError, free_bytes
-
-Target = Literal["operator", "engine"]
-TARGETS: tuple[Target, ...] = ("operator", "engine")
-
-#: Files and folders the build context sends (what .dockerignore lets through), relative to the checkout.
-INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "uv.lock", "README.md", "devcluster/pyproject.toml")
-INPUT_DIRS = ("engine", "operator")
-#: What the Dockerfile's ``lock`` stage holds, the one input of each dependency install.
-LOCK_FILES = ("pyproject.toml", "uv.lock", "devcluster/pyproject.toml")
-#: What its ``sources`` stage adds, the input of each project install (beside the lock's files).
-SOURCE_FILES = ("README.md",)
-
-#: The build arguments that key the Dockerfile's two installs (its header says why they exist).
-LOCK_DIGEST_ARG = "NEURONFLEET_LOCK_DIGEST"
-SOURCES_DIGEST_ARG = "NEURONFLEET_SOURCES_DIGEST"
 
 #: Under the image cache: podman's store (the layer cache) and the OCI image layout the images go into.
 STORE_DIR = "store"
@@ -79,165 +71,13 @@ KEPT_STAGES: dict[Target, tuple[str, ...]] = {
 #: The temporary directories buildah (a layer being committed) and the store (a blob being stored) make.
 _TEMPORARY_PREFIXES = ("buildah", "storage", "container_images_")
 #: containerd names an imported image after the first of these annotations of its ``index.json`` entry.
-NAME_ANNOTATION = "io.containerd.image.name"
-REF_ANNOTATION = "org.opencontainers.image.ref.name"
-#: The key of what the image's dependencies' layer was built from (:func:`dependencies_key`).
-DEPENDENCIES_ANNOTATION = "io.neuronfleet.dependencies-key"
 REPOSITORY = "localhost/neuronfleet"
-#: The media types of documents that name other blobs (an image's manifest, an index of manifests).
-_MANIFEST_TYPES = frozenset(
-    {
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-    }
-)
 
-#: The uv download cache the builds reuse (mounted where the Dockerfile's UV_CACHE_DIR points): the one
 #: `make setup` filled, so uv's own UV_CACHE_DIR wins over its default.
 UV_CACHE = Path(os.environ.get("UV_CACHE_DIR") or Path.home() / ".cache" / "uv")
 UV_CACHE_IN_BUILD = "/uv-cache"
 #: The host's CA bundle, mounted read-only during the build only (never part of an image).
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-
-
-#: A parser directive (``# syntax=...``), the one kind of comment line a builder reads.
-_DIRECTIVE = re.compile(r"^#\s*(syntax|escape|check)\s*=", re.IGNORECASE)
-
-
-class ImageError(RuntimeError):
-    """An image could not be built or its inputs are missing."""
-
-
-def checkout() -> Path:
-    """The neuronfleet checkout this package is installed from (the Dockerfile lives there)."""
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "Dockerfile").is_file() and (parent / "uv.lock").is_file():
-            return parent
-    raise ImageError("Dockerfile not found: build images from a neuronfleet checkout (`make images`)")
-
-
-def base_archive() -> Path:
-    """The base image's OCI archive: ``NEURONFLEET_BASE_IMAGE``, or the one built here (Debian bookworm,
-    Python 3.11, uid 1000; see ``node_images.base_image``)."""
-    override = os.environ.get("NEURONFLEET_BASE_IMAGE")
-    if override is None:
-        return node_images.base_image()
-    path = Path(override)
-    if not path.is_file():
-        raise ImageError(f"no base image at {path}: NEURONFLEET_BASE_IMAGE must name an OCI archive")
-    return path
-
-
-def input_files(root: Path) -> list[Path]:
-    """Every file an image is built from, relative to ``root``, sorted (bytecode left out)."""
-    found = [Path(name) for name in INPUT_FILES]
-    for folder in INPUT_DIRS:
-        found += [
-            path.relative_to(root)
-            for path in (root / folder).rglob("*")
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
-        ]
-    return sorted(found)
-
-
-def read_inputs(root: Path) -> dict[str, bytes]:
-    """Every input's bytes by its name (:func:`input_files`), read once for the key and the digests."""
-    return {str(path): (root / path).read_bytes() for path in input_files(root)}
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _files_digest(files: Iterable[tuple[str, bytes]], prefix: bytes = b"") -> str:
-    """sha256 over ``prefix`` and each file's name and bytes, in order."""
-    digest = hashlib.sha256(prefix)
-    for name, data in files:
-        digest.update(f"{name}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
-
-
-def image_key(target: str, files: Iterable[tuple[str, bytes]], base_key: str) -> str:
-    """A short content key over the target, the base image's key and each input's name and bytes."""
-    return _files_digest(files, f"target={target}\nbase={base_key}\n".encode())[:16]
-
-
-def checkout_key(target: str, root: Path, base_key: str) -> str:
-    """:func:`image_key` over the checkout's inputs as they are on disk now."""
-    return image_key(target, read_inputs(root).items(), base_key)
-
-
-@dataclass(frozen=True)
-class BuildDigests:
-    """What each install of the Dockerfile reads, as the digests passed to it as build arguments."""
-
-    #: The lock stage's files as a dependency install reads them (:func:`dependency_view`).
-    lock: str
-    #: The sources stage's files (README.md, engine/, operator/) and every byte of the lock's: the project
-    #: installs.
-    sources: str
-
-    def build_args(self) -> list[str]:
-        """``podman build`` arguments that pass the digests."""
-        return [f"--build-arg={LOCK_DIGEST_ARG}={self.lock}", f"--build-arg={SOURCES_DIGEST_ARG}={self.sources}"]
-
-
-def dependency_view(name: str, data: bytes) -> bytes:
-    """What a dependency install (``uv sync --locked --no-install-project``) reads of a lock stage file.
-
-    Of a pyproject.toml: every table but ``[tool.*]``, except ``[tool.uv]``, which uv reads. The linters'
-    and setuptools' tables (package-dir) shape only the project's install, which the sources digest keys.
-    Anything else, or a pyproject.toml that does not parse, counts byte for byte.
-    """
-    if Path(name).name != "pyproject.toml":
-        return data
-    try:
-        project = tomllib.loads(data.decode())
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return data
-    tool = project.pop("tool", {})
-    if "uv" in tool:
-        project["tool"] = {"uv": tool["uv"]}
-    return json.dumps(project, sort_keys=True).encode()
-
-
-def _dependency_files(inputs: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
-    return [(name, dependency_view(name, inputs[name])) for name in LOCK_FILES]
-
-
-def build_digests(inputs: Mapping[str, bytes]) -> BuildDigests:
-    """The digests of the lock's files and of the sources among ``inputs`` (:func:`read_inputs`)."""
-    # The project's install also reads every byte of the lock stage's files (package-dir, entry points).
-    sources = [(name, inputs[name]) for name in (*LOCK_FILES, *SOURCE_FILES)]
-    sources += [(name, data) for name, data in sorted(inputs.items()) if Path(name).parts[0] in INPUT_DIRS]
-    return BuildDigests(_files_digest(_dependency_files(inputs)), _files_digest(sources))
-
-
-def dependencies_key(target: str, inputs: Mapping[str, bytes], base_key: str) -> str:
-    """What a target's dependencies' layer is built from: the lock, the base image and the Dockerfile.
-
-    An image in the layout with the same key means the next build finds that layer in the cache (the free
-    space it needs is small); an edit to any Dockerfile instruction counts as a change, to err on the side
-    of space, and an edit to its comments does not.
-    """
-    return image_key(
-        target, [*_dependency_files(inputs), ("Dockerfile", dockerfile_instructions(inputs["Dockerfile"]))], base_key
-    )
-
-
-def dockerfile_instructions(data: bytes) -> bytes:
-    """A Dockerfile without its comment lines (parser directives kept): what a builder's layer cache sees."""
-    lines = data.decode(errors="replace").splitlines()
-    kept = [line for line in lines if not line.lstrip().startswith("#") or _DIRECTIVE.match(line)]
-    return "\n".join(kept).encode()
 
 
 @dataclass(frozen=True)
@@ -390,7 +230,7 @@ def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], 
     started = time.monotonic()
     layers = "its dependencies' layer from the cache" if cached else "its dependencies installed"
     say(f"building the {target} image {image.key}, {layers} (podman, store in {podman.root}, into {layout})")
-    blobs_before = set(_blobs(layout))
+    blobs_before = set(blobs(layout))
     digests = build_digests(recipe.inputs)
     try:
         _clean_up_stopped_builds(podman)
@@ -423,7 +263,7 @@ def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], 
         f" {new / 1e6:.0f} MB of them new; {image.name} in {layout}"
     )
     started = time.monotonic()
-    removed = prune_layout(layout, target, keep=image.name)
+    removed = prune_layout(layout, keep=image.name)
     try:
         prune_store(podman, target, keep=image.name, base_tag=base_tag(recipe.base_key))
     except PodmanError as error:
@@ -434,7 +274,7 @@ def _build(image: BuiltImage, recipe: Recipe, cache: Path, say: Callable[[str], 
 
 def _make_room(podman: Podman, layout: Path, image: BuiltImage, base_key: str, say: Callable[[str], None]) -> None:
     """Drop the target's older images from the layout and the store before a build that needs their room."""
-    removed = prune_layout(layout, image.target, keep=image.name)
+    removed = prune_layout(layout, keep=image.name)
     try:
         prune_store(podman, image.target, keep=image.name, base_tag=base_tag(base_key))
     except PodmanError as error:
@@ -502,135 +342,3 @@ def prune_store(podman: Podman, target: Target, keep: str, base_tag: str) -> Non
     # Dangling images (no name, no child), repeated until none is left: old builds' steps, stages made
     # from sources.
     podman.run("image", "prune", "--force", timeout=600)
-
-
-def layout_index(layout: Path) -> dict[str, Any]:
-    """The layout's ``index.json`` (empty when there is no layout yet)."""
-    try:
-        index: dict[str, Any] = json.loads((layout / "index.json").read_text())
-    except FileNotFoundError:
-        return {"schemaVersion": 2, "manifests": []}
-    return index
-
-
-def entry_name(entry: Mapping[str, Any]) -> str | None:
-    """An ``index.json`` entry's image name, as containerd reads it."""
-    annotations = entry.get("annotations") or {}
-    name: str | None = annotations.get(NAME_ANNOTATION) or annotations.get(REF_ANNOTATION)
-    return name
-
-
-def holds(layout: Path, name: str) -> bool:
-    """Whether the layout has an image called ``name`` (its manifest there too)."""
-    for entry in layout_index(layout)["manifests"]:
-        if entry_name(entry) == name:
-            return _blob(layout, entry["digest"]).is_file()
-    return False
-
-
-def layout_annotations(layout: Path, key: str) -> set[str]:
-    """The values of the annotation ``key`` over the layout's images."""
-    return {
-        value for entry in layout_index(layout)["manifests"] if (value := (entry.get("annotations") or {}).get(key))
-    }
-
-
-def _write_index(layout: Path, index: Mapping[str, Any]) -> None:
-    partial = layout / "index.json.partial"
-    partial.write_text(json.dumps(index))
-    partial.replace(layout / "index.json")
-
-
-def name_in_layout(layout: Path, config: str, name: str, annotations: Mapping[str, str]) -> None:
-    """Name the layout's image whose config is ``config`` (what ``podman save`` wrote, unnamed) ``name``,
-    as containerd and the OCI layout read it, with ``annotations`` beside."""
-    index = layout_index(layout)
-    found = [entry for entry in index["manifests"] if _config_digest(layout, entry) == config]
-    if not found:
-        raise ImageError(f"podman saved no image with the config {config} into {layout}")
-    for entry in found:
-        entry["annotations"] = {**(entry.get("annotations") or {}), NAME_ANNOTATION: name, REF_ANNOTATION: name}
-        entry["annotations"] |= annotations
-    _write_index(layout, index)
-
-
-def _config_digest(layout: Path, entry: Mapping[str, Any]) -> str | None:
-    """The config digest of an ``index.json`` entry's image manifest (None for anything else)."""
-    if entry.get("mediaType") not in _MANIFEST_TYPES or not _blob(layout, entry["digest"]).is_file():
-        return None
-    config: str | None = _read_blob(layout, entry["digest"]).get("config", {}).get("digest")
-    return config
-
-
-def _blob(layout: Path, digest: str) -> Path:
-    algorithm, _, hexdigest = digest.partition(":")
-    return layout / "blobs" / algorithm / hexdigest
-
-
-def _blobs(layout: Path) -> list[str]:
-    return [f"{path.parent.name}:{path.name}" for path in (layout / "blobs").glob("*/*") if path.is_file()]
-
-
-def _read_blob(layout: Path, digest: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(_blob(layout, digest).read_text())
-    return document
-
-
-def _referenced(layout: Path, descriptor: Mapping[str, Any]) -> set[str]:
-    """The digests a descriptor needs: itself, and a manifest's config and layers or an index's manifests."""
-    digest = descriptor["digest"]
-    if descriptor.get("mediaType") not in _MANIFEST_TYPES or not _blob(layout, digest).is_file():
-        return {digest}
-    document = _read_blob(layout, digest)
-    found = {digest, *(layer["digest"] for layer in document.get("layers", []))}
-    if "config" in document:
-        found.add(document["config"]["digest"])
-    for child in document.get("manifests", []):
-        found |= _referenced(layout, child)
-    return found
-
-
-def prune_layout(layout: Path, target: Target, keep: str) -> list[str]:
-    """Drop ``target``'s images other than ``keep`` from the layout, and every blob no image left uses.
-
-    Also removes the temporary files a stopped build left (containers/image writes ``oci-put-blob*``
-    beside ``index.json``). Returns the names of the images dropped.
-    """
-    index = layout_index(layout)
-    mine = re.compile(re.escape(keep.rsplit(":", 1)[0]) + ":")
-    # Unnamed entries too: a stopped build saved them and never named them.
-    dropped = [
-        e
-        for e in index["manifests"]
-        if not entry_name(e) or (mine.match(entry_name(e) or "") and entry_name(e) != keep)
-    ]
-    if dropped:
-        index["manifests"] = [entry for entry in index["manifests"] if entry not in dropped]
-        _write_index(layout, index)
-    used: set[str] = set()
-    for entry in index["manifests"]:
-        used |= _referenced(layout, entry)
-    for digest in _blobs(layout):
-        if digest not in used:
-            _blob(layout, digest).unlink()
-    for partial in layout.glob("oci-put-blob*"):
-        partial.unlink()
-    return [entry_name(entry) or entry["digest"] for entry in dropped]
-
-
-def image_manifest(layout: Path, name: str) -> dict[str, Any]:
-    """The manifest of the layout's image called ``name``."""
-    for entry in layout_index(layout)["manifests"]:
-        if entry_name(entry) == name:
-            return _read_blob(layout, entry["digest"])
-    raise ImageError(f"{layout} has no image {name}")
-
-
-def image_config(layout: Path, name: str) -> dict[str, Any]:
-    """The image configuration (User, Env, Entrypoint, ...) of the layout's image ``name``, read without podman."""
-    return _read_blob(layout, image_manifest(layout, name)["config"]["digest"])
-
-
-def image_layer_sizes(layout: Path, name: str) -> dict[str, int]:
-    """The layout's image ``name``: each layer's digest and size, in order."""
-    return {layer["digest"]: layer["size"] for layer in image_manifest(layout, name)["layers"]}

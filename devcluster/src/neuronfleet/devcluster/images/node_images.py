@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir, cache_root
 
 #: The image references the node's pods use (``imagePullPolicy: Never``: nothing is pulled).
@@ -363,7 +364,7 @@ def envoy_image(envoy: Path | None = None, log: Callable[[str], None] = _print) 
     return _cached("envoy", envoy_key(binary), build, log)
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(RigError):
     """A step of an image build failed; the message ends with its output."""
 
 

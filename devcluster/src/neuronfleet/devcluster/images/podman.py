@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neuronfleet.devcluster.errors import RigError
+
 #: A build is stopped when the disk it writes to falls below this many free bytes (the disk is shared).
 MIN_FREE_BYTES = 15 * 10**9
 
 
-class PodmanError(RuntimeError):
+class PodmanError(RigError):
     """A podman command failed, or was stopped because the disk ran low."""
 
 

@@ -21,6 +21,7 @@ import httpx
 import psutil
 from pydantic import BaseModel
 
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.process.waiting import WaitFor, WaitTimeoutError, wait_for
 
 #: The installed console scripts (``neuronfleet-engine``, ``neuronfleet-operator``) sit beside the interpreter.
@@ -41,7 +42,7 @@ class ProcessRecord(BaseModel):
         return is_alive(self.pid, self.started)
 
 
-class ProcessNotReadyError(RuntimeError):
+class ProcessNotReadyError(RigError):
     """A program exited before it was ready, or was not ready in time; the message ends with its log."""
 
 

@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuronfleet.devcluster.errors import RigError
+
 #: Overrides the bin dir; otherwise ``build.sh --print-bin-dir`` says where the pinned build lives.
 TOOLS_ENV = "NEURONFLEET_KUBE_TOOLS"
 
@@ -62,7 +64,7 @@ BINARIES = (
 NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "crictl")
 
 
-class ToolsMissingError(RuntimeError):
+class ToolsMissingError(RigError):
     """The binaries are not built (or not where the pins say)."""
 
 

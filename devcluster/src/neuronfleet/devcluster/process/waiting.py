@@ -7,13 +7,15 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from neuronfleet.devcluster.errors import RigError
+
 T = TypeVar("T")
 
 #: The bound when a caller names none: a local cluster settles well within it.
 DEFAULT_TIMEOUT = 30.0
 
 
-class WaitTimeoutError(AssertionError):
+class WaitTimeoutError(RigError, AssertionError):
     """The condition did not hold in time (an AssertionError, so pytest reports it as a failure)."""
 
 

@@ -37,6 +37,7 @@ from neuronfleet.devcluster.controlplane.fleet import (
     ZONE_LABEL,
     NodePool,
 )
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.images import node_images, runc_norlimits
 from neuronfleet.devcluster.process import tools
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord, stop
@@ -88,7 +89,7 @@ def netns_name(cluster: str) -> str:
     return f"nf-{cluster}"
 
 
-class NodeError(RuntimeError):
+class NodeError(RigError):
     """The real node could not be set up or torn down."""
 
 

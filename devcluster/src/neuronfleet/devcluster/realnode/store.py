@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuronfleet.devcluster.errors import RigError
 from neuronfleet.devcluster.images.dockerfile import BuiltImage
 from neuronfleet.devcluster.process.tools import cache_root
 
@@ -51,7 +52,7 @@ UNPACK_CONFIG = f"""  [plugins.'io.containerd.transfer.v1.local']
 """
 
 
-class StoreError(RuntimeError):
+class StoreError(RigError):
     """An image could not be read, or containerd refused it."""
 
 
