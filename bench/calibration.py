@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from provenance import commit
+from tables import print_table
 
 from neuronfleet.engine.sim.calibration import CALIBRATIONS, FITTED_CONSTANTS
 from neuronfleet.engine.sim.published import ROWS, chip_of, fit, predict
@@ -28,11 +29,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "calibration.json"
 def main() -> None:
     """Print the rows and the fit, and write them as JSON."""
     ran_on = commit()
-    print(f"published p50 against the cost model (commit {ran_on})")
-    print(
-        f"{'row':>12} {'role':>9} {'model':>24} {'instance':>14} {'TP':>3} {'in':>6}  TTFT ms: published  model ratio"
-    )
     rows: list[dict[str, Any]] = []
+    printed: list[list[str]] = []
     for row in ROWS:
         ttft, tpot = predict(row)
         measured: dict[str, Any] = {
@@ -47,15 +45,31 @@ def main() -> None:
             "tpot_ratio": None if row.tpot_ms is None else tpot * 1e3 / row.tpot_ms,
         }
         rows.append(measured)
-        tpot_text = (
-            ""
+        tpot_figures = (
+            ["", "", ""]
             if row.tpot_ms is None
-            else f"   TPOT ms: {row.tpot_ms:7.2f} {tpot * 1e3:7.2f} {measured['tpot_ratio']:5.2f}"
+            else [f"{row.tpot_ms:.2f}", f"{tpot * 1e3:.2f}", f"{measured['tpot_ratio']:.2f}"]
         )
-        print(
-            f"{row.id:>12} {row.role:>9} {row.model[:24]:>24} {row.instance_type:>14} {row.tensor_parallel_size:>3} "
-            f"{row.prompt_tokens:>6}  {row.ttft_ms:17.1f} {ttft * 1e3:7.1f} {measured['ttft_ratio']:5.2f}{tpot_text}"
+        printed.append(
+            [
+                row.id,
+                row.role,
+                row.model,
+                row.instance_type,
+                str(row.tensor_parallel_size),
+                str(row.prompt_tokens),
+                f"{row.ttft_ms:.1f}",
+                f"{ttft * 1e3:.1f}",
+                f"{measured['ttft_ratio']:.2f}",
+                *tpot_figures,
+            ]
         )
+    columns = ["row", "role", "model", "instance", "TP", "in", "TTFT ms published", "model", "ratio"]
+    print_table(
+        f"published p50 against the cost model (commit {ran_on})",
+        [*columns, "TPOT ms published", "model", "ratio"],
+        printed,
+    )
     errors: dict[str, list[float]] = {}
     for figure in rows:
         for key in ("ttft_ratio", "tpot_ratio"):

@@ -68,6 +68,7 @@ from typing import Any
 import httpx
 import psutil
 from provenance import commit
+from tables import print_table
 
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
@@ -895,16 +896,14 @@ def progress(began: float, what: str) -> None:
 def report(results: Obj) -> None:
     """Print the table and write the results as JSON."""
     args, rows = results["args"], table(results)
-    width = max(len(row[0]) for row in rows)
-    print(
-        f"\nneuronfleet operator on a local control plane (KWOK nodes): {args['services']} of each kind applied one "
+    print_table(
+        f"neuronfleet operator on a local control plane (KWOK nodes): {args['services']} of each kind applied one "
         f"at a time, {args['rounds']} spec change(s) each, {args['fleet']} services over {args['fleet_identities']} "
         f"compile identities, resync every {args['resync_seconds']:g} s; took {seconds(results['wall_s'])}; "
-        f"commit {results['commit']}"
+        f"commit {results['commit']}",
+        ["measure", "median", "p99", "vs baseline / note"],
+        rows,
     )
-    print(f"{'measure':<{width}}  {'median':>10}  {'p99':>16}  vs baseline / note")
-    for label, median, p99, note in rows:
-        print(f"{label:<{width}}  {median:>10}  {p99:>16}  {note}")
     cpu = results["cpu_s"]
     parts = ", ".join(f"{name} {value:.0f}" for name, value in sorted(cpu.items(), key=lambda kv: -kv[1]))
     print(f"CPU seconds: {sum(cpu.values()):.0f} in all ({parts})")

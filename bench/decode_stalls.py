@@ -26,6 +26,7 @@ from typing import Any
 
 from deployments import DEPLOYMENTS, Deployment, prefill_cap, scheduler_fields, scheduler_options
 from provenance import commit, ratio_spread, show, spread
+from tables import print_table
 
 from neuronfleet.engine.config import AUTO, REFERENCE_SCHEDULER
 from neuronfleet.engine.offline.driver import run_scenario
@@ -107,8 +108,7 @@ def main() -> None:
     for deployment in DEPLOYMENTS:
         measured = {variant: [next(results) for _ in SEEDS] for variant in VARIANTS}
         reference = measured[VARIANTS[0]]
-        print(f"\n{deployment.name}")
-        print(f"  {'scheduler':>34} {'ITL p99 ms':>22} {'p99 vs ref':>18} {'max stall ms':>22} {'32k TTFT vs ref':>18}")
+        printed: list[list[str]] = []
         for variant, figures in measured.items():
             row: dict[str, Any] = {
                 "deployment": deployment.name,
@@ -122,11 +122,17 @@ def main() -> None:
                 "ttft_vs_reference": ratio_spread(figures, reference, "long_prompt_ttft_s"),
             }
             rows.append(row)
-            print(
-                f"  {label(variant, int(figures[0]['cap'])):>34} {show(row['itl_p99_ms'], '{:.0f}'):>22} "
-                f"{show(row['itl_p99_vs_reference']):>18} {show(row['max_stall_ms'], '{:.0f}'):>22} "
-                f"{show(row['ttft_vs_reference'], '{:.3f}'):>18}"
+            printed.append(
+                [
+                    label(variant, int(figures[0]["cap"])),
+                    show(row["itl_p99_ms"], "{:.0f}"),
+                    show(row["itl_p99_vs_reference"]),
+                    show(row["max_stall_ms"], "{:.0f}"),
+                    show(row["ttft_vs_reference"], "{:.3f}"),
+                ]
             )
+        columns = ["scheduler", "ITL p99 ms", "p99 vs ref", "max stall ms", "32k TTFT vs ref"]
+        print_table(deployment.name, columns, printed)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"commit": ran_on, "rows": rows}, indent=2))
     print(f"wrote {RESULTS}")

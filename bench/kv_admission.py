@@ -26,6 +26,7 @@ from typing import Any
 
 from deployments import DEPLOYMENTS, Deployment, num_kv_blocks, prefill_cap, scheduler_fields, scheduler_options
 from provenance import commit, ratio_spread, show, spread
+from tables import print_table
 
 from neuronfleet.engine.config import AUTO, REFERENCE_SCHEDULER
 from neuronfleet.engine.offline.driver import run_scenario
@@ -109,8 +110,7 @@ def main() -> None:
         measured = {variant: [next(results) for _ in SEEDS] for variant in VARIANTS}
         reference = measured[VARIANTS[0]]
         full = int(reference[0]["max_full_length_requests"])
-        print(f"\n{deployment.name}: the KV cache holds {full} full-length requests")
-        print(f"  {'kv_admission':>38} {'mean batch':>18} {'tokens/s':>22} {'vs ref':>18} {'mean TTFT s':>20}")
+        printed: list[list[str]] = []
         for variant, figures in measured.items():
             row: dict[str, Any] = {
                 "deployment": deployment.name,
@@ -124,11 +124,20 @@ def main() -> None:
                 "throughput_vs_reference": ratio_spread(figures, reference, "output_tokens_per_s"),
             }
             rows.append(row)
-            print(
-                f"  {label(variant, int(figures[0]['cap'])):>38} {show(row['mean_decode_batch'], '{:.1f}'):>18} "
-                f"{show(row['output_tokens_per_s'], '{:.0f}'):>22} {show(row['throughput_vs_reference']):>18} "
-                f"{show(row['mean_ttft_s'], '{:.1f}'):>20}"
+            printed.append(
+                [
+                    label(variant, int(figures[0]["cap"])),
+                    show(row["mean_decode_batch"], "{:.1f}"),
+                    show(row["output_tokens_per_s"], "{:.0f}"),
+                    show(row["throughput_vs_reference"]),
+                    show(row["mean_ttft_s"], "{:.1f}"),
+                ]
             )
+        print_table(
+            f"{deployment.name}: the KV cache holds {full} full-length requests",
+            ["kv_admission", "mean batch", "tokens/s", "vs ref", "mean TTFT s"],
+            printed,
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"commit": ran_on, "rows": rows}, indent=2))
     print(f"wrote {RESULTS}")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from provenance import commit
+from tables import print_table
 
 from neuronfleet.engine.buckets import effective_max_num_batched_tokens, get_default_num_batched_tokens_buckets
 from neuronfleet.engine.tuning.recommend import (
@@ -109,21 +110,22 @@ def main() -> None:
 
     measured = [("chat", None), ("chat", 5), ("summarization", None), ("code", None)]
     rows = [measure(name, args.samples, args.seed, args.repeats, count) for name, count in measured]
-    header = (
-        f"{'workload':<14}{'limits':>12}{'K':>4}{'power of two':>14}{'best 2^k':>10}{'recommended':>13}"
-        f"{'optimum':>9}{'ratio':>7}{'K to match':>12}"
-    )
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        limits = f"{row['max_num_batched_tokens']}/{row['max_model_len']}"
-        print(
-            f"{row['workload']:<14}{limits:>12}{row['count']:>4}{row['default_waste']:>14.2%}"
-            f"{row['best_power_of_two_waste']:>10.2%}"
-            f"{row['recommended_waste']:>13.2%}{row['theoretical_waste']:>9.2%}{row['ratio']:>7.2f}"
-            f"{row['fewest_buckets_matching_default']:>12}"
-        )
-    print()
+    columns = ["workload", "limits", "K", "power of two", "best 2^k", "recommended", "optimum", "ratio", "K to match"]
+    printed = [
+        [
+            row["workload"],
+            f"{row['max_num_batched_tokens']}/{row['max_model_len']}",
+            str(row["count"]),
+            f"{row['default_waste']:.2%}",
+            f"{row['best_power_of_two_waste']:.2%}",
+            f"{row['recommended_waste']:.2%}",
+            f"{row['theoretical_waste']:.2%}",
+            f"{row['ratio']:.2f}",
+            str(row["fewest_buckets_matching_default"]),
+        ]
+        for row in rows
+    ]
+    print_table("padding waste of the prefill buckets", columns, printed)
     print(f"{args.samples} prompts per workload, seed {args.seed}; limits are max_num_batched_tokens/max_model_len.")
     print("waste: share of padded prefill tokens that are padding; power of two: the defaults, or their K largest;")
     print("best 2^k: the best K powers of two ending on the maximum;")

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from harness.fleet import NAME, Fleet
 from provenance import commit, show, spread
 from routing import quantile, routed_fleet, start_router_copy
+from tables import print_table
 
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.engine.serving.serve import served_name
@@ -156,26 +157,33 @@ def report(args: argparse.Namespace, windows: dict[str, list[list[Obj]]], wall_s
     ratios = {q: load_only[f"ttft_{q}_s"] / prefix[f"ttft_{q}_s"] for q in ("p50", "p99")}
     results = {"commit": commit(), "args": vars(args), "engine": ENGINE, "wall_s": wall_s, "sides": sides}
     results["load_only_over_prefix"] = ratios
-    print(
-        f"\n{args.conversations} clients in conversations of {args.turns} turns ({args.user_tokens}-token messages, "
+    title = (
+        f"{args.conversations} clients in conversations of {args.turns} turns ({args.user_tokens}-token messages, "
         f"{args.reply_tokens}-token replies) on {args.prefixes} system prompts of {args.system_tokens} tokens "
         f"({args.think:g} s between turns, 1 token asked), {REPLICAS} sim replicas "
         f"(Llama 3.1 8B, trn2.48xlarge, TP 1), {args.rounds} windows of {args.window:g} s per side, rotating, a "
         f"connection per request; took {wall_s / 60:.1f} min; commit {results['commit']}"
     )
-    print(
-        f"{'route':<14} {'sent':>5} {'failed':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'p50 by window, ms':>20} "
-        f"{'p99 by window, ms':>20} {'turns/s':>8} {'same replica':>12}"
-    )
+    printed = []
     for side, figures in sides.items():
         p50s, p99s = (
             {k: 1000 * v for k, v in figures[key].items()} for key in ("window_ttft_p50_s", "window_ttft_p99_s")
         )
-        print(
-            f"{side:<14} {figures['sent']:>5} {figures['failed']:>6} {1000 * figures['ttft_p50_s']:>6.0f} ms "
-            f"{1000 * figures['ttft_p99_s']:>6.0f} ms {show(p50s, '{:.0f}'):>20} {show(p99s, '{:.0f}'):>20} "
-            f"{figures['turns_per_s']:>8.2f} {figures['same_replica_share']:>11.0%}"
+        printed.append(
+            [
+                side,
+                str(figures["sent"]),
+                str(figures["failed"]),
+                f"{1000 * figures['ttft_p50_s']:.0f} ms",
+                f"{1000 * figures['ttft_p99_s']:.0f} ms",
+                show(p50s, "{:.0f}"),
+                show(p99s, "{:.0f}"),
+                f"{figures['turns_per_s']:.2f}",
+                f"{figures['same_replica_share']:.0%}",
+            ]
         )
+    columns = ["route", "sent", "failed", "TTFT p50", "TTFT p99", "p50 by window, ms", "p99 by window, ms"]
+    print_table(title, [*columns, "turns/s", "same replica"], printed)
     print(
         f"TTFT, load-only picker / prefix-aware picker (weight {args.prefix_weight:g}): p50 {ratios['p50']:.2f}x, "
         f"p99 {ratios['p99']:.2f}x (goal >= 2x); turns/s {prefix['turns_per_s'] / load_only['turns_per_s']:.2f}x"

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from harness.fleet import LLAMA_8B_MODEL, NAME, Fleet, started
 from harness.node_load import Answer
 from provenance import commit, show, spread
+from tables import print_table
 
 from neuronfleet.devcluster.addons.routing import install_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
@@ -273,23 +274,29 @@ def main() -> None:
 def report(results: Obj) -> None:
     """Print the table and write the JSON."""
     args = results["args"]
-    print(
-        f"\nShort requests ({SHORT_WORDS} tokens, 1 generated) at {args['short_rate']:g}/s beside long ones "
+    title = (
+        f"Short requests ({SHORT_WORDS} tokens, 1 generated) at {args['short_rate']:g}/s beside long ones "
         f"({args['long_tokens']} tokens) at {args['long_rate']:g}/s, two sim replicas (Llama 3.1 8B, trn2.48xlarge, "
         f"TP 1), {args['rounds']} windows of {args['window']:g} s per side, alternating, a connection per request; "
         f"took {results['wall_s'] / 60:.1f} min; commit {results['commit']}"
     )
-    print(
-        f"{'route':<20} {'sent':>6} {'failed':>6} {'TTFT p50':>10} {'TTFT p99':>10} {'p99 by window, ms':>22} "
-        f"{'goodput':>14} replicas"
-    )
+    printed = []
     for side, figures in results["sides"].items():
         by_window = {key: 1000 * value for key, value in figures["window_ttft_p99_s"].items()}
-        print(
-            f"{side:<20} {figures['sent']:>6} {figures['failed']:>6} {1000 * figures['ttft_p50_s']:>8.0f} ms "
-            f"{1000 * figures['ttft_p99_s']:>8.0f} ms {show(by_window, '{:.0f}'):>22} "
-            f"{figures['goodput_rps']:>8.2f} req/s {figures['replicas_used'] or '-'}"
+        printed.append(
+            [
+                side,
+                str(figures["sent"]),
+                str(figures["failed"]),
+                f"{1000 * figures['ttft_p50_s']:.0f} ms",
+                f"{1000 * figures['ttft_p99_s']:.0f} ms",
+                show(by_window, "{:.0f}"),
+                f"{figures['goodput_rps']:.2f} req/s",
+                str(figures["replicas_used"] or "-"),
+            ]
         )
+    columns = ["route", "sent", "failed", "TTFT p50", "TTFT p99", "p99 by window, ms", "goodput", "replicas"]
+    print_table(title, columns, printed)
     for side in ("picker", "picker-gie-defaults"):
         figures = results["sides"][side]
         print(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from provenance import commit
+from tables import print_table
 from vllm.sampling_params import SamplingParams
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
@@ -124,8 +125,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows: list[dict[str, Any]] = []
-    print(f"schedule() cost, {RUNNING} running decodes; median of {args.runs} interleaved runs x {args.steps} steps")
-    print(f"{'waiting':>8}  {'scheduler':<32} {'us/step':>10} {'runs min-max':>16} {'vs vllm':>8}")
+    printed: list[list[str]] = []
     for waiting in args.waiting:
         per_run = measure(waiting, args.steps, args.runs)
         base_us = statistics.median(per_run[BASELINE])
@@ -141,7 +141,12 @@ def main() -> None:
                 }
             )
             spread = f"{min(runs):.0f}-{max(runs):.0f}"
-            print(f"{waiting:>8}  {name:<32} {micros:>10.1f} {spread:>16} {micros / base_us:>8.2f}", flush=True)
+            printed.append([f"{waiting:,} waiting, {name}", f"{micros:.1f}", spread, f"{micros / base_us:.2f}"])
+    print_table(
+        f"schedule() cost, {RUNNING} running decodes; median of {args.runs} interleaved runs x {args.steps} steps",
+        ["scheduler", "us/step", "runs min-max", "vs vllm"],
+        printed,
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     ran_on = commit()
     RESULTS.write_text(json.dumps({"commit": ran_on, "running": RUNNING, "rows": rows}, indent=2))

@@ -38,6 +38,7 @@ from typing import Any
 
 from deployments import DEPLOYMENTS, Deployment, num_kv_blocks, prefill_cap
 from provenance import commit, show, spread
+from tables import print_table
 
 from neuronfleet.engine.config import REFERENCE_SCHEDULER, SchedulerOptions
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
@@ -210,24 +211,30 @@ def print_rows(deployment: Deployment, rows: list[dict[str, Any]]) -> None:
     """One deployment's table."""
     slo = f"TTFT <= {deployment.ttft_slo_s:g} s, own ITL p99 <= {deployment.itl_slo_s * 1e3:.0f} ms"
     stall = shortest_stall_s(deployment, deployment.cost()) * 1e3
-    print(f"\n{deployment.name}: goodput with {slo}; shortest stall {stall:.0f} ms")
+    title = f"{deployment.name}: goodput with {slo}; shortest stall {stall:.0f} ms"
     if not reachable(deployment):
-        print("  no scheduler can meet the ITL SLO: the shortest stall exceeds it (no ratios)")
-    print(
-        f"  {'workload':>8} {'load':>11} {'scheduler':>16} {'cap':>5} {'goodput req/s':>20} {'vs design':>18} "
-        f"{'TTFT p99 ms':>18} {'ITL p99 ms':>16}"
-    )
+        title += "\nno scheduler can meet the ITL SLO: the shortest stall exceeds it (no ratios)"
+    printed = []
     for row in rows:
         ratio = "-"
         if reachable(deployment) and "goodput_vs_design" in row:
             ratio = show(row["goodput_vs_design"])
         elif reachable(deployment) and "goodput_vs_design_of_medians" in row:
             ratio = f"{row['goodput_vs_design_of_medians']:.2f} (medians)"
-        print(
-            f"  {row['workload']:>8} {row['load']:>4.0%} {row['rate']:>4.2f}/s {row['scheduler']:>16} "
-            f"{row['prefill_cap'] or '-':>5} {show(row['goodput_rps']):>20} {ratio:>18} "
-            f"{show(row['ttft_p99_ms'], '{:.0f}'):>18} {show(row['itl_p99_ms'], '{:.0f}'):>16}"
+        printed.append(
+            [
+                row["workload"],
+                f"{row['load']:.0%} {row['rate']:.2f}/s",
+                row["scheduler"],
+                str(row["prefill_cap"] or "-"),
+                show(row["goodput_rps"]),
+                ratio,
+                show(row["ttft_p99_ms"], "{:.0f}"),
+                show(row["itl_p99_ms"], "{:.0f}"),
+            ]
         )
+    columns = ["workload", "load", "scheduler", "cap", "goodput req/s", "vs design", "TTFT p99 ms", "ITL p99 ms"]
+    print_table(title, columns, printed)
 
 
 def band(processes: int) -> list[dict[str, Any]]:
