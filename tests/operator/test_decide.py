@@ -27,6 +27,14 @@ T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
 SPEC = api.parse_service_spec({"model": {"uri": "hf://org/model"}, "replicas": 2})
 
+CANARY_SPEC = api.parse_service_spec(
+    {
+        "model": {"uri": "hf://org/model"},
+        "replicas": 2,
+        "rollout": {"canary": {"steps": [{"weight": 10}, {"weight": 50}]}},
+    }
+)
+
 NEW = ArtifactView("model-new", "new", "Ready")
 OLD = "old"
 
@@ -49,15 +57,17 @@ def status_of(
     unschedulable: tuple[str, ...] = (),
     previous: api.NeuronInferenceServiceStatus | None = None,
     at: datetime.datetime = T0,
+    trial: api.CanaryStatus | None = None,
 ) -> tuple[api.NeuronInferenceServiceStatus, list[Any]]:
     given = ServiceStatusInput(
         name="svc",
         generation=4,
-        spec=SPEC,
+        spec=CANARY_SPEC if trial is not None else SPEC,
         target=target,
         deployment=dep,
         unschedulable=unschedulable,
         decision=decide(target, dep, previous.current_revision if previous else None),
+        canary=trial,
     )
     return service_status(given, previous or api.NeuronInferenceServiceStatus(), at)
 
@@ -182,6 +192,32 @@ def test_rolling_out_then_ready() -> None:
     assert condition(ready, "Ready") == ("True", "Ready")
     assert (ready.ready_replicas, ready.updated_replicas, ready.current_revision) == (2, 2, "new")
     assert [e.reason for e in events] == ["Ready"]
+
+
+def test_a_canary_is_progressing_beside_the_stable_revision_then_aborted_with_its_figures() -> None:
+    trial = api.CanaryStatus(revision="new", phase="Progressing", weight=10, canary_replicas=1, stable_replicas=2)
+    starting, _ = status_of(NEW, deployment(OLD), trial=trial)
+    assert starting.phase == "Canary"
+    assert condition(starting, "Ready") == ("False", "CanaryProgressing")
+    ready = next(c for c in starting.conditions if c.type == "Ready")
+    assert ready.message == "canary new at step 1/2 (10%): 1 replicas beside 2 of revision old, starting"
+    assert starting.canary == trial
+    assert starting.current_revision == OLD
+    broken = "limits broken: TTFT p99 900 ms = 9.00x the stable's 100 ms (over 120 canary and 900 stable completions)"
+    aborted_trial = trial.model_copy(update={"phase": "Aborted", "canary_replicas": 0, "analysis": broken})
+    aborted, events = status_of(NEW, deployment(OLD), trial=aborted_trial, previous=starting, at=T1)
+    assert aborted.phase == "CanaryAborted"
+    assert condition(aborted, "Ready") == ("False", "CanaryAborted")
+    (event,) = [e for e in events if e.reason == "CanaryAborted"]
+    assert event.type == "Warning"
+    assert event.message == f"Ready=False: canary new aborted: {broken}; revision old serves"
+
+
+def test_a_promoted_canary_rolls_out_as_any_revision() -> None:
+    trial = api.CanaryStatus(revision="new", phase="Promoted", step=2, weight=100)
+    rolling, _ = status_of(NEW, deployment("new", ready=1, updated=1, total=2, available=1), trial=trial)
+    assert rolling.phase == "RollingOut"
+    assert rolling.canary == trial
 
 
 def test_a_new_compile_keeps_the_old_revision_serving() -> None:

@@ -25,6 +25,10 @@ LABEL_ARTIFACT = "neuronfleet.io/artifact"
 #: it leaves its Deployment, Service and InferencePool at once; its fault is told in ``ANNOTATION_FAULT``.
 LABEL_QUARANTINED = "neuronfleet.io/quarantined"
 ANNOTATION_FAULT = "neuronfleet.io/fault"
+#: On the serving pods of a canary (``spec.rollout.canary``): ``canary``. Their Deployment selects by it, so
+#: the stable revision's pods and theirs are told apart; the Service selects both.
+LABEL_TRACK = "neuronfleet.io/track"
+TRACK_CANARY = "canary"
 #: ``LABEL_SERVICE`` as Prometheus spells it: the chart's PodMonitor and ServiceMonitor copy the pod label
 #: onto every series (``podTargetLabels``), and the autoscaling queries select by it; any scrape config must
 #: do the same.

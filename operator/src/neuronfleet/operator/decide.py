@@ -195,6 +195,8 @@ class ServiceStatusInput:
     routing_state: RoutingState | None = None
     #: The serving pods' Neuron health this pass; ``None``: nothing serves (no condition).
     health: health.HealthPlan | None = None
+    #: The target revision's canary (spec.rollout.canary), while it runs and after.
+    canary: api.CanaryStatus | None = None
 
 
 #: An artifact's reasons while its compile goes as it should; any other names a trouble to fix.
@@ -227,6 +229,28 @@ def _available_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
     return False, Reason.NO_REPLICAS_READY, f"0/{spec.desired_replicas} replicas ready"
 
 
+def _canary_condition(
+    trial: api.CanaryStatus, spec: api.NeuronInferenceServiceSpec, serving: str | None
+) -> tuple[bool, Reason, str] | None:
+    """The Ready condition while a canary runs or after it was aborted; None once promoted."""
+    steps = spec.rollout.canary.steps if spec.rollout.canary is not None else []
+    if trial.phase == "Aborted":
+        return (
+            False,
+            Reason.CANARY_ABORTED,
+            f"canary {trial.revision} aborted: {trial.analysis}; revision {serving} serves",
+        )
+    if trial.phase != "Progressing":
+        return None
+    where = (
+        f"canary {trial.revision} at step {trial.step + 1}/{len(steps)} ({trial.weight}%): {trial.canary_replicas} "
+        f"replicas beside {trial.stable_replicas} of revision {serving}"
+    )
+    if trial.step_started_at is None:
+        return False, Reason.CANARY_PROGRESSING, f"{where}, starting"
+    return False, Reason.CANARY_PROGRESSING, f"{where}; {trial.analysis or 'no canary replica answered yet'}"
+
+
 def _ready_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
     target, deployment, spec = given.target, given.deployment, given.spec
     serving = deployment.artifact_hash if deployment is not None and deployment.ready > 0 else None
@@ -239,6 +263,11 @@ def _ready_condition(given: ServiceStatusInput) -> tuple[bool, Reason, str]:
         if serving is not None and serving != target.hash:
             return False, Reason.COMPILING, f"{target.name} is compiling; revision {serving} keeps serving"
         return False, Reason.COMPILING, f"{target.name} is compiling"
+    trial = given.canary
+    if trial is not None and trial.revision == target.hash and serving != target.hash:
+        during = _canary_condition(trial, spec, serving)
+        if during is not None:
+            return during
     if given.unschedulable:
         return False, Reason.INSUFFICIENT_NEURON_CAPACITY, given.unschedulable[0]
     if (
@@ -301,6 +330,8 @@ _PHASES: dict[Reason, api.ServicePhase] = {
     Reason.BLOCKED_BY_FAILED_COMPILE: "Blocked",
     Reason.INSUFFICIENT_NEURON_CAPACITY: "Unschedulable",
     Reason.ROLLING_OUT: "RollingOut",
+    Reason.CANARY_PROGRESSING: "Canary",
+    Reason.CANARY_ABORTED: "CanaryAborted",
 }
 
 
@@ -342,6 +373,7 @@ def service_status(
         target_revision=given.target.hash,
         previous_revisions=list(given.decision.previous_revisions),
         selector=",".join(f"{k}={v}" for k, v in plan.service_labels(given.name).items()),
+        canary=given.canary,
     )
     return status, transitions(previous.conditions, conditions)
 

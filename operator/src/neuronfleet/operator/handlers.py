@@ -7,6 +7,7 @@
   fault, or Ready while its service holds quarantined pods -> its service.
 - A node whose Neuron fault appeared, changed or cleared -> the services with pods on it.
 - A service's deletion -> its claims on artifacts dropped (the garbage collector would, later).
+- A service whose canary is progressing -> the service, every few seconds (its analysis reads the engines).
 - A periodic resync reconciles everything, behind the watches.
 - Every watched kind feeds the reconcilers' cache (``neuronfleet.operator.cache``), before any handler runs.
 
@@ -38,6 +39,8 @@ Obj = dict[str, Any]
 
 #: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix, its API group.
 ANNOTATION_PREFIX = GROUP
+#: Seconds between two passes of a progressing canary: its analysis, and the end of its step's pause.
+CANARY_INTERVAL_S = 5.0
 
 
 def _owner_name(body: Obj, kind: str) -> str | None:
@@ -80,6 +83,10 @@ def _services_on(cache: ObjectCache, node: str) -> dict[tuple[str, str], None]:
         if pod.get("spec", {}).get("nodeName") == node and service:
             services[pod["metadata"]["namespace"], service] = None
     return services
+
+
+def _canary_progressing(status: Mapping[str, Any], **_: Any) -> bool:
+    return (status.get("canary") or {}).get("phase") == "Progressing"
 
 
 def _is_deleted(type: str | None, **_: Any) -> bool:
@@ -177,6 +184,18 @@ def _on_kinds(registry: kopf.OperatorRegistry, drive: Drive) -> None:
         namespace = _namespaced(namespace)
         services = await or_temporary_error(drive.in_worker(manager.reconcile_artifact, namespace, name))
         await drive.reconcile_services(namespace, services)
+
+    @kopf.timer(
+        GROUP,
+        api.VERSION,
+        SERVICES_NIS.plural,
+        interval=CANARY_INTERVAL_S,
+        when=_canary_progressing,
+        registry=registry,
+    )
+    async def canary_progressing(name: str, namespace: str | None, **_: Any) -> None:
+        """A canary in progress -> reconcile its service (the engines' metrics change with no event)."""
+        await drive.reconcile_service(_namespaced(namespace), name)
 
     # Event handlers: kopf only logs what they raise, so they retry through the drive's retries.
 

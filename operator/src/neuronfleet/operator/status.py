@@ -49,6 +49,8 @@ class Reason(StrEnum):
     READY = "Ready"
     ROLLING_OUT = "RollingOut"
     BLOCKED_BY_FAILED_COMPILE = "BlockedByFailedCompile"
+    CANARY_PROGRESSING = "CanaryProgressing"
+    CANARY_ABORTED = "CanaryAborted"
     # Autoscaling
     SCALING = "Scaling"
     SCALING_PAUSED = "ScalingPaused"
@@ -78,6 +80,8 @@ class Reason(StrEnum):
     COMPILE_STARTED = "CompileStarted"
     REPLICA_QUARANTINED = "ReplicaQuarantined"
     QUARANTINE_RELEASED = "QuarantineReleased"
+    CANARY_STEPPED = "CanaryStepped"
+    CANARY_PROMOTED = "CanaryPromoted"
 
 
 #: Reasons that mean something needs a human: posted as Warning events.
@@ -94,6 +98,7 @@ WARNING_REASONS = frozenset(
         Reason.NEURON_DEVICE_FAULT,
         Reason.NEURON_NODE_FAULT,
         Reason.REPLICA_QUARANTINED,
+        Reason.CANARY_ABORTED,
     }
 )
 

@@ -16,6 +16,7 @@ their check: ``spec.engine`` is the engine's ``EngineConfig``.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from neuronfleet.operator.api.artifact import NeuronCompiledArtifactSpec
     from neuronfleet.operator.api.service import (
         Autoscaling,
+        Canary,
         DrainSettings,
         NeuronInferenceServiceSpec,
         RolloutSettings,
@@ -277,6 +279,27 @@ ROLLOUT: tuple[Rule[RolloutSettings], ...] = (
 )
 
 
+def _weights_ascending(canary: Canary) -> tuple[object, ...] | None:
+    weights = [step.weight for step in canary.steps]
+    return None if all(a < b for a, b in itertools.pairwise(weights)) else ()
+
+
+CANARY: tuple[Rule[Canary], ...] = (
+    Rule(
+        name="canary-steps",
+        field=".steps",
+        # isSorted() allows equal neighbours: each weight must also be there once.
+        cel=(
+            "self.steps.map(s, s.weight).isSorted()"
+            " && self.steps.all(a, self.steps.exists_one(b, b.weight == a.weight))"
+        ),
+        message="rollout.canary.steps must ascend: each weight above the one before",
+        check=_weights_ascending,
+        examples=({"rollout": {"canary": {"steps": [{"weight": 50}, {"weight": 10}]}}},),
+    ),
+)
+
+
 def _grace_after_drain(drain: DrainSettings) -> tuple[object, ...] | None:
     grace, needed = drain.termination_grace_period_seconds, drain.pre_stop_seconds + drain.drain_timeout_seconds
     return (grace, needed) if grace is not None and grace <= needed else None
@@ -427,6 +450,18 @@ SERVICE_SPEC: tuple[Rule[NeuronInferenceServiceSpec], ...] = (
         check=lambda spec: () if spec.device == "sim" and spec.placement.devices == "devicePlugin" else None,
         examples=({"device": "sim", "placement": {"devices": "devicePlugin"}},),
     ),
+    Rule(
+        name="canary-with-routing",
+        field=".rollout.canary",
+        cel="!has(self.rollout) || !has(self.rollout.canary) || !has(self.routing)",
+        message=(
+            "rollout.canary splits requests by replica count through the Service, while behind spec.routing the "
+            "Endpoint Picker would choose among both revisions' replicas alike: a canary with routing is not "
+            "supported yet"
+        ),
+        check=lambda spec: () if spec.rollout.canary is not None and spec.routing is not None else None,
+        examples=({"rollout": {"canary": {"steps": [{"weight": 10}]}}, "routing": {}},),
+    ),
     # Only the scaler writes spec.replicas of an autoscaled service (through the scale subresource): a
     # manifest naming both is refused, while the scaler's writes to one already autoscaled pass.
     Rule(
@@ -469,5 +504,5 @@ ARTIFACT_SPEC: tuple[Rule[NeuronCompiledArtifactSpec], ...] = (
 )
 
 #: Every rule a service's spec is held to (the parity test sends each one's examples).
-SERVICE_SPEC_RULES: tuple[Rule[Any], ...] = (*ENGINE, *ROLLOUT, *DRAIN, *AUTOSCALING, *SERVICE_SPEC)
+SERVICE_SPEC_RULES: tuple[Rule[Any], ...] = (*ENGINE, *ROLLOUT, *CANARY, *DRAIN, *AUTOSCALING, *SERVICE_SPEC)
 ALL: tuple[Rule[Any], ...] = (*SERVICE_SPEC_RULES, *SERVICE_OBJECT, *ARTIFACT_SPEC)

@@ -9,6 +9,7 @@ block keeps the engine's snake_case names, so it can be copied from an
 
 from __future__ import annotations
 
+import datetime
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -83,6 +84,87 @@ class Placement(K8sModel):
     )
 
 
+#: The most steps a canary takes before its revision serves everything.
+MAX_CANARY_STEPS = 10
+
+
+class CanaryStep(K8sModel):
+    """One step of a canary: the new revision's share, held while the analysis watches it."""
+
+    weight: int = Field(
+        ge=1,
+        le=99,
+        description=(
+            "Percent of the requests the new revision takes at this step. Its replicas run beside all the "
+            "stable revision's, and the Service splits requests by replica count: the canary gets "
+            "round(replicas * weight / (100 - weight)) of them, at least 1, so its share is that over all."
+        ),
+    )
+    pause_seconds: int = Field(
+        60,
+        ge=0,
+        le=86_400,
+        description="How long the step holds once its replicas are Ready, before the analysis may promote.",
+    )
+
+
+class CanaryAnalysis(K8sModel):
+    """What the new revision must show against the stable one, from the engines' own metrics."""
+
+    min_requests: int = Field(
+        100,
+        ge=1,
+        le=1_000_000,
+        description="Completions the canary must have answered before the analysis decides anything.",
+    )
+    max_ttft_p99_ratio: float = Field(
+        1.2, ge=1, le=100, description="The canary's time-to-first-token p99 over the stable's, at most."
+    )
+    max_itl_p99_ratio: float = Field(
+        1.2, ge=1, le=100, description="The canary's inter-token latency p99 over the stable's, at most."
+    )
+    max_error_rate_increase: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description=(
+            "The canary's share of completions answered 5xx, less the stable's, at most (a difference: a ratio "
+            "to a stable revision with no errors means nothing)."
+        ),
+    )
+    max_padding_share_increase: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description=(
+            "The canary's share of prefill tokens that are bucket padding, less the stable's, at most: a bucket "
+            "set that pads much more wastes the device."
+        ),
+    )
+
+
+class Canary(K8sModel):
+    """A new revision earns its traffic step by step, or is rolled back on its own."""
+
+    admission_rules = rules.CANARY
+
+    steps: list[CanaryStep] = Field(
+        min_length=1,
+        max_length=MAX_CANARY_STEPS,
+        description=(
+            "The new revision's shares, ascending (for example 10, then 50). After the last step passes, it "
+            "rolls out to every replica as without a canary."
+        ),
+    )
+    analysis: CanaryAnalysis = Field(
+        default_factory=CanaryAnalysis,
+        description=(
+            "Checked all along: a canary that breaks a limit is aborted at once (its replicas go, the stable "
+            "revision serves everything); one that holds them is promoted when its step's pause is over."
+        ),
+    )
+
+
 class RolloutSettings(K8sModel):
     """How a new revision replaces the serving one."""
 
@@ -112,6 +194,13 @@ class RolloutSettings(K8sModel):
             "Artifacts this service served before, kept with their compiled state after it moves on, so a "
             "rollback to one rolls out at once, without a compile Job. Unset: the operator's default "
             "(the chart's artifactHistoryLimit, 2)."
+        ),
+    )
+    canary: Canary | None = Field(
+        None,
+        description=(
+            "Roll a new revision out as a canary: beside the stable revision, through the steps, promoted or "
+            "aborted by the analysis of the engines' metrics. Unset: surge-first rollout of every replica."
         ),
     )
 
@@ -363,8 +452,36 @@ class NeuronInferenceServiceSpec(K8sModel):
 
 
 ServicePhase = Literal[
-    "Pending", "Invalid", "Compiling", "CompileFailed", "Blocked", "RollingOut", "Ready", "Unschedulable"
+    "Pending",
+    "Invalid",
+    "Compiling",
+    "CompileFailed",
+    "Blocked",
+    "RollingOut",
+    "Ready",
+    "Unschedulable",
+    "Canary",
+    "CanaryAborted",
 ]
+
+CanaryPhase = Literal["Progressing", "Promoted", "Aborted"]
+
+
+class CanaryStatus(K8sModel):
+    """Where a canary of the target revision stands."""
+
+    revision: str = Field(max_length=64, description="The artifact hash on trial.")
+    phase: CanaryPhase = Field(
+        description="Progressing through the steps, Promoted (it rolls out to all) or Aborted (its replicas gone)."
+    )
+    step: int = Field(0, ge=0, description="The step it is at (0: the first); the number of steps once promoted.")
+    weight: int = Field(0, ge=0, le=100, description="The share the step asks for, percent.")
+    canary_replicas: int = Field(0, ge=0, description="Replicas of the new revision.")
+    stable_replicas: int = Field(0, ge=0, description="Replicas of the stable revision beside them.")
+    step_started_at: datetime.datetime | None = Field(
+        None, description="When the step's replicas were all Ready (its pause counts from then)."
+    )
+    analysis: str | None = Field(None, max_length=1024, description="The last analysis, with its figures.")
 
 
 class ArtifactStatusRef(K8sModel):
@@ -406,6 +523,7 @@ class NeuronInferenceServiceStatus(K8sModel):
         ),
     )
     selector: str | None = Field(None, max_length=512, description="Label selector of the serving pods (for scaling).")
+    canary: CanaryStatus | None = Field(None, description="The target revision's canary, with spec.rollout.canary.")
 
 
 def parse_service_spec(spec: object) -> NeuronInferenceServiceSpec:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from neuronfleet.engine import dra
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.engine.invocation import ServeInvocation
-from neuronfleet.engine.names import HTTP_PORT, HTTP_PORT_NAME, LABEL_ARTIFACT, LABEL_QUARANTINED, REPLICA_ENV
+from neuronfleet.engine.names import (
+    HTTP_PORT,
+    HTTP_PORT_NAME,
+    LABEL_ARTIFACT,
+    LABEL_QUARANTINED,
+    LABEL_TRACK,
+    REPLICA_ENV,
+    TRACK_CANARY,
+)
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
@@ -400,3 +408,28 @@ def serving_objects(
     planned = serving_plan(owner, namespace, spec, served, devices)
     claim = [] if planned.claim_template is None else [planned.claim_template]
     return [planned.configmap, *claim, planned.deployment, planned.service, planned.disruption_budget]
+
+
+def canary_name(service: str) -> str:
+    """The Deployment of a service's canary replicas."""
+    return f"{service}-canary"
+
+
+def canary_plan(
+    owner: Owner,
+    namespace: str,
+    spec: api.NeuronInferenceServiceSpec,
+    served: ServedArtifact,
+    replicas: int,
+    devices: api.DeviceAllocation = "devicePlugin",
+) -> ServingPlan:
+    """What a canary of ``served`` runs with: ``replicas`` of it beside the stable revision's, in a Deployment of
+    their own whose pods carry the canary track (the Service and the budget are the service's, selecting both)."""
+    planned = serving_plan(owner, namespace, spec, served, devices)
+    canary = planned.deployment
+    track = {LABEL_TRACK: TRACK_CANARY}
+    canary["metadata"]["name"] = canary_name(owner.name)
+    canary["spec"]["replicas"] = replicas
+    canary["spec"]["selector"]["matchLabels"].update(track)
+    canary["spec"]["template"]["metadata"]["labels"].update(track)
+    return replace(planned, deployment=canary)

@@ -16,6 +16,7 @@ from neuronfleet.operator import api, decide, health, plan
 from neuronfleet.operator.kube import DEPLOYMENTS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
+from neuronfleet.operator.reconcilers.canary import Canaries
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Obj, RetryLater, previous_status
 from neuronfleet.operator.reconcilers.devices import NeuronDevices
@@ -50,6 +51,7 @@ class ServiceReconciler:
         *,
         artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
         devices: NeuronDevices | None = None,
+        canaries: Canaries | None = None,
     ) -> None:
         self.kube = kube
         self.status = status
@@ -63,6 +65,7 @@ class ServiceReconciler:
         self.artifact_history_limit = artifact_history_limit
         #: How Neuron replicas get devices, for services whose spec.placement says not.
         self.devices = devices or NeuronDevices("devicePlugin")
+        self.canaries = canaries or Canaries(kube)
 
     def reconcile(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
@@ -79,6 +82,7 @@ class ServiceReconciler:
         with self.locks.held(("service", meta["namespace"], meta["name"])):
             # Under the lock: a reconcile that read it before the delete has written its phase by now.
             self.metrics.forget(SERVICES_NIS.kind, meta["namespace"], meta["name"])
+            self.canaries.forget(meta["namespace"], meta["name"])
             # By owner uid only: a new service of the same name keeps its ConfigMaps (the GC takes the old ones).
             self.claims.release(service, frozenset(), frozenset(), deleted=True)
 
@@ -99,16 +103,17 @@ class ServiceReconciler:
         target = decide.ArtifactView.of(artifact_body, spec.identity().hash())
         deployment = _deployment_view(self.kube.get(DEPLOYMENTS, namespace, name))
 
-        # Decide the rollout, then act on it.
+        # Decide the rollout (a canary of a Ready target holds the serving revision until promoted), act on it.
         serve = decide.rollout(target, deployment)
-        applied: frozenset[str] = frozenset()
         devices = self.devices.allocation(spec)
+        served = plan.ServedArtifact(target.name, target.hash, api.parse_artifact_spec(artifact_body["spec"]).compile)
+        trial, applied, canary_events = self._canary(owner, namespace, spec, served, deployment, serve, previous)
+        if trial is not None and trial.phase != "Promoted":
+            serve = decide.Serve.KEEP
         if serve is decide.Serve.TARGET:
-            store = api.parse_artifact_spec(artifact_body["spec"]).compile
-            served = plan.ServedArtifact(target.name, target.hash, store)
             serving = plan.serving_plan(owner, namespace, spec, served, devices)
             deployment = self._apply(serving)
-            applied = serving.pod_inputs
+            applied |= serving.pod_inputs
         elif serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.desired_replicas:
             # The serving revision's template stays as it is until the new artifact is Ready.
             patch = {"spec": {"replicas": spec.desired_replicas}}
@@ -151,9 +156,42 @@ class ServiceReconciler:
             autoscaling_state=scaling_state,
             routing_state=routing_state,
             health=healing,
+            canary=trial,
         )
         status, events = decide.service_status(given, previous, now())
-        self.status.write(SERVICES_NIS, body, status, [*heal_events, *events])
+        self.status.write(SERVICES_NIS, body, status, [*heal_events, *canary_events, *events])
+
+    def _canary(
+        self,
+        owner: plan.Owner,
+        namespace: str,
+        spec: api.NeuronInferenceServiceSpec,
+        served: plan.ServedArtifact,
+        deployment: decide.DeploymentView | None,
+        serve: decide.Serve,
+        previous: api.NeuronInferenceServiceStatus,
+    ) -> tuple[api.CanaryStatus | None, frozenset[str], list[Event]]:
+        """The target's canary, one step on, when a Ready target would replace another serving revision and the
+        spec asks for a canary; else the last canary of the target (if any) as it ended. With it, the objects
+        the canary's pods read and its events."""
+        on_trial = (
+            serve is decide.Serve.TARGET
+            and spec.rollout.canary is not None
+            and deployment is not None
+            and deployment.artifact_hash not in (None, served.hash)
+            and spec.desired_replicas > 0
+            and (
+                previous.canary is None
+                or previous.canary.revision != served.hash
+                or previous.canary.phase != "Promoted"
+            )
+        )
+        if on_trial and deployment is not None:
+            devices = self.devices.allocation(spec)
+            return self.canaries.reconcile(owner, namespace, spec, served, deployment, previous.canary, devices)
+        kept = self.canaries.settle(namespace, owner.name, served.hash, deployment)
+        ended = previous.canary if previous.canary is not None and previous.canary.revision == served.hash else None
+        return ended, kept, []
 
     def _heal(self, owner: plan.Owner, namespace: str, healing: health.HealthPlan) -> list[Event]:
         """Quarantine the faulty serving pods, delete the quarantined ones no longer needed; the events to post."""

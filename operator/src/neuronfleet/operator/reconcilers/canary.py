@@ -1,0 +1,160 @@
+"""A service's canary: its Deployment, and the engines' metrics its analysis reads.
+
+Observe the canary Deployment and every serving pod's ``/metrics`` (the stable revision's and the canary's,
+each at its pod IP); decide with :mod:`neuronfleet.operator.canary`; act: apply the canary's replicas, or
+delete them once it was aborted or its revision serves from the service's own Deployment.
+
+What the stable pods had counted when the canary began is held here, in memory: an operator that restarts
+(or a new leader) starts the stable side's count again, while the canary's pods, all new, count from their
+start either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from collections.abc import Callable
+
+from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_TRACK, TRACK_CANARY
+from neuronfleet.operator import api, canary, decide, plan
+from neuronfleet.operator.kube import DEPLOYMENTS, PODS, Kube
+from neuronfleet.operator.reconcilers.common import Obj
+from neuronfleet.operator.status import Event, now
+
+log = logging.getLogger(__name__)
+
+#: Seconds a serving pod has to answer ``/metrics``; one that does not is left out of this analysis.
+SCRAPE_TIMEOUT_S = 2.0
+
+#: Reads a pod's ``/metrics`` text at an address (host:port); raises ``OSError`` when it cannot.
+Scrape = Callable[[str], str]
+
+
+def scrape_http(address: str) -> str:
+    """``/metrics`` of the engine at ``address``."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=SCRAPE_TIMEOUT_S) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def _ready(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class Canaries:
+    """Runs the canaries of services with ``spec.rollout.canary``; the caller holds the service's lock."""
+
+    def __init__(self, kube: Kube, scrape: Scrape = scrape_http) -> None:
+        self.kube = kube
+        self.scrape = scrape
+        #: By (namespace, service, revision on trial): each stable pod's figures when the canary began.
+        self._stable_start: dict[tuple[str, str, str], dict[str, canary.Figures]] = {}
+
+    def reconcile(
+        self,
+        owner: plan.Owner,
+        namespace: str,
+        spec: api.NeuronInferenceServiceSpec,
+        served: plan.ServedArtifact,
+        stable: decide.DeploymentView,
+        previous: api.CanaryStatus | None,
+        devices: api.DeviceAllocation,
+    ) -> tuple[api.CanaryStatus, frozenset[str], list[Event]]:
+        """The canary of ``served`` beside the ``stable`` revision, one step on: its state, the objects its pods
+        read (to keep), and the events of its decisions."""
+        trial = spec.rollout.canary
+        assert trial is not None
+        state = previous if previous is not None and previous.revision == served.hash else None
+        if state is None:
+            state = canary.start(trial, served.hash, spec.desired_replicas)
+        key = (namespace, owner.name, served.hash)
+        if state.phase != "Progressing":
+            self._stable_start.pop(key, None)
+            if state.phase == "Aborted":
+                self.remove(namespace, owner.name)
+            return state, frozenset(), []
+        # Observe: the canary's Deployment, and the figures of both revisions' ready pods.
+        body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(owner.name))
+        view = decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
+        ready = (
+            view is not None
+            and view.artifact_hash == served.hash
+            and view.rolled_out
+            and view.ready >= state.canary_replicas
+        )
+        analysis = self._analyse(namespace, owner.name, trial.analysis, served.hash, stable.artifact_hash, key)
+        # Decide.
+        given = canary.CanaryInput(trial, state, spec.desired_replicas, ready, analysis, now())
+        state, events = canary.advance(given)
+        # Act.
+        if state.phase == "Aborted":
+            self._stable_start.pop(key, None)
+            self.remove(namespace, owner.name)
+            return state, frozenset(), events
+        planned = plan.canary_plan(owner, namespace, spec, served, state.canary_replicas, devices)
+        self.kube.apply(planned.configmap)
+        if planned.claim_template is not None:
+            self.kube.apply(planned.claim_template)
+        self.kube.apply(planned.deployment)
+        return state, planned.pod_inputs, events
+
+    def remove(self, namespace: str, service: str) -> None:
+        """Delete the canary's replicas (they drain as any serving pod does)."""
+        self.kube.delete(DEPLOYMENTS, namespace, plan.canary_name(service))
+
+    def settle(
+        self, namespace: str, service: str, target: str, serving: decide.DeploymentView | None
+    ) -> frozenset[str]:
+        """With no canary in play: keep a promoted canary's replicas until the service's Deployment has rolled
+        its revision out, delete any other; what the kept pods read by name."""
+        body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(service))
+        if body is None:
+            return frozenset()
+        view = decide.DeploymentView.of(body, plan.CONFIG_VOLUME)
+        promoting = serving is not None and serving.artifact_hash == target and not serving.rolled_out
+        if view.artifact_hash == target and promoting:
+            return view.pod_inputs
+        self.remove(namespace, service)
+        return frozenset()
+
+    def _analyse(
+        self,
+        namespace: str,
+        service: str,
+        limits: api.CanaryAnalysis,
+        revision: str,
+        stable_revision: str | None,
+        key: tuple[str, str, str],
+    ) -> canary.Analysis | None:
+        pods = self.kube.list(PODS, namespace, plan.serving_pod_selector(service))
+        serving = [p for p in pods if _ready(p) and LABEL_QUARANTINED not in (p["metadata"].get("labels") or {})]
+        ours = [p for p in serving if (p["metadata"].get("labels") or {}).get(LABEL_TRACK) == TRACK_CANARY]
+        theirs = [
+            p
+            for p in serving
+            if LABEL_TRACK not in (labels := p["metadata"].get("labels") or {})
+            and labels.get(LABEL_ARTIFACT) == stable_revision
+        ]
+        if not ours:
+            return None
+        canary_now, stable_now = self._figures(ours), self._figures(theirs)
+        start = self._stable_start.setdefault(key, stable_now)
+        return canary.analyse(limits, canary.since({}, canary_now), canary.since(start, stable_now))
+
+    def _figures(self, pods: list[Obj]) -> dict[str, canary.Figures]:
+        found = {}
+        for pod in pods:
+            address = (pod.get("status") or {}).get("podIP")
+            if not address:
+                continue
+            try:
+                found[pod["metadata"]["name"]] = canary.parse_figures(self.scrape(f"{address}:{HTTP_PORT}"))
+            except (OSError, ValueError) as error:
+                log.info("no metrics from pod %s this pass: %s", pod["metadata"]["name"], error)
+        return found
+
+    def forget(self, namespace: str, service: str) -> None:
+        """Drop what is held for a service's canaries."""
+        for key in [k for k in self._stable_start if k[:2] == (namespace, service)]:
+            del self._stable_start[key]
