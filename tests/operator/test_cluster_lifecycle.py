@@ -530,3 +530,46 @@ def test_the_reconciler_keeps_no_lock_for_objects_it_is_not_reconciling(
         reconciler.reconcile_service(namespace, name)
         reconciler.forget_service(body)
     assert len(reconciler.locks) == 0
+
+
+def test_a_canary_runs_beside_the_stable_revision_and_goes_once_its_revision_rolls_out(
+    services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
+) -> None:
+    """The wiring of a canary (its analysis, which needs engines that answer, runs on the real node)."""
+    canary_spec = {"steps": [{"weight": 10, "pauseSeconds": 5}, {"weight": 50}]}
+    services.create("canary", spec(podAnnotations={READY_AFTER_ANNOTATION: "1s"}, rollout={"canary": canary_spec}))
+    old = artifact_hash(ready(services, "canary"))
+    # The first revision has nothing to be compared with: it rolls out as without a canary.
+    assert api.get(DEPLOYMENTS, namespace, plan.canary_name("canary")) is None
+
+    services.patch_spec("canary", {"engine": {"num_seqs_buckets": DECODE_B}})
+    trial = services.wait(
+        "canary",
+        lambda b: (b.get("status", {}).get("canary") or {}).get("stepStartedAt") is not None,
+        "a canary whose first step's replicas are Ready",
+    )
+    new = artifact_hash(trial)
+    assert (trial["status"]["phase"], condition(trial, "Ready")["reason"]) == ("Canary", "CanaryProgressing")
+    assert trial["status"]["canary"]["revision"] == new
+    assert (trial["status"]["canary"]["canaryReplicas"], trial["status"]["canary"]["stableReplicas"]) == (1, 2)
+    # The stable revision keeps every replica; one of the new revision runs beside them, in the same Service.
+    assert template_hash(api, namespace, "canary") == old
+    assert api.get(DEPLOYMENTS, namespace, "canary")["spec"]["replicas"] == 2
+    assert template_hash(api, namespace, plan.canary_name("canary")) == new
+    pods = serving_pods(api, namespace, "canary")
+    assert sorted(p["metadata"]["labels"][LABEL_ARTIFACT] for p in pods) == sorted([old, old, new])
+    assert all(p["metadata"]["labels"][LABEL_SERVICE] == "canary" for p in pods)
+    # No engine answers on a fake node: the analysis waits for completions, and so does the canary.
+    assert "0 of the 100 completions the canary needs" in condition(trial, "Ready")["message"]
+
+    # Without the canary section the new revision rolls out as any would, and the canary's replicas go after.
+    services.patch_spec("canary", {"rollout": {"canary": None}})
+    done = services.wait(
+        "canary", lambda b: phase_of(b) == "Ready" and b["status"]["currentRevision"] == new, "the new revision"
+    )
+    assert done["status"].get("canary") is None
+    wait_for(
+        lambda: api.get(DEPLOYMENTS, namespace, plan.canary_name("canary")),
+        lambda found: found is None,
+        what="the canary's Deployment deleted once its revision rolled out",
+    )

@@ -190,7 +190,9 @@ class ServiceReconciler:
             devices = self.devices.allocation(spec)
             return self.canaries.reconcile(owner, namespace, spec, served, deployment, previous.canary, devices)
         kept = self.canaries.settle(namespace, owner.name, served.hash, deployment)
-        ended = previous.canary if previous.canary is not None and previous.canary.revision == served.hash else None
+        # How the target's canary ended stays in the status while the spec still asks for canaries.
+        last = previous.canary
+        ended = last if spec.rollout.canary is not None and last is not None and last.revision == served.hash else None
         return ended, kept, []
 
     def _heal(self, owner: plan.Owner, namespace: str, healing: health.HealthPlan) -> list[Event]:
