@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import signal
 import time
@@ -45,6 +46,7 @@ from harness.fleet import (
     report,
     started,
 )
+from harness.node_load import Answer
 
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
@@ -99,37 +101,127 @@ def fleet(
         yield service
 
 
-def test_a_bucket_change_rolls_out_without_a_failed_request(fleet: Fleet) -> None:
-    old = fleet.status()["currentRevision"]
-    changed = fleet.with_buckets([64, 256])
-    new = identity_hash(changed)
-    with fleet.load("rollout") as load:
-        applied_at = fleet.apply(changed)
-        fleet.wait(lambda: (fleet.status().get("artifact") or {}).get("hash") == new, f"artifact {new} requested")
-        compiled_at = fleet.wait(
-            lambda: (fleet.status().get("artifact") or {}).get("phase") == "Ready" and time.time(),
-            f"artifact {new} compiled",
+#: The canary of the tests below: a step at 10% then one at 50%, each held PAUSE_S once its replicas are Ready.
+PAUSE_S = 15
+CANARY = {
+    "steps": [{"weight": 10, "pauseSeconds": PAUSE_S}, {"weight": 50, "pauseSeconds": PAUSE_S}],
+    # Two cores run both revisions and the load: latency limits loose enough for that noise, tight enough for a
+    # device made five times slower.
+    "analysis": {"minRequests": 15, "maxTtftP99Ratio": 2.5, "maxItlP99Ratio": 2.5},
+}
+
+
+def as_canary(manifest: Obj) -> Obj:
+    """``manifest`` rolled out through :data:`CANARY`."""
+    canary = copy.deepcopy(manifest)
+    canary["spec"]["rollout"]["canary"] = CANARY
+    return canary
+
+
+def canary_state(fleet: Fleet) -> Obj:
+    """The service's canary status ({} without one)."""
+    return dict(fleet.status().get("canary") or {})
+
+
+def step_ready(fleet: Fleet, step: int) -> float:
+    """When the canary's ``step`` (0: the first) had its replicas Ready and its pause began (as the test saw it)."""
+    return float(
+        fleet.wait(
+            lambda: (c := canary_state(fleet)).get("step") == step and c.get("stepStartedAt") and time.time(),
+            f"canary step {step + 1} with its replicas Ready",
         )
+    )
+
+
+def share_of(answers: list[Answer], revision: str) -> tuple[float, int]:
+    """The share of ``answers`` the revision served, and how many answers there were."""
+    return sum(a.header == revision for a in answers) / max(len(answers), 1), len(answers)
+
+
+def within_chance(share: float, expected: float, count: int) -> bool:
+    """Whether a share of ``count`` independent picks lies within 3.5 standard deviations of ``expected``."""
+    return abs(share - expected) <= 3.5 * math.sqrt(expected * (1 - expected) / max(count, 1))
+
+
+def test_a_bucket_change_as_a_canary_earns_its_traffic_step_by_step_and_rolls_out_without_a_failed_request(
+    fleet: Fleet,
+) -> None:
+    old = fleet.status()["currentRevision"]
+    stable_pods = {p["metadata"]["name"] for p in fleet.pods()}
+    changed = as_canary(fleet.with_buckets([64, 256]))
+    new = identity_hash(changed)
+    # Each request on its own connection: the Service (kube-proxy) picks a replica for each, of either revision.
+    with fleet.load("canary", keep_alive=False) as load:
+        applied_at = fleet.apply(changed)
+        first_at = step_ready(fleet, 0)
+        second_at = step_ready(fleet, 1)
+        promoted_at = fleet.wait(lambda: canary_state(fleet).get("phase") == "Promoted" and time.time(), "promoted")
         done_at = fleet.wait(
             lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
         )
-        # The measurement window after the rollout: every answer in it must come from the new revision.
         time.sleep(AFTER_S)
         result = load.stop()
-    report("rollout", result, applied=applied_at, compiled=compiled_at, rolled_out=done_at)
+    report("canary", result, applied=applied_at, step_1=first_at, step_2=second_at, promoted=promoted_at, done=done_at)
     assert result.failed == {}, result.summary
-    assert result.answers[0].sent_at < applied_at, "the load started after the change"
-    # While the new artifact compiled (and until its first pod was Ready), the old revision answered.
-    during_compile = result.sent_between(applied_at, compiled_at)
-    assert during_compile
-    assert {a.header for a in during_compile} == {old}
-    after = result.sent_between(done_at)
-    assert len(after) >= RATE * AFTER_S * 0.8, len(after)
-    assert {a.header for a in after} == {new}
-    assert {a.header for a in result.answers} == {old, new}
-    # One compile Job for the new identity, run once.
-    (job,) = fleet.compile_jobs(new)
-    assert job["status"].get("succeeded") == 1
+    # The Endpoints follow a Ready pod within a moment: each step's window starts 2 s after its pause began.
+    first = share_of(result.sent_between(first_at + 2, second_at - PAUSE_S), new)
+    second = share_of(result.sent_between(second_at + 2, promoted_at), new)
+    print(f"    the new revision's share: step 1 {first[0]:.0%} of {first[1]}, step 2 {second[0]:.0%} of {second[1]}")
+    # By replica count: 1 canary beside 2 stable, then 2 beside 2.
+    assert within_chance(first[0], 1 / 3, first[1]), first
+    assert within_chance(second[0], 1 / 2, second[1]), second
+    assert {a.header for a in result.sent_between(done_at)} == {new}
+    events = fleet.kubectl("get", "events", f"--field-selector=involvedObject.name={NAME}", "-o", "json")
+    reasons = [e["reason"] for e in json.loads(events)["items"]]
+    assert "CanaryStepped" in reasons
+    assert "CanaryPromoted" in reasons
+    assert not stable_pods & {p["metadata"]["name"] for p in fleet.pods()}
+    assert old != new
+    # The tests after this one change buckets without a canary.
+    plain = copy.deepcopy(changed)
+    del plain["spec"]["rollout"]["canary"]
+    fleet.apply(plain)
+    fleet.wait(lambda: "canary" not in fleet.status(), "no canary in the status", timeout=60)
+
+
+def test_a_slow_canary_is_aborted_and_the_stable_revision_never_loses_a_replica(fleet: Fleet) -> None:
+    stable = fleet.status()["currentRevision"]
+    good = copy.deepcopy(fleet.manifest)
+    stable_pods = {p["metadata"]["uid"] for p in fleet.pods()}
+    bad = as_canary(fleet.with_buckets([128, 256]))
+    with fleet.load("bad-canary", keep_alive=False) as load:
+        applied_at = fleet.apply(bad)
+        started_at = step_ready(fleet, 0)
+        (canary_pod,) = [p for p in fleet.pods() if p["metadata"]["labels"][LABEL_ARTIFACT] == identity_hash(bad)]
+        # Its device five times slower from its next step on: every token takes five times as long.
+        slowed_at, _ = fleet.inject_fault(canary_pod, {"kind": "slow", "factor": 5})
+        aborted_at = fleet.wait(lambda: canary_state(fleet).get("phase") == "Aborted" and time.time(), "aborted")
+        gone_at = fleet.wait(
+            lambda: (
+                not any(p["metadata"]["name"] == canary_pod["metadata"]["name"] for p in fleet.pods()) and time.time()
+            ),
+            "the canary's replica gone",
+        )
+        time.sleep(AFTER_S)
+        result = load.stop()
+    report("bad canary", result, applied=applied_at, started=started_at, slowed=slowed_at, aborted=aborted_at)
+    status = fleet.status()
+    ready = ready_condition({"status": status})
+    print(f"    {ready['reason']}: {ready['message']}; its replica gone {gone_at - aborted_at:.1f} s after")
+    assert result.failed == {}, result.summary
+    assert (status["phase"], ready["reason"]) == ("CanaryAborted", "CanaryAborted")
+    assert "limits broken" in ready["message"]
+    assert "TTFT p99" in ready["message"] or "ITL p99" in ready["message"]
+    on_canary = [a for a in result.sent_between(started_at, aborted_at) if a.header != stable]
+    print(f"    {len(on_canary)} answered by the canary before its abort, {aborted_at - slowed_at:.1f} s after slowing")
+    assert on_canary
+    # The stable revision kept every replica all along, and serves everything after.
+    assert {p["metadata"]["uid"] for p in fleet.pods()} == stable_pods
+    assert {a.header for a in result.sent_between(gone_at)} == {stable}
+    # Back to the stable revision's spec: Ready at once, its artifact kept, no compile.
+    fleet.apply(good)
+    fleet.wait(lambda: fleet.rolled_out_to(stable), "Ready on the stable revision again", timeout=60)
+    assert fleet.status().get("canary") is None
 
 
 def test_a_failed_compile_blocks_while_the_old_pods_keep_serving(fleet: Fleet) -> None:

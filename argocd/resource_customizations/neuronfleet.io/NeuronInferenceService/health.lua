@@ -1,7 +1,8 @@
 -- Argo CD health of a NeuronInferenceService (Lua 5.1).
 -- Progressing until the operator has acted on the current spec, while compiling and rolling out;
--- Healthy when Ready; Degraded when only a spec change can help (invalid spec, failed compile), and while a
--- Neuron fault holds replicas out of service and the fleet is short of them (the Degraded condition).
+-- Healthy when Ready; Degraded when only a spec change can help (invalid spec, failed compile, a canary the
+-- analysis aborted), and while a Neuron fault holds replicas out of service and the fleet is short of them
+-- (the Degraded condition). A canary in progress is Progressing.
 local hs = {}
 
 local function condition(status, type_)
@@ -20,6 +21,7 @@ local degraded = {
   InvalidSpec = true,
   CompileFailed = true,
   BlockedByFailedCompile = true,
+  CanaryAborted = true,
 }
 
 if obj.status == nil then
@@ -60,7 +62,8 @@ if ready.status == "True" then
 elseif degraded[ready.reason] then
   hs.status = "Degraded"
 else
-  -- Compiling, RollingOut, InsufficientNeuronCapacity (a node autoscaler may still add capacity).
+  -- Compiling, RollingOut, CanaryProgressing, InsufficientNeuronCapacity (a node autoscaler may still add
+  -- capacity).
   hs.status = "Progressing"
 end
 return hs

@@ -103,20 +103,12 @@ class Canaries:
         """Delete the canary's replicas (they drain as any serving pod does)."""
         self.kube.delete(DEPLOYMENTS, namespace, plan.canary_name(service))
 
-    def settle(
-        self, namespace: str, service: str, target: str, serving: decide.DeploymentView | None
-    ) -> frozenset[str]:
-        """With no canary in play: keep a promoted canary's replicas until the service's Deployment has rolled
-        its revision out, delete any other; what the kept pods read by name."""
-        body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(service))
-        if body is None:
-            return frozenset()
-        view = decide.DeploymentView.of(body, plan.CONFIG_VOLUME)
-        promoting = serving is not None and serving.artifact_hash == target and not serving.rolled_out
-        if view.artifact_hash == target and promoting:
-            return view.pod_inputs
-        self.remove(namespace, service)
-        return frozenset()
+    def settle(self, namespace: str, service: str) -> None:
+        """With no canary in play (promoted, aborted, or none asked for): its replicas go, if any run. A promoted
+        canary's go as the service's Deployment starts rolling its revision out, so a fleet sized for the
+        canary and one surge replica holds the rollout too."""
+        if self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(service)) is not None:
+            self.remove(namespace, service)
 
     def _analyse(
         self,

@@ -189,11 +189,11 @@ class ServiceReconciler:
         if on_trial and deployment is not None:
             devices = self.devices.allocation(spec)
             return self.canaries.reconcile(owner, namespace, spec, served, deployment, previous.canary, devices)
-        kept = self.canaries.settle(namespace, owner.name, served.hash, deployment)
+        self.canaries.settle(namespace, owner.name)
         # How the target's canary ended stays in the status while the spec still asks for canaries.
         last = previous.canary
         ended = last if spec.rollout.canary is not None and last is not None and last.revision == served.hash else None
-        return ended, kept, []
+        return ended, frozenset(), []
 
     def _heal(self, owner: plan.Owner, namespace: str, healing: health.HealthPlan) -> list[Event]:
         """Quarantine the faulty serving pods, delete the quarantined ones no longer needed; the events to post."""
