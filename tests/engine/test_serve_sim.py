@@ -39,7 +39,7 @@ from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
 
 # pydantic and yaml only, so it imports in the vLLM 0.29 venv of `make compat` too.
-from neuronfleet.operator import scaling
+from neuronfleet.operator import canary, scaling
 
 pytestmark = pytest.mark.vllm_matrix
 
@@ -226,6 +226,20 @@ def test_padding_metrics_match_the_bucket_sets(server: EngineServer) -> None:
     # 10 -> 64 (54), 64 -> 64 (0), 100 -> 128 (28), 300 -> 256 + 44 in 64 (20), 500 -> 256 + 244 in 256 (12).
     assert expected["neuronfleet:padding_tokens_total"] == 114
     assert added == {name: value for name, value in expected.items() if value}
+
+
+def test_the_canary_analysis_reads_what_a_served_completion_adds_to_the_engines_metrics(server: EngineServer) -> None:
+    """The operator's canary parser (``neuronfleet.operator.canary``) on the engine's own ``/metrics``."""
+    before = canary.parse_figures(server.request("/metrics").body.decode())
+    completion(server, prompt(30), 4)
+    added = canary.parse_figures(server.request("/metrics").body.decode()) - before
+    assert (added.requests, added.errors) == (1, 0)
+    assert added.ttft[math.inf] == 1
+    # Three tokens after the first: three inter-token latencies.
+    assert added.itl[math.inf] == 3
+    assert added.prefill_tokens == 30
+    # 30 prompt tokens in the smallest prefill bucket, 64: 34 of padding.
+    assert added.padding_tokens == 64 - 30
 
 
 def test_engine_metrics_are_exported(server: EngineServer) -> None:
