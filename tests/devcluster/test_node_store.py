@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from neuronfleet.devcluster.process.tools import NodeTools
+from neuronfleet.devcluster.realnode import store as store_module
 from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage, chain_ids
 
 REPOSITORY = "localhost/neuronfleet/store-test"
@@ -149,3 +150,20 @@ def test_images_are_unpacked_once_and_nodes_start_with_them(store: NodeImageStor
     node.prepare([three], say=said.append)
     assert said[-1].startswith(f"node image store: {three.name} unpacked (1 new layers)")
     assert store.missing([two, three]) == [three], "a node's import never changes the store"
+
+
+def test_short_of_room_older_builds_go_before_a_new_one_is_unpacked(
+    store: NodeImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = layer({"opt/env/big": b"0" * (1 << 20)})
+    one = write_image(tmp_path / "one.tar", f"{REPOSITORY}:one", [base, layer({"app": b"one"})])
+    two = write_image(tmp_path / "two.tar", f"{REPOSITORY}:two", [base, layer({"app": b"two"})])
+    said: list[str] = []
+    store.prepare([one], say=said.append)
+    # No disk has this much room beyond what an unpack needs.
+    monkeypatch.setattr(store_module, "ROOM_MARGIN_BYTES", 10**18)
+    store.prepare([two], say=said.append)
+    assert said[-2] == f"node image store: dropping {one.name} first, for {two.name}'s room"
+    # Its layers went with it: the new build is unpacked whole.
+    assert said[-1].startswith(f"node image store: {two.name} unpacked (2 new layers)")
+    assert store.missing([one, two]) == [one]

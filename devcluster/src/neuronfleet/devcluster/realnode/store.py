@@ -324,19 +324,25 @@ class NodeImageStore:
             self._containerd(Path(scratch)) as ctr,
         ):
             held = ctr.images()
+            # Older builds of the same images; another name's images stay: other nodes may use them.
+            repositories = {_repository(image.name) for image in images}
+            wanted = {image.name for image in images}
+            stale = sorted(name for name in held if name not in wanted and _repository(name) in repositories)
             for image in images:
                 if held.get(image.name) == image.manifest_digest:
                     continue
+                if stale and not _has_room(self.directory, image, ctr.snapshots()):
+                    # Dropped after the new one is unpacked, they would lend it their unchanged layers; short of
+                    # room, they go first (a node started from the store holds its own links to them).
+                    say(f"node image store: dropping {', '.join(stale)} first, for {image.name}'s room")
+                    ctr.run("images", "rm", "--sync", *stale, timeout=600)
+                    stale = []
                 _check_room(self.directory, image, ctr.snapshots())
                 started = time.monotonic()
                 layers = ctr.load(image, Path(scratch), discard_layers=True)
                 ctr.collected(self.root, [layer["digest"] for layer in image.manifest["layers"]])
                 elapsed = time.monotonic() - started
                 say(f"node image store: {image.name} unpacked ({layers} new layers) in {elapsed:.0f} s")
-            # Another name's images stay: other nodes may use them.
-            repositories = {_repository(image.name) for image in images}
-            wanted = {image.name for image in images}
-            stale = sorted(name for name in held if name not in wanted and _repository(name) in repositories)
             if stale:
                 # Synchronous: the garbage collector removes their snapshots before containerd stops.
                 ctr.run("images", "rm", "--sync", *stale, timeout=600)
@@ -386,9 +392,22 @@ def _unpack_factor(media_type: str) -> float:
     return _UNPACK_FACTOR["gzip"] if media_type.endswith(("+gzip", ".gzip")) else _UNPACK_FACTOR["tar"]
 
 
+def _room_needed(image: OciImage, present: set[str]) -> float:
+    """Bytes unpacking ``image`` takes (the layers already unpacked cost nothing)."""
+    return float(sum(_unpack_factor(layer["mediaType"]) * layer["size"] for layer in image.layers_missing(present)))
+
+
+#: Room kept free beyond an unpack's estimate before older builds are let to stay during it.
+ROOM_MARGIN_BYTES = 5 * 10**9
+
+
+def _has_room(directory: Path, image: OciImage, present: set[str]) -> bool:
+    return shutil.disk_usage(directory).free >= _room_needed(image, present) + ROOM_MARGIN_BYTES
+
+
 def _check_room(directory: Path, image: OciImage, present: set[str]) -> None:
-    """Refuse, before unpacking, an image the disk has no room for (the layers already unpacked cost nothing)."""
-    needed = sum(_unpack_factor(layer["mediaType"]) * layer["size"] for layer in image.layers_missing(present))
+    """Refuse, before unpacking, an image the disk has no room for."""
+    needed = _room_needed(image, present)
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise StoreError(
