@@ -6,6 +6,7 @@ import datetime
 from typing import Any
 
 from neuronfleet.operator import api
+from neuronfleet.operator.reconcilers.status_writer import merge_patch
 from neuronfleet.operator.status import (
     ConditionType,
     Reason,
@@ -187,3 +188,25 @@ def test_transitions_post_each_new_reason_once() -> None:
     ]
     events = transitions(before, after)
     assert [(e.type, e.reason, e.message) for e in events] == [("Warning", "CompileFailed", "ArtifactReady=False: oom")]
+
+
+def test_the_status_patch_removes_what_is_gone_at_any_depth() -> None:
+    old = {"phase": "Canary", "canary": {"step": 0, "stepStartedAt": "2026-12-05T06:08:48Z"}, "selector": "a=b"}
+    new = {"phase": "Canary", "canary": {"step": 1, "weight": 50}}
+    patch = merge_patch(old, new)
+    assert patch == {"selector": None, "phase": "Canary", "canary": {"stepStartedAt": None, "step": 1, "weight": 50}}
+    assert applied(old, patch) == new
+
+
+def applied(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386, as the API server applies a merge patch."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict):
+            before = result.get(key)
+            result[key] = applied(before if isinstance(before, dict) else {}, value)
+        else:
+            result[key] = value
+    return result

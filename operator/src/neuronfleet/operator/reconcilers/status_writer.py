@@ -29,9 +29,19 @@ class StatusWriter:
         changed = new != old
         meta = body["metadata"]
         if changed:
-            patch = {**{key: None for key in old if key not in new}, **new}
+            patch = merge_patch(old, new)
             self.kube.merge_patch(resource, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
         self.metrics.status_written(resource.kind, meta["namespace"], meta["name"], old, new)
         for event in events:
             self.emit(body, event)
         return changed
+
+
+def merge_patch(old: Obj, new: Obj) -> Obj:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: a field gone at any depth is set to null,
+    or the server would keep it (a canary's next step must not keep the last one's start)."""
+    patch: Obj = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        patch[key] = merge_patch(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
+    return patch
