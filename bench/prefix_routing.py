@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from harness.fleet import NAME, Fleet
 from provenance import commit, show, spread
-from routing import quantile, routed_fleet, start_router_copy
+from routing import quantile, routed_fleet, side_cells, start_router_copy
 from tables import print_table
 
 from neuronfleet.engine.names import HTTP_PORT
@@ -171,11 +171,7 @@ def report(args: argparse.Namespace, windows: dict[str, list[list[Obj]]], wall_s
         )
         printed.append(
             [
-                side,
-                str(figures["sent"]),
-                str(figures["failed"]),
-                f"{1000 * figures['ttft_p50_s']:.0f} ms",
-                f"{1000 * figures['ttft_p99_s']:.0f} ms",
+                *side_cells(side, figures),
                 show(p50s, "{:.0f}"),
                 show(p99s, "{:.0f}"),
                 f"{figures['turns_per_s']:.2f}",
