@@ -92,8 +92,12 @@ def test_a_device_fault_quarantines_its_replica_and_a_replacement_starts_on_anot
     (replacement,) = [p for p in pods if p["metadata"]["name"] != healthy["metadata"]["name"]]
     assert replacement["spec"]["nodeName"] != node, "the replacement landed on the faulty pod's node"
     wait_for(lambda: not quarantined(api, namespace, "llama"), what="the quarantined pod deleted")
-    healed = services.wait("llama", lambda b: condition(b, "Degraded").get("reason") == "Healthy", "healed")
-    assert condition(healed, "Ready")["status"] == "True"
+    # Degraded reads the pods, Ready the Deployment's status, which its controllers update a moment later.
+    services.wait(
+        "llama",
+        lambda b: condition(b, "Degraded").get("reason") == "Healthy" and condition(b, "Ready").get("status") == "True",
+        "healed: Healthy and Ready",
+    )
     told = events(api, namespace, "llama")
     assert ("Warning", "ReplicaQuarantined") in {(t, r) for t, r, _ in told}, told
     assert ("Warning", "NeuronDeviceFault") in {(t, r) for t, r, _ in told}, told
