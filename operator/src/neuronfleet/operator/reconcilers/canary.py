@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 
 from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_TRACK, TRACK_CANARY
-from neuronfleet.operator import api, canary, decide, plan
+from neuronfleet.operator import api, canary, decide, health, plan
 from neuronfleet.operator.kube import DEPLOYMENTS, PODS, Kube
 from neuronfleet.operator.reconcilers.common import Obj
 from neuronfleet.operator.status import Event, now
@@ -35,11 +35,6 @@ def scrape_http(address: str) -> str:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=SCRAPE_TIMEOUT_S) as response:
         text: str = response.read().decode()
     return text
-
-
-def _ready(pod: Obj) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 class Canaries:
@@ -71,8 +66,7 @@ class Canaries:
         key = (namespace, owner.name, served.hash)
         if state.phase != "Progressing":
             self._stable_start.pop(key, None)
-            if state.phase == "Aborted":
-                self.remove(namespace, owner.name)
+            self.settle(namespace, owner.name)
             return state, frozenset(), []
         # Observe: the canary's Deployment, and the figures of both revisions' ready pods.
         body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(owner.name))
@@ -104,7 +98,7 @@ class Canaries:
         self.kube.delete(DEPLOYMENTS, namespace, plan.canary_name(service))
 
     def settle(self, namespace: str, service: str) -> None:
-        """With no canary in play (promoted, aborted, or none asked for): its replicas go, if any run. A promoted
+        """With no canary in play (promoted, aborted, or no longer asked for): its replicas go, if any run. A promoted
         canary's go as the service's Deployment starts rolling its revision out, so a fleet sized for the
         canary and one surge replica holds the rollout too."""
         if self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(service)) is not None:
@@ -120,7 +114,9 @@ class Canaries:
         key: tuple[str, str, str],
     ) -> canary.Analysis | None:
         pods = self.kube.list(PODS, namespace, plan.serving_pod_selector(service))
-        serving = [p for p in pods if _ready(p) and LABEL_QUARANTINED not in (p["metadata"].get("labels") or {})]
+        serving = [
+            p for p in pods if health.is_ready(p) and LABEL_QUARANTINED not in (p["metadata"].get("labels") or {})
+        ]
         ours = [p for p in serving if (p["metadata"].get("labels") or {}).get(LABEL_TRACK) == TRACK_CANARY]
         theirs = [
             p

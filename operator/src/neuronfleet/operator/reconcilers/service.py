@@ -107,7 +107,9 @@ class ServiceReconciler:
         serve = decide.rollout(target, deployment)
         devices = self.devices.allocation(spec)
         served = plan.ServedArtifact(target.name, target.hash, api.parse_artifact_spec(artifact_body["spec"]).compile)
-        trial, applied, canary_events = self._canary(owner, namespace, spec, served, deployment, serve, previous)
+        trial, applied, canary_events = self._canary(
+            owner, namespace, spec, served, deployment, serve, previous, devices
+        )
         if trial is not None and trial.phase != "Promoted":
             serve = decide.Serve.KEEP
         if serve is decide.Serve.TARGET:
@@ -170,6 +172,7 @@ class ServiceReconciler:
         deployment: decide.DeploymentView | None,
         serve: decide.Serve,
         previous: api.NeuronInferenceServiceStatus,
+        devices: api.DeviceAllocation,
     ) -> tuple[api.CanaryStatus | None, frozenset[str], list[Event]]:
         """The target's canary, one step on, when a Ready target would replace another serving revision and the
         spec asks for a canary; else the last canary of the target (if any) as it ended. With it, the objects
@@ -187,11 +190,12 @@ class ServiceReconciler:
             )
         )
         if on_trial and deployment is not None:
-            devices = self.devices.allocation(spec)
             return self.canaries.reconcile(owner, namespace, spec, served, deployment, previous.canary, devices)
-        self.canaries.settle(namespace, owner.name)
-        # How the target's canary ended stays in the status while the spec still asks for canaries.
         last = previous.canary
+        # Only a service that asks for canaries, or ran one, can have a canary's replicas to let go.
+        if spec.rollout.canary is not None or last is not None:
+            self.canaries.settle(namespace, owner.name)
+        # How the target's canary ended stays in the status while the spec still asks for canaries.
         ended = last if spec.rollout.canary is not None and last is not None and last.revision == served.hash else None
         return ended, frozenset(), []
 
