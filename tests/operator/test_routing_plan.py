@@ -77,6 +77,9 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
     assert (picker["image"], envoy["image"]) == (IMAGES.picker, IMAGES.envoy)
     assert "--pool-name=llama" in picker["args"]
     assert "--pool-namespace=serving" in picker["args"]
+    # Ready once the pool has synced, and not before ext_proc listens (GIE's health says nothing of it).
+    assert picker["readinessProbe"]["grpc"]["port"] == routing.PICKER_HEALTH_PORT
+    assert picker["startupProbe"]["tcpSocket"]["port"] == routing.PICKER_PORT == picker["ports"][0]["containerPort"]
     # Stopping, a router pod leaves the endpoints at once and routes what it holds for a while: both containers
     # wait before their SIGTERM (the picker too, which Envoy asks about every request), the kubelet longer.
     drain = routing.ROUTER_DRAIN_SECONDS

@@ -387,6 +387,10 @@ def router_deployment(
             {"name": "grpc-health", "containerPort": PICKER_HEALTH_PORT},
             {"name": "metrics", "containerPort": PICKER_METRICS_PORT},
         ],
+        # GIE's health service turns SERVING once the pool has synced, while its ext_proc server may still be
+        # making its 4,096-bit TLS key, refusing Envoy (a 500 for each request, seen after a restart): no
+        # readiness before ext_proc listens.
+        "startupProbe": {"tcpSocket": {"port": PICKER_PORT}, "periodSeconds": 1, "failureThreshold": 120},
         "readinessProbe": {**grpc_probe, "periodSeconds": 2},
         "livenessProbe": {**grpc_probe, "initialDelaySeconds": 5, "periodSeconds": 10},
         "lifecycle": drain,
