@@ -65,7 +65,6 @@ class Canaries:
             state = canary.start(trial, served.hash, spec.desired_replicas)
         key = (namespace, owner.name, served.hash)
         if state.phase != "Progressing":
-            self._stable_start.pop(key, None)
             self.settle(namespace, owner.name)
             return state, frozenset(), []
         # Observe: the canary's Deployment, and the figures of both revisions' ready pods.
@@ -98,9 +97,11 @@ class Canaries:
         self.kube.delete(DEPLOYMENTS, namespace, plan.canary_name(service))
 
     def settle(self, namespace: str, service: str) -> None:
-        """With no canary in play (promoted, aborted, or no longer asked for): its replicas go, if any run. A promoted
+        """With no canary in play (promoted, aborted, or no longer asked for): its replicas go, if any run, and
+        so do the stable figures held for it (the same revision tried again later counts afresh). A promoted
         canary's go as the service's Deployment starts rolling its revision out, so a fleet sized for the
         canary and one surge replica holds the rollout too."""
+        self.forget(namespace, service)
         if self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(service)) is not None:
             self.remove(namespace, service)
 
