@@ -26,7 +26,7 @@ export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
 STAGE := tools/stages.sh run
 
 .PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit compat lock crds clean \
-	bench bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing bench-prefix
+	bench bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing bench-prefix bench-canary
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -112,7 +112,7 @@ crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's
 	$(BIN)/neuronfleet-operator crds --output crds
 	$(BIN)/neuronfleet-operator crds --output charts/neuronfleet/crds
 
-bench: bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing bench-prefix  ## Every benchmark, then one table (and summary.json, summary.png) in bench/results/.
+bench: bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing bench-prefix bench-canary  ## Every benchmark, then one table (and summary.json, summary.png) in bench/results/.
 	$(BIN)/python bench/report.py
 
 bench-calibration: setup  ## The simulated device against Neuron's published latencies: every row, the fit, the holdout.
@@ -142,6 +142,9 @@ bench-routing: setup tools images  ## Short requests' TTFT through the Endpoint 
 
 bench-prefix: setup tools images  ## Multi-turn conversations' TTFT through a prefix-aware picker vs a load-only one and the Service.
 	$(BIN)/python bench/prefix_routing.py
+
+bench-canary: setup tools images  ## Time from a bad canary's first request to its abort vs a good one's to its pass, on the real node.
+	$(BIN)/python bench/canary.py
 
 lock:  $(UV) ## Re-resolve uv.lock (and the vLLM 0.29 environment's) after changing dependencies.
 	$(UV) lock

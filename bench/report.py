@@ -267,6 +267,28 @@ def prefix_routing_rows(data: Obj) -> Iterator[Row]:
             )
 
 
+def canary_rows(data: Obj) -> Iterator[Row]:
+    """How soon the canary analysis aborts a slow revision, against how soon it passes a good one."""
+    bad, good = data["sides"]["bad"], data["sides"]["good"]
+    args = data["args"]
+    yield Row(
+        "canary",
+        f"first request -> abort, a revision {args['factor']:g}x slower, 1 canary replica beside 2",
+        f"{bad['decision_s']['median']:.1f} s",
+        f"{good['decision_s']['median']:.1f} s (a good one passed)",
+        _ratio(bad["decision_s"]["median"], good["decision_s"]["median"]),
+        f"trial by trial {_spread(data['abort_to_pass'])}; minRequests {args['min_requests']}",
+    )
+    yield Row(
+        "canary",
+        "the bad revision's share of requests before its abort",
+        f"{100 * bad['canary_share']['median']:.0f}%",
+        f"{100 * good['canary_share']['median']:.0f}% (the good one's, until it passed)",
+        _ratio(bad["canary_share"]["median"], good["canary_share"]["median"]),
+        f"{bad['failed']} + {good['failed']} failed of {bad['sent']} + {good['sent']}",
+    )
+
+
 SOURCES: dict[str, tuple[str, Callable[[Any], Iterator[Row]]]] = {
     "calibration.json": ("make bench-calibration", calibration_rows),
     "scheduler_cost.json": ("make bench-scheduler", scheduler_rows),
@@ -277,6 +299,7 @@ SOURCES: dict[str, tuple[str, Callable[[Any], Iterator[Row]]]] = {
     "operator.json": ("make bench-operator", operator_rows),
     "routing.json": ("make bench-routing", routing_rows),
     "prefix_routing.json": ("make bench-prefix", prefix_routing_rows),
+    "canary.json": ("make bench-canary", canary_rows),
 }
 
 

@@ -127,9 +127,10 @@ def start_router_copy(fleet: Fleet, name: str, config: Obj | None) -> None:
 
 
 @contextlib.contextmanager
-def routed_fleet(name: str, engine: Obj, replicas: int = 2) -> Iterator[Fleet]:
+def routed_fleet(name: str, engine: Obj, replicas: int = 2, *, router: bool = True) -> Iterator[Fleet]:
     """A real-node cluster with the service of Llama 3.1 8B (``engine`` its engine fields) Ready behind the
-    operator's router, ``replicas`` of it; the cluster stopped afterwards."""
+    operator's router (without ``router``: its Service alone), ``replicas`` of it; the cluster stopped
+    afterwards."""
     reap_orphans()
     store = NodeImageStore.default(NodeTools.locate().directory)
     store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}"))
@@ -148,7 +149,7 @@ def routed_fleet(name: str, engine: Obj, replicas: int = 2) -> Iterator[Fleet]:
             node_image(real_node),
             workdir,
             model=LLAMA_8B_MODEL,
-            router_images=router_images(real_node),
+            router_images=router_images(real_node) if router else None,
             engine_config=engine,
             replicas=replicas,
         ) as fleet:
