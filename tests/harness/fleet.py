@@ -50,7 +50,7 @@ DRAIN_TOKENS = 240
 #: preStop sleep within the services' max_model_len (256).
 LLAMA_8B_MODEL = "hf://neuronfleet/llama-3.1-8b"
 #: How long the load goes on once a rollout is over: every answer then must come from the new revision.
-AFTER_S = 10.0
+AFTER_S = 6.0
 #: vLLM's gauge of the requests an engine runs, as a labelled sample line starts.
 RUNNING_GAUGE_PREFIX = "vllm:num_requests_running{"
 #: vLLM's gauge of the requests an engine holds waiting, as a labelled sample line starts.
