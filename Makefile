@@ -101,7 +101,7 @@ unit: setup  ## pytest (the cluster tests start a local control plane; tests/ima
 # here; `unit` runs them on 0.34 with everything else.
 compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated device on vLLM 0.29.0 (pytest -m vllm_matrix).
 	@tools/stages.sh note "set-up: compat venv" cache
-	$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine
+	$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -n 2 --dist loadfile -m vllm_matrix tests/engine
 
 # The stage table is printed whether the checks pass or not.
 test:  ## Everything CI runs, then the table of stages: wall time and whether each came from a cache.
