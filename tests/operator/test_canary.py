@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 import pytest
@@ -113,6 +114,19 @@ def test_a_canary_that_breaks_a_limit_fails_naming_it(canary_figures: Figures, b
     assert failed.verdict is Verdict.FAIL
     assert failed.message.startswith("limits broken: ")
     assert broken in failed.message
+
+
+def test_a_canary_too_slow_fails_once_its_minimum_of_requests_started_before_they_complete() -> None:
+    stable = figures(0.05, 1000)
+    slow_started = dataclasses.replace(figures(0.5, 100), requests=4)
+    failed = canary.analyse(LIMITS, slow_started, stable)
+    assert failed.verdict is Verdict.FAIL
+    assert "TTFT p99" in failed.message
+    assert "over 100 canary requests started, 4 completed" in failed.message
+    # Fewer started than the minimum, or as fast as the stable: it waits for its completions.
+    assert canary.analyse(LIMITS, dataclasses.replace(figures(0.5, 99), requests=4), stable).verdict is Verdict.WAIT
+    fast_started = dataclasses.replace(figures(0.05, 100), requests=4)
+    assert canary.analyse(LIMITS, fast_started, stable).verdict is Verdict.WAIT
 
 
 @pytest.mark.parametrize(

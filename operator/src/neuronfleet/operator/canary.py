@@ -163,17 +163,38 @@ def _latency_check(name: str, canary: Histogram, stable: Histogram, limit: float
     return ratio <= limit, f"{name} p99 {ours * 1e3:.0f} ms = {ratio:.2f}x the stable's {theirs * 1e3:.0f} ms"
 
 
+def _latency_checks(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> list[tuple[bool, str] | None]:
+    return [
+        _latency_check("TTFT", canary.ttft, stable.ttft, limits.max_ttft_p99_ratio),
+        _latency_check("ITL", canary.itl, stable.itl, limits.max_itl_p99_ratio),
+    ]
+
+
+def _too_slow_to_wait_for(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> Analysis | None:
+    """FAIL before ``minRequests`` completions when as many canary requests had their first token and their
+    latencies already break a limit: a slow revision completes requests slowly, and its evidence is in before."""
+    started = max(canary.ttft.values(), default=0.0)
+    if started < limits.min_requests:
+        return None
+    made = [check for check in _latency_checks(limits, canary, stable) if check is not None]
+    broken = [text for ok, text in made if not ok]
+    if not broken:
+        return None
+    over = f"over {started:.0f} canary requests started, {canary.requests:.0f} completed"
+    return Analysis(Verdict.FAIL, f"limits broken: {'; '.join(broken)} ({over})")
+
+
 def analyse(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> Analysis:
-    """Compare the canary with the stable revision over the same time; FAIL names every broken limit."""
+    """Compare the canary with the stable revision over the same time; FAIL names every broken limit. Nothing
+    passes before ``minRequests`` canary completions; latencies can fail it once as many have started."""
     if canary.requests < limits.min_requests or stable.requests < 1:
-        return Analysis(
+        return _too_slow_to_wait_for(limits, canary, stable) or Analysis(
             Verdict.WAIT,
             f"{canary.requests:.0f} of the {limits.min_requests} completions the canary needs before the analysis "
             f"decides ({stable.requests:.0f} on the stable revision)",
         )
     checks = [
-        _latency_check("TTFT", canary.ttft, stable.ttft, limits.max_ttft_p99_ratio),
-        _latency_check("ITL", canary.itl, stable.itl, limits.max_itl_p99_ratio),
+        *_latency_checks(limits, canary, stable),
         (
             canary.error_rate - stable.error_rate <= limits.max_error_rate_increase,
             f"5xx {canary.error_rate:.1%} against {stable.error_rate:.1%}",

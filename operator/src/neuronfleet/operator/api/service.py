@@ -115,7 +115,10 @@ class CanaryAnalysis(K8sModel):
         100,
         ge=1,
         le=1_000_000,
-        description="Completions the canary must have answered before the analysis decides anything.",
+        description=(
+            "Completions the canary must have answered before the analysis passes it; its latencies can abort it "
+            "once as many of its requests have had their first token."
+        ),
     )
     max_ttft_p99_ratio: float = Field(
         1.2, ge=1, le=100, description="The canary's time-to-first-token p99 over the stable's, at most."
