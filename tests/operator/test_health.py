@@ -7,7 +7,7 @@ from typing import Any
 
 from neuronfleet.engine.faults import NeuronRuntimeError, runtime_status, termination_message
 from neuronfleet.engine.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
-from neuronfleet.operator import api, health, plan
+from neuronfleet.operator import api, canary, health, plan
 from neuronfleet.operator.health import Fault, FaultKind
 from neuronfleet.operator.status import ConditionType, Reason, transitions
 
@@ -164,6 +164,19 @@ def test_a_detector_that_flags_every_node_never_empties_the_service() -> None:
     assert [q.name for q in health.assess(SERVICE, [held, faulted], everywhere, 2, unplaceable=False).quarantine] == [
         "b"
     ]
+
+
+def test_a_canarys_replicas_are_wanted_beside_the_stable_ones_so_a_node_fault_never_takes_the_last_stable() -> None:
+    # Two stable replicas (s2 still starting) and one canary replica: Ready, the canary stands in for none of them.
+    trial = api.CanaryStatus(revision="b" * 16, phase="Progressing", weight=34, canary_replicas=1, stable_replicas=2)
+    pods = [pod("s1", "bad"), pod("s2", "good", ready=False), pod("c1", "good")]
+    desired = 2 + canary.replicas_in_play(trial)
+    assert health.assess(SERVICE, pods, {"bad": DMA}, desired, unplaceable=False).quarantine == ()
+    # Once s2 is Ready, s1 goes; an aborted canary's replicas are wanted no more.
+    pods[1] = pod("s2", "good")
+    assert [q.name for q in health.assess(SERVICE, pods, {"bad": DMA}, desired, unplaceable=False).quarantine] == ["s1"]
+    assert canary.replicas_in_play(trial.model_copy(update={"phase": "Aborted"})) == 0
+    assert canary.replicas_in_play(None) == 0
 
 
 def test_pods_being_deleted_and_other_services_pods_are_left_alone() -> None:

@@ -217,6 +217,11 @@ def canary_replicas(stable: int, weight: int) -> int:
     return max(1, round(stable * weight / (100 - weight)))
 
 
+def replicas_in_play(trial: api.CanaryStatus | None) -> int:
+    """The canary's replicas serving beside the stable ones: the fleet is whole only with them Ready too."""
+    return trial.canary_replicas if trial is not None and trial.phase == "Progressing" else 0
+
+
 def start(canary: api.Canary, revision: str, stable: int) -> api.CanaryStatus:
     """A canary of ``revision`` at its first step, waiting for its replicas."""
     weight = canary.steps[0].weight

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from neuronfleet.operator import api, decide, health, plan
+from neuronfleet.operator import api, canary, decide, health, plan
 from neuronfleet.operator.kube import DEPLOYMENTS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
@@ -143,9 +143,9 @@ class ServiceReconciler:
         healing = None
         heal_events: list[Event] = []
         if deployment is not None:
-            healing = health.assess(
-                name, pods, self.nodes.faults(), spec.desired_replicas, unplaceable=bool(unschedulable)
-            )
+            # A canary's pods serve beside the stable ones: counted with them, they must be wanted with them too.
+            desired = spec.desired_replicas + canary.replicas_in_play(trial)
+            healing = health.assess(name, pods, self.nodes.faults(), desired, unplaceable=bool(unschedulable))
             heal_events = self._heal(owner, namespace, healing)
         given = decide.ServiceStatusInput(
             name=name,
