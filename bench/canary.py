@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -119,8 +118,6 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=20, help="the analysis' minRequests")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds a trial waits for a decision")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("the real node needs root")
 
     began = time.monotonic()
     trials: dict[str, list[Obj]] = {"good": [], "bad": []}

@@ -131,6 +131,8 @@ def routed_fleet(name: str, engine: Obj, replicas: int = 2, *, router: bool = Tr
     """A real-node cluster with the service of Llama 3.1 8B (``engine`` its engine fields) Ready behind the
     operator's router (without ``router``: its Service alone), ``replicas`` of it; the cluster stopped
     afterwards."""
+    if os.geteuid() != 0:
+        sys.exit("the real node needs root")
     reap_orphans()
     store = NodeImageStore.default(NodeTools.locate().directory)
     store.prepare([OciImage.of(build(target)) for target in TARGETS], say=lambda line: print(f"==> {line}"))
@@ -223,8 +225,6 @@ def main() -> None:
     parser.add_argument("--long-tokens", type=int, default=3900, help="words (tokens) in a long prompt")
     parser.add_argument("--slo-ms", type=float, default=300.0, help="TTFT goal of a short request")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("the real node needs root")
 
     began = time.monotonic()
     windows: dict[str, list[list[Answer]]] = {side: [] for side in SIDES}
