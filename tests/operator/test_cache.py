@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuronfleet.operator.cache import ObjectCache, contains, digest, parse_selector, would_change
+from neuronfleet.operator.cache import (
+    APPLIED_ANNOTATION,
+    ObjectCache,
+    contains,
+    digest,
+    parse_selector,
+    stamped,
+    would_change,
+)
 from neuronfleet.operator.kube import CONFIGMAPS, DEPLOYMENTS
 
 Obj = dict[str, Any]
@@ -28,12 +36,13 @@ INTENT: Obj = {
 
 
 def test_an_intent_the_live_object_holds_with_server_fields_added_is_contained() -> None:
+    applied = stamped(INTENT)
     live = {
-        **INTENT,
-        "metadata": {**INTENT["metadata"], "uid": "u", "resourceVersion": "7", "managedFields": [{}]},
+        **applied,
+        "metadata": {**applied["metadata"], "uid": "u", "resourceVersion": "7", "managedFields": [{}]},
     }
     assert contains(live, INTENT)
-    assert not would_change(INTENT, live, digest(INTENT))
+    assert not would_change(INTENT, live)
 
 
 def test_a_changed_value_a_changed_list_or_a_missing_field_would_change_the_object() -> None:
@@ -41,18 +50,29 @@ def test_a_changed_value_a_changed_list_or_a_missing_field_would_change_the_obje
     assert not contains({"a": {"b": 1}}, {"a": {"b": 2}})
     assert not contains({"a": {}}, {"a": {"b": 1}})
     assert contains({"a": [{"x": 1, "y": 2}]}, {"a": [{"x": 1}]})
-    assert would_change(INTENT, None, None)
-    drifted = {**INTENT, "data": {"engine.yaml": "max_num_seqs: 4\n"}}
-    assert would_change(INTENT, drifted, digest(INTENT))
+    assert would_change(INTENT, None)
+    drifted = {**stamped(INTENT), "data": {"engine.yaml": "max_num_seqs: 4\n"}}
+    assert would_change(INTENT, drifted)
 
 
 def test_a_field_the_operator_stops_setting_is_applied_though_the_live_object_holds_the_rest() -> None:
     # The live object holds the label the new intent dropped: only the digest of the last apply tells.
     smaller = {**INTENT, "metadata": {**INTENT["metadata"], "labels": {}}}
-    assert contains(INTENT, smaller)
-    assert would_change(smaller, INTENT, digest(INTENT))
-    # Unknown to this operator (it restarted): applied once.
-    assert would_change(INTENT, INTENT, None)
+    live = stamped(INTENT)
+    assert contains(live, smaller)
+    assert would_change(smaller, live)
+
+
+def test_what_the_operator_applied_is_known_from_the_object_itself_so_a_restart_applies_nothing_again() -> None:
+    live = stamped(INTENT)
+    assert live["metadata"]["annotations"] == {APPLIED_ANNOTATION: digest(INTENT)}
+    assert "annotations" not in INTENT["metadata"]
+    assert not would_change(INTENT, live)
+    # Made by hand, or by an operator that did not stamp: applied once.
+    assert would_change(INTENT, {**INTENT})
+    # The stamp says what was applied, not what the object holds: someone's edit of it is applied over.
+    forged = {**live, "metadata": {**live["metadata"], "annotations": {APPLIED_ANNOTATION: "0" * 64}}}
+    assert would_change(INTENT, forged)
 
 
 def test_the_cache_keeps_the_newest_version_of_each_object() -> None:

@@ -21,7 +21,7 @@ from neuronfleet.devcluster.controlplane.status import phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.engine.names import LABEL_ARTIFACT
 from neuronfleet.operator import plan
-from neuronfleet.operator.cache import CachedKube, ObjectCache
+from neuronfleet.operator.cache import APPLIED_ANNOTATION, CachedKube, ObjectCache
 from neuronfleet.operator.kube import ARTIFACTS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.status import Event, Reason
@@ -123,6 +123,39 @@ def test_a_reconcile_on_an_outdated_view_converges_on_the_next_event(
     assert versions() == written
     assert events[told:] == []
     assert len(api.list(JOBS, namespace, LABEL_ARTIFACT)) == 2
+
+    # 5. A restarted operator (an empty cache, filled by its watches' first lists) applies nothing its
+    # predecessor applied: what that one applied is stamped on each object.
+    restarted = Restarted(kube, ObjectCache())
+    restarted.relist(namespace)
+    restarted.relist_unwatched(namespace)
+    Manager(restarted, lambda body, event: events.append(event)).reconcile_service(namespace, "llama")
+    assert restarted.applied == []
+    assert versions() == written
+    assert events[told:] == []
+    # Without the stamp (an object made by hand, or by an operator that did not stamp), it is applied once.
+    unstamped = {"metadata": {"annotations": {APPLIED_ANNOTATION: None}}}
+    api.merge_patch(DEPLOYMENTS, namespace, "llama", unstamped)
+    restarted.relist(namespace)
+    Manager(restarted, lambda body, event: events.append(event)).reconcile_service(namespace, "llama")
+    assert restarted.applied == ["Deployment"]
+
+
+class Applies(Kube):
+    """The real client, noting each server-side apply it sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.applied: list[str] = []
+
+    def apply(self, body: Obj) -> Obj:
+        """Apply, and note the kind."""
+        self.applied.append(body["kind"])
+        return super().apply(body)
+
+
+class Restarted(CachedKube, Applies):
+    """An operator's cached client, started afresh, whose applies that reach the server are noted."""
 
 
 def test_a_resync_lets_event_driven_reconciles_finish_before_its_next_object(

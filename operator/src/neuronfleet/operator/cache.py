@@ -14,7 +14,9 @@ Why a stale read cannot do harm:
   names (a second create is a 409, after which the reconciler reads the server, :meth:`Kube.fresh`),
   and owner-reference changes and unowned deletions carry ``resourceVersion`` preconditions (409).
 - A child is applied unless the cache shows it as the operator would apply it (:func:`would_change`):
-  a stale view can only cause a write, never skip one the operator has not made.
+  a stale view can only cause a write, never skip one the operator has not made. What the operator last
+  applied is stamped on the object itself (:data:`APPLIED_ANNOTATION`), so a restarted operator (or a new
+  leader) re-applies nothing its predecessor applied.
 - Objects deleted during a watch gap (no DELETED event comes for them) leave at the next full
   resync, which lists every watched kind again (:meth:`CachedKube.relist`).
 
@@ -57,7 +59,9 @@ from neuronfleet.operator.kube import (
 )
 
 Obj = dict[str, Any]
-Key = tuple[str, str, str]
+
+#: The digest of what the operator last applied to an object (:func:`stamped`), on the object.
+APPLIED_ANNOTATION = "neuronfleet.io/applied"
 
 #: Every kind the operator reads, with the label selector its watch and its lists use (``None``: all).
 #: Serving and compile pods both carry the artifact label; every other child the managed-by one.
@@ -128,14 +132,21 @@ def contains(live: object, intent: object) -> bool:
     return live == intent
 
 
-def would_change(intent: Obj, live: Obj | None, applied: str | None) -> bool:
-    """Whether server-side applying ``intent`` over ``live`` could change it.
+def stamped(intent: Obj) -> Obj:
+    """``intent`` as the operator applies it: its :func:`digest` in :data:`APPLIED_ANNOTATION`."""
+    metadata = intent["metadata"]
+    annotations = {**(metadata.get("annotations") or {}), APPLIED_ANNOTATION: digest(intent)}
+    return {**intent, "metadata": {**metadata, "annotations": annotations}}
+
+
+def would_change(intent: Obj, live: Obj | None) -> bool:
+    """Whether server-side applying ``intent`` (:func:`stamped`) over ``live`` could change it.
 
     It could unless ``live`` already holds every field of ``intent`` (nobody changed what the operator
-    set) and ``intent`` is what the operator last applied to it (``applied``, its :func:`digest`): a
-    field the operator stops setting is removed by the apply, and ``live`` alone cannot tell that.
+    set) and its annotation says ``intent`` is what the operator last applied to it: a field the operator
+    stops setting is removed by the apply, and the fields alone cannot tell that.
     """
-    return live is None or applied != digest(intent) or not contains(live, intent)
+    return live is None or not contains(live, stamped(intent))
 
 
 class ObjectCache:
@@ -147,8 +158,6 @@ class ObjectCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str], dict[str, Obj]] = {}
-        # The digest of what the operator last applied to an object (see would_change).
-        self._applied: dict[Key, str] = {}
 
     def observe(self, body: Obj) -> None:
         """Keep an object as a watch, a write or a read returned it, unless the cache already holds a newer one."""
@@ -173,7 +182,6 @@ class ObjectCache:
             current = objects.get(meta["name"])
             if current is not None and current["metadata"].get("uid") == meta.get("uid"):
                 del objects[meta["name"]]
-                self._applied.pop((resource.plural, meta["namespace"], meta["name"]), None)
 
     def replace(self, resource: Resource, namespace: str | None, items: Sequence[Obj], version: str) -> None:
         """A fresh list at ``version``: objects missing from it that are no newer were deleted unseen."""
@@ -185,7 +193,6 @@ class ObjectCache:
                     continue
                 for name in [n for n, body in objects.items() if (ns, n) not in listed and not _older(at, body)]:
                     del objects[name]
-                    self._applied.pop((plural, ns, name), None)
         for item in items:
             self.observe(item)
 
@@ -205,16 +212,6 @@ class ObjectCache:
                 for body in objects.values()
             ]
         return [body for body in found if _matches(body, selector)]
-
-    def applied(self, resource: Resource, namespace: str, name: str) -> str | None:
-        """The digest of what the operator last applied to an object, if it applied it since it started."""
-        with self._lock:
-            return self._applied.get((resource.plural, namespace, name))
-
-    def remember_applied(self, resource: Resource, namespace: str, name: str, fingerprint: str) -> None:
-        """Record what the operator just applied to an object."""
-        with self._lock:
-            self._applied[(resource.plural, namespace, name)] = fingerprint
 
 
 def _plural(body: Obj) -> str:
@@ -294,14 +291,9 @@ class CachedKube(Kube):
         if resource not in CACHED:
             return super().apply(body)
         live = self.cache.get(resource, meta["namespace"], meta["name"])
-        fingerprint = digest(body)
-        if live is not None and not would_change(
-            body, live, self.cache.applied(resource, meta["namespace"], meta["name"])
-        ):
+        if live is not None and not would_change(body, live):
             return live
-        applied = self._observed(super().apply(body))
-        self.cache.remember_applied(resource, meta["namespace"], meta["name"], fingerprint)
-        return applied
+        return self._observed(super().apply(stamped(body)))
 
     def merge_patch(
         self, resource: Resource, namespace: str, name: str, patch: Obj, subresource: str | None = None
