@@ -137,7 +137,7 @@ bench-serving: setup  ## Goodput by request rate on three simulated deployments,
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/serving.py
 	VLLM_LOGGING_LEVEL=ERROR $(BIN)/python bench/serving.py --band
 
-bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, requests, memory, idleness.
+bench-operator: setup tools  ## The operator on a local control plane: apply -> Ready, 1,000 serving services under a stream of changes, requests, memory, idleness, a restart.
 	$(BIN)/python bench/control_plane.py
 
 bench-routing: setup tools images  ## Short requests' TTFT through the Endpoint Picker vs the plain Service, on the real node.

@@ -27,12 +27,19 @@ order:
   requests, but no-ops).
 - **memory**: the operator's RSS (psutil) and peak (``/proc``) after the above, and again once the namespace
   holds ``--fleet`` services. The added services share ``--fleet-identities`` compile identities
-  (30: a fleet's few models and bucket sets) and their compiles never finish (a year's
-  ``kwok-complete-after``), so each is reconciled, shared into an artifact and Compiling, and the
-  operator watches every service, artifact and compile Job, without the Deployments, ReplicaSets
-  and pods of 1,000 served models, which alone keep 2 cores busy for minutes. Not 1,000 identities:
-  every service reconcile lists the namespace's artifacts, so that run measures the lists; not one:
-  1,000 services racing to add themselves to one artifact's owner references conflict and retry.
+  (30: a fleet's few models and bucket sets; not 1,000: every service reconcile lists the namespace's
+  artifacts, so that run would measure the lists; not one: 1,000 services racing to add themselves to one
+  artifact's owner references conflict and retry). Each compiles at once and serves: its Deployment, its
+  pod (KWOK, on as many Trainium2 nodes as the fleet needs and a quarter more), Service and PDB, Ready.
+  ``--compiling-fleet`` keeps their compiles running for ever instead (no Deployment, pod, Service or
+  PDB; a quicker run that measures the operator's watches of services, artifacts and Jobs alone).
+- **a steady stream of spec changes** at 1, ``--midpoint`` and ``--fleet`` services (serving fleets only):
+  ``--steady-changes`` (200) changes at ``--steady-rate`` (10) per second, to every service in turn, of
+  three kinds in turn (a pod annotation: the pods roll; the replicas, 1 <-> 2; ``max_num_seqs`` 8 <-> 16:
+  a new compile identity, compiled at once, then a rollout). Each change's time to the status observing
+  it and to Ready, and the operator's API requests per change, its rollout's included.
+- **a restart** at ``--fleet`` services: the operator stopped and started again; the time until it has
+  reconciled every service, and what that cost in requests, which must hold no write.
 - **API requests per reconcile**, in each phase: FlowSchemas (API Priority and Fairness) match the
   operator's ServiceAccount, one per verb and resource the chart's roles grant, and the admin's GET
   /metrics counts ``apiserver_flowcontrol_dispatched_requests_total`` per schema. Reconciles are the
@@ -41,16 +48,18 @@ order:
   counted (opened once, they stream). The operator's CPU time per reconcile comes from psutil.
 
 ``--idle-at-fleet`` moves the idleness check and the timed full resync after the fleet. The run
-takes about 8 minutes on 2 busy cores; the last line says how many CPU-seconds it used.
+takes about 11 minutes on 2 busy cores (8 with ``--compiling-fleet``); the last line says how many CPU-seconds
+it used.
 
 Run: ``make bench-operator`` (or ``.venv/bin/python bench/control_plane.py``).
-Prints one table; writes bench/results/operator.json; exits 1 if the idle operator wrote.
+Prints one table; writes bench/results/operator.json; exits 1 if the idle or restarted operator wrote.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import ssl
@@ -120,6 +129,11 @@ FOREVER = "8760h"
 #: Five Trainium2 nodes (80 devices) for the serving pods of both sides and their surges; compile pods
 #: run on the CPU nodes.
 NODES = (NodePool("trn2", TRN2_48XLARGE, count=5), NodePool("cpu", M7I_8XLARGE, count=2))
+#: A serving fleet's spare devices, for the surges of its rollouts and the replicas its changes add.
+SPARE = 0.25
+#: The kinds of spec change the steady stream sends, in turn: a pod annotation (the pods roll), the replica
+#: count (1 <-> 2), the decode batch (``max_num_seqs`` 8 <-> 16: a new compile identity, then a rollout).
+CHANGE_KINDS = ("annotation", "replicas", "max_num_seqs")
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 OTHER = "other"
@@ -145,6 +159,13 @@ def service_spec(revision: str, complete_after: str) -> Obj:
             "podAnnotations": {COMPLETE_AFTER_ANNOTATION: complete_after},
         },
     }
+
+
+def nodes(services: int) -> tuple[NodePool, ...]:
+    """The Trainium2 nodes for ``services`` one-device replicas and :data:`SPARE` more, at least :data:`NODES`'."""
+    devices = TRN2_48XLARGE.neuron_devices
+    trn2 = max(NODES[0].count, math.ceil(services * (1 + SPARE) / devices))
+    return (NodePool("trn2", TRN2_48XLARGE, count=trn2), *NODES[1:])
 
 
 def install(cluster: LocalCluster, kube: Kube, directory: Path) -> tuple[Path, list[str]]:
@@ -243,10 +264,14 @@ class Requests:
 
     def __init__(self, cluster: LocalCluster, operator: OperatorProcess, schemas: list[str]) -> None:
         self._api = cluster.admin_api()
-        assert operator.process is not None
         self._operator = operator
-        self._pid = operator.process.pid
         self._schemas = schemas
+
+    @property
+    def pid(self) -> int:
+        """The operator's current process (a restart makes a new one)."""
+        assert self._operator.process is not None
+        return self._operator.process.pid
 
     def reconciles(self) -> dict[str, float]:
         """The operator's reconciles so far, by kind, those of full resyncs, and its service reconciles' durations."""
@@ -276,12 +301,12 @@ class Requests:
         """Yields a window that holds, once the block is done, the requests and CPU time spent during it."""
         window = Window()
         reconciles = self.reconciles()
-        before, cpu, start = self.snapshot(), cpu_seconds(self._pid), time.monotonic()
+        before, cpu, start = self.snapshot(), cpu_seconds(self.pid), time.monotonic()
         yield window
         after = self.snapshot()
         window.reconciles = {kind: n - reconciles[kind] for kind, n in self.reconciles().items()}
         window.requests = {key: after[key] - before[key] for key in self._schemas}
-        window.cpu_s = cpu_seconds(self._pid) - cpu
+        window.cpu_s = cpu_seconds(self.pid) - cpu
         window.wall_s = time.monotonic() - start
 
 
@@ -424,6 +449,11 @@ class EventLog:
                 raise WatchError(f"watch failed: {self._error}")
             return sum(1 for obj in self._latest.values() if predicate(obj))
 
+    def latest(self, name: str) -> Obj:
+        """The object's latest state."""
+        with self._changed:
+            return self._latest[name]
+
     def mark(self) -> int:
         """A position: later waits see only what arrives after it."""
         with self._changed:
@@ -453,6 +483,11 @@ class EventLog:
 def observed_at(generation: int) -> Callable[[Obj], bool]:
     """A service whose status is about ``generation`` or later."""
     return lambda b: int((b.get("status") or {}).get("observedGeneration") or 0) >= generation
+
+
+def ready_since(generation: int) -> Callable[[Obj], bool]:
+    """A service Ready for its current spec, ``generation`` or a later one."""
+    return lambda b: phase_of(b) == "Ready" and observed(b) and int(b["metadata"]["generation"]) >= generation
 
 
 def is_available(deployment: Obj) -> bool:
@@ -574,31 +609,158 @@ def settle(requests: Requests, quiet_seconds: float, timeout: float) -> None:
 
 
 def fleet(
-    kube: Kube, services: EventLog, requests: Requests, existing: int, total: int, identities: int, timeout: float
+    kube: Kube,
+    services: EventLog,
+    requests: Requests,
+    existing: int,
+    total: int,
+    identities: int,
+    timeout: float,
+    *,
+    serving: bool,
 ) -> Obj:
-    """Grow the namespace to ``total`` services that stay Compiling, over ``identities`` compile identities
-    (in turn, so services created together need different artifacts), until the operator has seen them all."""
+    """Grow the namespace to ``total`` services over ``identities`` compile identities (in turn, so services
+    created together need different artifacts), until the operator has seen them all: each Ready and serving
+    (``serving``), or Compiling for ever."""
     added = total - existing
+    phase = "Ready" if serving else "Compiling"
     with requests.counting() as window:
         start = time.monotonic()
         for i in range(existing, total):
-            create_service(kube, f"fleet-{i}", service_spec(f"fleet-{i % identities}", FOREVER))
+            create_service(kube, f"fleet-{i}", service_spec(f"fleet-{i % identities}", "0s" if serving else FOREVER))
         created = time.monotonic() - start
 
         new = {f"fleet-{i}" for i in range(existing, total)}
 
-        def compiling(body: Obj) -> bool:
-            return body["metadata"]["name"] in new and phase_of(body) == "Compiling" and observed(body)
+        def grown(body: Obj) -> bool:
+            return body["metadata"]["name"] in new and phase_of(body) == phase and observed(body)
 
         wait_for(
-            lambda: services.count(compiling),
+            lambda: services.count(grown),
             lambda n: n == added,
             timeout=timeout,
             interval=1.0,
-            what=f"{added} services Compiling",
+            what=f"{added} services {phase}",
             fatal=(WatchError,),
         )
     return {"services": total, "identities": identities, "created_in_s": created, **per_reconcile(window)}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change of the steady stream: its service and kind, when it was sent, and the generation it made."""
+
+    name: str
+    kind: str
+    sent: float
+    mark: int
+    generation: int
+
+
+def change_patch(kind: str, mark: str, spec: Obj) -> Obj:
+    """The merge patch of a change of ``kind`` to a service now at ``spec`` (which it updates); ``mark``, the
+    annotation's value, unique to the change (the same value again would change nothing)."""
+    if kind == "annotation":
+        return {"spec": {"podAnnotations": {ROUND_ANNOTATION: mark}}}
+    if kind == "replicas":
+        spec["replicas"] = 3 - spec["replicas"]
+        return {"spec": {"replicas": spec["replicas"]}}
+    spec["max_num_seqs"] = 24 - spec["max_num_seqs"]
+    return {"spec": {"engine": {"max_num_seqs": spec["max_num_seqs"]}}}
+
+
+def send_changes(kube: Kube, services: EventLog, names: list[str], count: int, rate: float) -> list[Change]:
+    """``count`` spec changes at ``rate`` per second, to ``names`` in turn, of :data:`CHANGE_KINDS` in turn."""
+    specs = {}
+    for name in names:
+        spec = services.latest(name)["spec"]
+        specs[name] = {"replicas": int(spec["replicas"]), "max_num_seqs": int(spec["engine"]["max_num_seqs"])}
+    changes = []
+    start = time.monotonic()
+    for index in range(count):
+        # Each change at its own moment, however long the last one's request took: a steady rate.
+        time.sleep(max(0.0, start + index / rate - time.monotonic()))
+        name, kind = names[index % len(names)], CHANGE_KINDS[index % len(CHANGE_KINDS)]
+        mark, sent = services.mark(), time.monotonic()
+        patch = change_patch(kind, f"steady-{len(names)}-{index}", specs[name])
+        body = kube.merge_patch(SERVICES_NIS, NAMESPACE, name, patch)
+        changes.append(Change(name, kind, sent, mark, int(body["metadata"]["generation"])))
+    return changes
+
+
+def steady_changes(
+    kube: Kube, services: EventLog, requests: Requests, names: list[str], count: int, rate: float
+) -> Obj:
+    """With ``names`` serving: ``count`` changes at ``rate`` per second; each one's time to the status observing
+    it and to Ready, and the operator's API requests per change (until it is quiet again)."""
+    with requests.counting() as window:
+        changes = send_changes(kube, services, names, count, rate)
+        sent_for = time.monotonic() - changes[0].sent
+        # A later change of the same service is observed (and Ready) with it: the first status that covers it.
+        observed_s = [
+            services.first(c.name, observed_at(c.generation), c.mark, 300, "observedGeneration") - c.sent
+            for c in changes
+        ]
+        ready_s = [services.first(c.name, ready_since(c.generation), c.mark, 600, "Ready") - c.sent for c in changes]
+        settle(requests, quiet_seconds=3, timeout=300)
+    counted = per_reconcile(window)
+    per_change = {key: counted[key] / count for key in ("requests", "writes", "watches")}
+    reads = counted["requests"] - counted["writes"] - counted["watches"]
+    return {
+        "services": len(names),
+        "changes": count,
+        "rate": rate,
+        "sent_for_s": sent_for,
+        "observed": summary(observed_s),
+        "ready": summary(ready_s),
+        "by_kind": {
+            kind: summary(of_kind)
+            for kind in CHANGE_KINDS
+            if (of_kind := [ready for c, ready in zip(changes, ready_s, strict=True) if c.kind == kind])
+        },
+        # Watches are opened once and stream: no change's cost.
+        "requests_per_change": per_change["requests"] - per_change["watches"],
+        "writes_per_change": per_change["writes"],
+        "reads_per_change": reads / count,
+        "requests": counted,
+    }
+
+
+def restart(operator: OperatorProcess, requests: Requests, kube: Kube, services: int, timeout: float) -> Obj:
+    """Stop the operator and start it again with ``services`` in the namespace: the time until it has reconciled
+    every one (its watches list them all), and the requests that cost until it is quiet (no write: nothing
+    changed), with the objects it changed (none)."""
+    versions_before = versions(kube)
+    operator.stop()
+    before, start = requests.snapshot(), time.monotonic()
+    operator.start(wait_for)
+    up = time.monotonic()
+    wait_for(
+        lambda: requests.reconciles()[SERVICES_NIS.kind],
+        lambda n: n >= services,
+        timeout=timeout,
+        interval=1.0,
+        what=f"the restarted operator's reconciles of {services} services",
+    )
+    reconciled = time.monotonic()
+    settle(requests, quiet_seconds=3, timeout=timeout)
+    after = requests.snapshot()
+    window = Window(
+        requests={key: after[key] - before[key] for key in after},
+        reconciles=requests.reconciles(),
+        cpu_s=cpu_seconds(requests.pid),
+        wall_s=time.monotonic() - start,
+    )
+    versions_after = versions(kube)
+    return {
+        "services": services,
+        "up_s": up - start,
+        "reconciled_s": reconciled - start,
+        "changed_objects": sorted(
+            f"{kind}/{name}" for (kind, name), v in versions_after.items() if versions_before.get((kind, name)) != v
+        ),
+        **per_reconcile(window),
+    }
 
 
 def versions(kube: Kube) -> dict[tuple[str, str], str]:
@@ -710,6 +872,16 @@ def table(results: Obj) -> list[tuple[str, str, str, str]]:
                 f"RSS {figure['memory']['rss_mib']:.0f} MiB",
             )
         )
+    rows += steady_rows(results["steady"])
+    restarted = results["restart"]
+    rows.append(
+        (
+            f"operator restart at {restarted['services']} services: start -> every service reconciled",
+            seconds(restarted["reconciled_s"]),
+            f"{restarted['requests'] - restarted['watches']} requests, {restarted['writes']} writes",
+            f"up in {seconds(restarted['up_s'])}; {len(restarted['changed_objects'])} objects changed (must be 0)",
+        )
+    )
     fleet_size, idle_size = results["fleet"]["services"], results["idle"]["services"]
     requests = results["requests"]
     for key, label in (
@@ -767,6 +939,33 @@ def table(results: Obj) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def steady_rows(steady: list[Obj]) -> list[tuple[str, str, str, str]]:
+    """The steady streams' rows: latency to observedGeneration and to Ready, requests per change."""
+    rows = []
+    for figure in steady:
+        size, observed_, ready = figure["services"], figure["observed"], figure["ready"]
+        stream = f"{figure['changes']} changes at {figure['rate']:g}/s over {size} serving services"
+        rows.append(
+            (
+                f"{stream}: spec -> observedGeneration",
+                f"{1000 * observed_['median_s']:.0f} ms",
+                f"{1000 * observed_['p99_s']:.0f} ms",
+                f"max {1000 * observed_['max_s']:.0f} ms",
+            )
+        )
+        kinds = ", ".join(f"{kind} {seconds(k['median_s'])}" for kind, k in figure["by_kind"].items())
+        rows.append((f"  spec -> Ready at {size} services", seconds(ready["median_s"]), seconds(ready["p99_s"]), kinds))
+        rows.append(
+            (
+                f"  API requests per spec change at {size} services (its rollout's included)",
+                f"{figure['requests_per_change']:.1f}",
+                f"{figure['writes_per_change']:.1f} writes",
+                f"{figure['reads_per_change']:.1f} reads",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     """Run every phase on one local control plane; print the table and write it as JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -779,6 +978,14 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="idle window that must see no writes")
     parser.add_argument("--resync-seconds", type=float, default=40.0, help="the operator's --resync-seconds")
     parser.add_argument(
+        "--compiling-fleet",
+        action="store_true",
+        help="the fleet's compiles never finish, so it owns no Deployment, pod, Service or PDB, and no steady "
+        "stream runs (a quicker run); by default every service serves",
+    )
+    parser.add_argument("--steady-changes", type=int, default=200, help="changes of the steady stream, per size")
+    parser.add_argument("--steady-rate", type=float, default=10.0, help="changes per second of the steady stream")
+    parser.add_argument(
         "--idle-at-fleet",
         action="store_true",
         help="check idleness and time a full resync with the whole fleet, not before it (a pass over 1,000 "
@@ -790,9 +997,11 @@ def main() -> None:
     if not 2 * args.services + 1 < args.midpoint < args.fleet:
         parser.error("--midpoint must lie between twice --services (plus the probe) and --fleet")
 
+    serving = not args.compiling_fleet
     began = time.monotonic()
     reap_orphans()
-    cluster = LocalCluster.start(f"bench-operator-{os.getpid()}", fleet=NODES, owner_pid=os.getpid())
+    pools = nodes(args.fleet + 2 * args.services + 1) if serving else NODES
+    cluster = LocalCluster.start(f"bench-operator-{os.getpid()}", fleet=pools, owner_pid=os.getpid())
     operator: OperatorProcess | None = None
     client = cluster.api_client()
     try:
@@ -815,6 +1024,10 @@ def main() -> None:
         services.first(PROBE, ready_at(1), mark, 60, "Ready")
         probes = [{**probe(kube, services, requests, 1, args.probe_changes), "memory": memory(pid, 1)}]
         progress(began, f"probe at 1 service: {args.probe_changes} spec changes")
+        steady = []
+        if serving:
+            steady.append(steady_changes(kube, services, requests, [PROBE], args.steady_changes, args.steady_rate))
+            progress(began, f"{args.steady_changes} changes at {args.steady_rate:g}/s at 1 service")
 
         with requests.counting() as creating:
             ready = apply_to_ready(kube, services, deployments, args.services)
@@ -830,13 +1043,18 @@ def main() -> None:
             quiet = idle(operator, requests, kube, present, args.idle_seconds, args.resync_seconds)
             progress(began, f"idle window and a full resync at {present} services")
         for size in (args.midpoint, args.fleet):
-            grown = fleet(kube, services, requests, present, size, args.fleet_identities, timeout=600)
+            grown = fleet(kube, services, requests, present, size, args.fleet_identities, 1800, serving=serving)
+            fleet_names = [f"fleet-{i}" for i in range(len(names) + 1, size)]
             present = size
             # The probe measures a settled fleet, not the growth's last writes (compile Jobs, their pods).
             settle(requests, quiet_seconds=3, timeout=300)
-            progress(began, f"{size} services Compiling")
+            progress(began, f"{size} services {'Ready' if serving else 'Compiling'}")
             probes.append({**probe(kube, services, requests, size, args.probe_changes), "memory": memory(pid, size)})
             progress(began, f"probe at {size} services: {args.probe_changes} spec changes")
+            if serving:
+                every = [PROBE, *names, *fleet_names]
+                steady.append(steady_changes(kube, services, requests, every, args.steady_changes, args.steady_rate))
+                progress(began, f"{args.steady_changes} changes at {args.steady_rate:g}/s at {size} services")
         memories["fleet"] = memory(pid, args.fleet)
         if args.idle_at_fleet:
             quiet = idle(operator, requests, kube, args.fleet, args.idle_seconds, args.resync_seconds)
@@ -845,6 +1063,10 @@ def main() -> None:
         refused = [line for line in operator.tail(1_000_000).splitlines() if "Forbidden" in line]
         cpu = {record.name: cpu_seconds(record.pid) for record in cluster.state.processes}
         cpu["operator"] = cpu_seconds(pid)
+        restarted = restart(operator, requests, kube, args.fleet, timeout=600)
+        progress(began, f"operator restarted at {args.fleet} services")
+        refused += [line for line in operator.tail(1_000_000).splitlines() if "Forbidden" in line]
+        cpu["operator, restarted"] = cpu_seconds(requests.pid)
         cpu["bench"] = time.process_time()
     except BaseException:
         if operator is not None:
@@ -870,6 +1092,8 @@ def main() -> None:
             "resync": quiet.pop("resync"),
         },
         "fleet": grown,
+        "steady": steady,
+        "restart": restarted,
         "memory": memories,
         "idle": quiet,
         "operator_refused": refused,
@@ -880,6 +1104,8 @@ def main() -> None:
     problems = []
     if quiet["idle_writes"]:
         problems.append(f"the idle operator made {quiet['idle_writes']} write requests in {args.idle_seconds:g} s")
+    if restarted["writes"] or restarted["changed_objects"]:
+        problems.append(f"a restart wrote {restarted['writes']} times and changed {restarted['changed_objects']}")
     if results["requests"]["resync"]["changed_objects"]:
         problems.append(f"a full resync changed {', '.join(results['requests']['resync']['changed_objects'])}")
     if refused:

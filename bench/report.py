@@ -196,6 +196,35 @@ def operator_rows(data: Obj) -> Iterator[Row]:
             None,
             f"{figures['writes_per_reconcile']:.1f} writes, {figures['operator_cpu_ms_per_reconcile']:.0f} ms CPU",
         )
+    for steady in data.get("steady", [])[-1:]:
+        observed, size = steady["observed"], steady["services"]
+        yield Row(
+            "operator",
+            f"{steady['rate']:g} changes/s, {size:,} serving services: spec -> observedGeneration p50 / p99",
+            f"{1000 * observed['median_s']:.0f} / {1000 * observed['p99_s']:.0f} ms",
+            "",
+            None,
+            f"n={steady['changes']}, max {1000 * observed['max_s']:.0f} ms; -> Ready p50 "
+            f"{steady['ready']['median_s']:.1f} s",
+        )
+        yield Row(
+            "operator",
+            f"API requests per spec change at {size:,} serving services, its rollout's included",
+            f"{steady['requests_per_change']:.1f}",
+            "",
+            None,
+            f"{steady['writes_per_change']:.1f} writes, {steady['reads_per_change']:.1f} reads",
+        )
+    if "restart" in data:
+        restart = data["restart"]
+        yield Row(
+            "operator",
+            f"operator restart at {restart['services']:,} services: start -> every service reconciled",
+            f"{restart['reconciled_s']:.1f} s",
+            "",
+            None,
+            f"{restart['requests'] - restart['watches']} requests, {restart['writes']} writes (must be 0)",
+        )
     memory = data["memory"]
     yield Row(
         "operator",
