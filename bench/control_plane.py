@@ -756,9 +756,7 @@ def restart(operator: OperatorProcess, requests: Requests, kube: Kube, services:
         "services": services,
         "up_s": up - start,
         "reconciled_s": reconciled - start,
-        "changed_objects": sorted(
-            f"{kind}/{name}" for (kind, name), v in versions_after.items() if versions_before.get((kind, name)) != v
-        ),
+        "changed_objects": changed_objects(versions_before, versions_after),
         **per_reconcile(window),
     }
 
@@ -771,6 +769,16 @@ def versions(kube: Kube) -> dict[tuple[str, str], str]:
         for kind in kinds
         for obj in kube.list(kind, NAMESPACE)
     }
+
+
+def changed_objects(before: dict[tuple[str, str], str], after: dict[tuple[str, str], str]) -> list[str]:
+    """``kind/name`` of each object whose resourceVersion differs between two :func:`versions` (or that came or
+    went)."""
+    return sorted(
+        f"{kind}/{name}"
+        for kind, name in before.keys() | after.keys()
+        if before.get((kind, name)) != after.get((kind, name))
+    )
 
 
 def idle(
@@ -793,11 +801,7 @@ def idle(
         finished = wait_for(
             lambda: resyncs(operator), lambda r: r.passes > done.passes, timeout=timeout, interval=2, what="the next"
         )
-    versions_after = versions(kube)
-    keys = versions_before.keys() | versions_after.keys()
-    changed = sorted(
-        f"{kind}/{name}" for kind, name in keys if versions_before.get((kind, name)) != versions_after.get((kind, name))
-    )
+    changed = changed_objects(versions_before, versions(kube))
     return {
         "services": services,
         "idle_seconds": seconds,

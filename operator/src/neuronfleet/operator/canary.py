@@ -170,6 +170,12 @@ def _latency_checks(limits: api.CanaryAnalysis, canary: Figures, stable: Figures
     ]
 
 
+def _failed(made: list[tuple[bool, str]], over: str) -> Analysis | None:
+    """FAIL naming every broken limit of the checks ``made`` (``over``: the requests they counted); None if none."""
+    broken = [text for ok, text in made if not ok]
+    return Analysis(Verdict.FAIL, f"limits broken: {'; '.join(broken)} ({over})") if broken else None
+
+
 def _too_slow_to_wait_for(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> Analysis | None:
     """FAIL before ``minRequests`` completions when as many canary requests had their first token and their
     latencies already break a limit: a slow revision completes requests slowly, and its evidence is in before."""
@@ -177,11 +183,7 @@ def _too_slow_to_wait_for(limits: api.CanaryAnalysis, canary: Figures, stable: F
     if started < limits.min_requests:
         return None
     made = [check for check in _latency_checks(limits, canary, stable) if check is not None]
-    broken = [text for ok, text in made if not ok]
-    if not broken:
-        return None
-    over = f"over {started:.0f} canary requests started, {canary.requests:.0f} completed"
-    return Analysis(Verdict.FAIL, f"limits broken: {'; '.join(broken)} ({over})")
+    return _failed(made, f"over {started:.0f} canary requests started, {canary.requests:.0f} completed")
 
 
 def analyse(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> Analysis:
@@ -205,11 +207,8 @@ def analyse(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> Ana
         ),
     ]
     made = [check for check in checks if check is not None]
-    broken = [text for ok, text in made if not ok]
     over = f"over {canary.requests:.0f} canary and {stable.requests:.0f} stable completions"
-    if broken:
-        return Analysis(Verdict.FAIL, f"limits broken: {'; '.join(broken)} ({over})")
-    return Analysis(Verdict.PASS, f"{'; '.join(text for _, text in made)} ({over})")
+    return _failed(made, over) or Analysis(Verdict.PASS, f"{'; '.join(text for _, text in made)} ({over})")
 
 
 def canary_replicas(stable: int, weight: int) -> int:
