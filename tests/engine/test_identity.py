@@ -18,6 +18,7 @@ from neuronfleet.engine.identity import (
     CompileIdentity,
     ModelSource,
 )
+from neuronfleet.engine.lora import LoraSlots
 
 MODEL = ModelSource(uri="hf://meta-llama/Llama-3.1-8B", revision="0e9e39f")
 
@@ -145,3 +146,16 @@ def test_a_logical_neuron_core_setting_other_than_the_targets_default_is_a_new_a
 def test_a_setting_the_target_does_not_take_is_refused() -> None:
     with pytest.raises(ValueError, match="logical NeuronCores 2 is not a setting of inf2: 1"):
         CompileIdentity.of(MODEL, EngineConfig(), "inf2", "neuronfleet/engine:0.1.0", logical_neuron_cores=2)
+
+
+def test_lora_slots_are_a_new_artifact_and_none_keeps_the_hash_of_before() -> None:
+    engine = EngineConfig()
+    two = CompileIdentity.of(MODEL, engine, "trn2", "neuronfleet/engine:0.1.0", lora=LoraSlots(max_loras=2))
+    four = CompileIdentity.of(MODEL, engine, "trn2", "neuronfleet/engine:0.1.0", lora=LoraSlots(max_loras=4))
+    ranked = CompileIdentity.of(
+        MODEL, engine, "trn2", "neuronfleet/engine:0.1.0", lora=LoraSlots(max_loras=2, max_lora_rank=64)
+    )
+    assert identity().hash() == "51068632ce0177ca"
+    assert "lora" not in identity().document()
+    assert two.document() == {**identity().document(), "lora": {"max_loras": 2, "max_lora_rank": 16}}
+    assert len({identity().hash(), two.hash(), four.hash(), ranked.hash()}) == 4

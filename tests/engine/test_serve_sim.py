@@ -7,6 +7,7 @@ last test stops it.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import subprocess
@@ -58,6 +59,18 @@ ENGINE: dict[str, Any] = {
     "num_seqs_buckets": [1, 2, 4],
 }
 _words = words()
+#: The LoRA slots the module's artifact is compiled with, and the adapters served in them, by rank.
+LORA_SLOTS = ("--max-loras", "2", "--max-lora-rank", "16")
+ADAPTER_RANKS = {"fr": 8, "de": 16}
+
+
+def write_adapter(directory: Path, rank: int) -> Path:
+    """A LoRA adapter folder as PEFT writes one; the simulated device reads only its configuration."""
+    directory.mkdir(parents=True)
+    config = {"r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"], "bias": "none"}
+    (directory / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "LORA"}))
+    (directory / "adapter_model.safetensors").write_bytes(bytes(range(256)) * rank)
+    return directory
 
 
 def prompt(length: int) -> str:
@@ -80,6 +93,7 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
             "sim",
             "--artifact-store",
             str(store),
+            *LORA_SLOTS,
         ],
         capture_output=True,
         text=True,
@@ -101,6 +115,11 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
         str(kv_events),
         "--kv-events-replay-port",
         str(kv_replay),
+        *LORA_SLOTS,
+        *(
+            f"--lora-adapter={name}={write_adapter(directory / 'adapters' / name, rank)}"
+            for name, rank in ADAPTER_RANKS.items()
+        ),
         env={names.REPLICA_ENV: REPLICA},
     )
     server.extra["artifact"] = compiled.stdout.split("artifact ")[1].split()[0]
@@ -129,8 +148,25 @@ def test_ready_names_the_model_and_the_artifact_loaded(server: EngineServer) -> 
 def test_models_and_health(server: EngineServer) -> None:
     assert server.request("/health").status == 200
     models = server.request("/v1/models").json()
-    assert [model["id"] for model in models["data"]] == [MODEL]
+    assert [model["id"] for model in models["data"]] == [MODEL, *ADAPTER_RANKS]
     assert models["data"][0]["max_model_len"] == ENGINE["max_model_len"]
+    assert [model["parent"] for model in models["data"][1:]] == [MODEL] * len(ADAPTER_RANKS)
+
+
+def test_each_lora_adapter_answers_by_its_name_and_an_unknown_one_is_a_404(server: EngineServer) -> None:
+    text = prompt(10)
+    replies = {}
+    for model in (MODEL, *ADAPTER_RANKS):
+        response = server.post("/v1/completions", {"model": model, "prompt": text, "max_tokens": 6})
+        assert response.status == 200, response.body
+        assert response.json()["model"] == model
+        replies[model] = response.json()["choices"][0]["text"]
+    # Each adapter changes the reply, and the same adapter gives the same reply again.
+    assert len(set(replies.values())) == 1 + len(ADAPTER_RANKS), replies
+    again = completion(server, text, 6, model="fr")
+    assert again["choices"][0]["text"] == replies["fr"]
+    unknown = server.post("/v1/completions", {"model": "es", "prompt": text, "max_tokens": 6})
+    assert unknown.status == 404, unknown.body
 
 
 def test_every_response_names_the_replica_and_the_artifact_that_served_it(server: EngineServer) -> None:
@@ -282,8 +318,10 @@ def test_the_series_the_endpoint_picker_reads_are_exported(server: EngineServer)
     exported = {name for name, _ in server.metrics()}
     assert set(names.PICKER_METRICS) <= exported, set(names.PICKER_METRICS) - exported
     assert names.REQUESTS_IN_FLIGHT in exported
-    # No LoRA adapters are served, so there is no LoRA series: the picker logs it missing and keeps the pod.
-    assert names.PICKER_LORA_INFO not in exported
+    # The LoRA series the picker's adapter affinity reads, with the slots.
+    lora_info = [labels for name, labels in server.metrics() if name == names.PICKER_LORA_INFO]
+    assert lora_info
+    assert all(("max_lora", "2") in labels for labels in lora_info), lora_info
 
 
 #: The loaded server: Llama 3.1 8B on one Inferentia2 chip with the real clock, so a decode step takes the

@@ -9,8 +9,9 @@ depends on pydantic alone.
 Only compile-relevant inputs take part: the model and its revision, the shapes
 (limits and bucket sets, as compiled: defaults written out), tensor parallelism,
 dtype, the Neuron target, the logical-NeuronCore setting when it is not the target's
-default, the engine image (which fixes the compiler version) and the device compiled
-for (a simulated artifact never stands in for a Neuron one).
+default, the engine image (which fixes the compiler version), the device compiled
+for (a simulated artifact never stands in for a Neuron one) and the LoRA slots when there are any
+(the adapters loaded into them are not compiled).
 Replicas, resources and rollout settings never change the hash.
 """
 
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import NeuronTarget, chip_of
+from neuronfleet.engine.lora import LoraSlots
 from neuronfleet.engine.sim_settings import Device
 
 #: Bumped when the hashed document changes shape, so old and new hashes never collide.
@@ -124,6 +126,10 @@ class CompileIdentity(BaseModel):
         ),
     )
 
+    lora: LoraSlots | None = Field(
+        None, description="The LoRA slots the graphs are compiled with; none: no adapters can be served."
+    )
+
     @model_validator(mode="after")
     def _lnc_of_the_target(self) -> CompileIdentity:
         settings = chip_of(self.target).lnc_settings
@@ -142,6 +148,7 @@ class CompileIdentity(BaseModel):
         image: str,
         device: Device = "neuron",
         logical_neuron_cores: int | None = None,
+        lora: LoraSlots | None = None,
     ) -> CompileIdentity:
         """The identity of serving ``model`` with ``engine`` on ``device``, normalized.
 
@@ -151,7 +158,9 @@ class CompileIdentity(BaseModel):
         """
         compiled = EngineConfig.model_validate(compiled_shapes(engine))
         lnc = None if logical_neuron_cores == chip_of(target).default_lnc else logical_neuron_cores
-        return cls(model=model, engine=compiled, target=target, image=image, device=device, logical_neuron_cores=lnc)
+        return cls(
+            model=model, engine=compiled, target=target, image=image, device=device, logical_neuron_cores=lnc, lora=lora
+        )
 
     def document(self) -> dict[str, Any]:
         """The hashed document: the compile-relevant fields only, in a fixed shape."""
@@ -169,6 +178,9 @@ class CompileIdentity(BaseModel):
         # Likewise only a setting other than the target's default: the artifacts compiled before it keep their hashes.
         if self.logical_neuron_cores not in (None, chip_of(self.target).default_lnc):
             document["logical_neuron_cores"] = self.logical_neuron_cores
+        # And LoRA slots only where there are some.
+        if self.lora is not None:
+            document["lora"] = self.lora.model_dump(mode="json")
         return document
 
     def hash(self) -> str:

@@ -26,7 +26,10 @@ class _Invocation:
             value = getattr(self, field.name)
             if field.default is not dataclasses.MISSING and value == field.default:
                 continue
-            rendered += [f"--{field.name.replace('_', '-')}", str(value)]
+            option = f"--{field.name.replace('_', '-')}"
+            # A tuple is an option given once per value.
+            for item in value if isinstance(value, tuple) else (value,):
+                rendered += [option, str(item)]
         return rendered
 
 
@@ -46,6 +49,8 @@ class CompileInvocation(_Invocation):
     artifact_hash: str
     device: str = "neuron"
     logical_neuron_cores: int | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,3 +69,7 @@ class ServeInvocation(_Invocation):
     device: str = "neuron"
     instance_type: str | None = None
     logical_neuron_cores: int | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    #: ``NAME=SOURCE[@SHA256]`` of each LoRA adapter served.
+    lora_adapter: tuple[str, ...] = ()

@@ -66,8 +66,8 @@ PICKER_BLOCK_SIZE_LABEL = "block_size"
 PICKER_NUM_BLOCKS_LABEL = "num_gpu_blocks"
 #: Every series the engine exports for the picker.
 PICKER_METRICS = (PICKER_WAITING, PICKER_RUNNING, PICKER_KV_CACHE_USAGE, PICKER_CACHE_CONFIG)
-#: Read when present. The engine serves no LoRA adapters and vLLM does not export it: the picker logs the
-#: family as missing and keeps the pod.
+#: vLLM's running and waiting LoRA adapters, exported when the engine serves adapters: the picker's LoRA affinity
+#: reads it (the operator asks for it only for services with adapters).
 PICKER_LORA_INFO = "vllm:lora_requests_info"
 #: The engine's own live count of the completions it holds (admitted and not yet answered), which the operator's
 #: picker reads as each pod's running requests: vLLM publishes its gauges only as each engine step ends, so a

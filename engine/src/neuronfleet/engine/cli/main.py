@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -149,6 +150,18 @@ def trace(
         out.print(format_step(record, engine_config.effective_num_seqs_buckets))
     outputs = ", ".join(f"{req_id} {len(p.output_tokens)}" for req_id, p in engine.progress.items())
     out.print(f"finished: {outputs} tokens; padding tokens {engine.scheduler.total_padding_tokens}")
+
+
+@app.command("adapter-digest")
+def adapter_digest_command(
+    folder: Annotated[Path, typer.Argument(help="A LoRA adapter's folder: adapter_config.json and its weights.")],
+) -> None:
+    """Print a LoRA adapter's digest, for spec.lora.adapters[].sha256 (or --lora-adapter NAME=SOURCE@DIGEST)."""
+    from neuronfleet.engine.artifacts.adapters import ADAPTER_CONFIG, adapter_digest
+
+    if not (folder / ADAPTER_CONFIG).is_file():
+        fail(f"{folder} has no {ADAPTER_CONFIG}: not a LoRA adapter folder")
+    out.print(adapter_digest(folder))
 
 
 buckets_app.command("recommend")(recommend_buckets)

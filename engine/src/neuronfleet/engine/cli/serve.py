@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from neuronfleet.engine.artifacts.adapters import provision_adapter
 from neuronfleet.engine.artifacts.provision import cache_root, compile_into_store, serving_artifact
 from neuronfleet.engine.artifacts.store import ArtifactError
 from neuronfleet.engine.cli.artifacts import StderrProgress, outcome_line, refuse_to_serve
@@ -31,6 +32,7 @@ from neuronfleet.engine.hardware import (
     largest_instance_type,
 )
 from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
+from neuronfleet.engine.lora import LoraAdapter, LoraSlots
 from neuronfleet.engine.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.cost_model import CostModel
@@ -122,6 +124,49 @@ LncOption = Annotated[
 ]
 
 
+MaxLorasOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-loras",
+        min=1,
+        max=64,
+        help="LoRA slots the graphs are compiled with (part of the artifact identity). Default: no LoRA.",
+        show_default=False,
+    ),
+]
+MaxLoraRankOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-lora-rank",
+        help="The largest adapter rank a LoRA slot holds: 8, 16, 32, 64, 128 or 256. Default: 16 with --max-loras.",
+        show_default=False,
+    ),
+]
+
+
+LoraAdapterOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--lora-adapter",
+        help="A LoRA adapter to serve, NAME=SOURCE[@SHA256] (SOURCE: s3://bucket/prefix or a folder); "
+        "repeat for more, at most --max-loras.",
+        show_default=False,
+    ),
+]
+
+
+def lora_slots(max_loras: int | None, max_lora_rank: int | None) -> LoraSlots | None:
+    """The LoRA slots ``--max-loras`` and ``--max-lora-rank`` ask for; ``None`` without ``--max-loras``."""
+    if max_loras is None:
+        if max_lora_rank is not None:
+            fail("--max-lora-rank needs --max-loras")
+        return None
+    try:
+        return LoraSlots.model_validate({"max_loras": max_loras, "max_lora_rank": max_lora_rank or 16})
+    except ValidationError as error:
+        fail_validation(error)
+
+
 def check_device(device: Device) -> None:
     """``--device neuron`` needs the vLLM Neuron plugin installed here."""
     if device == "neuron" and importlib.util.find_spec("vllm_neuron") is None:
@@ -139,11 +184,12 @@ def compile_identity(
     image: str | None,
     device: Device,
     logical_neuron_cores: int | None = None,
+    lora: LoraSlots | None = None,
 ) -> CompileIdentity:
     """The artifact identity of serving ``model`` with ``engine`` on ``device``: the function the operator uses."""
     try:
         source = ModelSource(uri=model, revision=revision)
-        return CompileIdentity.of(source, engine, target, image or default_image(), device, logical_neuron_cores)
+        return CompileIdentity.of(source, engine, target, image or default_image(), device, logical_neuron_cores, lora)
     except ValidationError as error:
         fail_validation(error)
 
@@ -211,13 +257,16 @@ def compile_command(
     instance_type: InstanceOption = None,
     clock: ClockOption = "real",
     logical_neuron_cores: LncOption = None,
+    max_loras: MaxLorasOption = None,
+    max_lora_rank: MaxLoraRankOption = None,
 ) -> None:
     """Compile every bucket's graph into the artifact store; an artifact already complete is not compiled again."""
     check_device(device)
     engine = load_config(config, None, None, None, None, None)
+    lora = lora_slots(max_loras, max_lora_rank)
     if artifact_store is None:
         fail("--artifact-store is required: the directory that holds compiled artifacts")
-    identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores)
+    identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores, lora)
     if artifact_hash is not None and artifact_hash != identity.hash():
         fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
     settings = SimSettings()
@@ -298,11 +347,17 @@ def serve_command(
     kv_events_port: KvEventsPortOption = None,
     kv_events_replay_port: KvEventsReplayPortOption = None,
     logical_neuron_cores: LncOption = None,
+    max_loras: MaxLorasOption = None,
+    max_lora_rank: MaxLoraRankOption = None,
+    lora_adapter: LoraAdapterOption = None,
 ) -> None:
     """Serve the OpenAI-compatible API: vLLM's server with the Neuron scheduler. Arguments after -- go to vLLM."""
     check_device(device)
     check_ports(port, kv_events_port, kv_events_replay_port)
     engine = load_config(config, None, None, None, None, None)
+    lora = lora_slots(max_loras, max_lora_rank)
+    name = served_model_name or served_name(model)
+    adapters = parse_adapters(lora_adapter or [], lora, name)
     lnc = logical_neuron_cores
     settings = sim_settings(model, target, shape, instance_type, clock, lnc) if device == "sim" else SimSettings()
     if device == "sim":
@@ -312,7 +367,7 @@ def serve_command(
         engine = resolve_on_neuron(engine, model, target, shape, instance_type)
     directory = None
     if artifact_store is not None:
-        identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores)
+        identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores, lora)
         directory = _artifact_directory(
             engine, identity, artifact_store, artifact_hash, cache_dir, settings, compile_on_start
         )
@@ -320,20 +375,12 @@ def serve_command(
         fail("--artifact-hash needs --artifact-store")
     elif device == "neuron":
         fail("--device neuron needs --artifact-store: compile with `neuronfleet-engine compile` first")
-    model_to_load = model.removeprefix("hf://")
-    if device == "sim":
-        from neuronfleet.engine.sim.model_dir import model_dir
-
-        try:
-            model_to_load = str(model_dir(settings.shape, engine.max_model_len))
-        except ValueError as error:
-            fail(str(error))
     exec_vllm_serve(
         ServeRequest(
             engine=engine,
             device=device,
-            model=model_to_load,
-            served_model_name=served_model_name or served_name(model),
+            model=model_to_load(model, device, settings, engine),
+            served_model_name=name,
             revision=revision,
             host=host,
             port=port,
@@ -343,9 +390,55 @@ def serve_command(
             sim=settings,
             kv_events_port=kv_events_port,
             kv_events_replay_port=kv_events_replay_port,
+            lora=lora,
+            adapters=provision_adapters(adapters, cache_dir),
             extra_args=tuple(ctx.args),
         )
     )
+
+
+def model_to_load(model: str, device: Device, settings: SimSettings, engine: EngineConfig) -> str:
+    """What vLLM loads: the model's id or path on Neuron, the simulated shape's local directory on sim."""
+    if device != "sim":
+        return model.removeprefix("hf://")
+    from neuronfleet.engine.sim.model_dir import model_dir
+
+    try:
+        return str(model_dir(settings.shape, engine.max_model_len))
+    except ValueError as error:
+        fail(str(error))
+
+
+def parse_adapters(values: list[str], slots: LoraSlots | None, model_name: str) -> list[LoraAdapter]:
+    """The ``--lora-adapter`` values, checked: well formed, named once, not the model's name, within the slots."""
+    try:
+        adapters = [LoraAdapter.parse(value) for value in values]
+    except ValidationError as error:
+        fail_validation(error)
+    except ValueError as error:
+        fail(str(error))
+    names = [adapter.name for adapter in adapters]
+    if adapters and slots is None:
+        fail("--lora-adapter needs --max-loras: the graphs must be compiled with LoRA slots")
+    if slots is not None and len(adapters) > slots.max_loras:
+        fail(f"{len(adapters)} LoRA adapters given, but --max-loras {slots.max_loras} slots")
+    repeated = sorted({name for name in names if names.count(name) > 1} | ({model_name} & set(names)))
+    if repeated:
+        fail(f"LoRA adapter names must be unique and differ from the model's ({model_name}): {', '.join(repeated)}")
+    return adapters
+
+
+def provision_adapters(adapters: list[LoraAdapter], cache_dir: Path | None) -> dict[str, Path]:
+    """Every adapter in a local folder, checked, by name; one that cannot be served stops the replica."""
+    provisioned: dict[str, Path] = {}
+    for adapter in adapters:
+        try:
+            ready = provision_adapter(adapter, cache_root(cache_dir))
+        except ArtifactError as error:
+            refuse_to_serve(error)
+        err.print(f"LoRA adapter {adapter.name}: {ready.directory} (digest {ready.digest[:12]}…)", markup=False)
+        provisioned[adapter.name] = ready.directory
+    return provisioned
 
 
 def _artifact_directory(

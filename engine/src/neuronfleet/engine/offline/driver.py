@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, LoRAConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -28,6 +29,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.lora import LoraSlots
 from neuronfleet.engine.offline.scenarios import Scenario, prompt_token_ids
 from neuronfleet.engine.paths import user_cache
 from neuronfleet.engine.scheduler import vllm_compat
@@ -54,8 +56,10 @@ def tiny_model_dir(max_model_len: int) -> Path:
     return path
 
 
-def build_vllm_config(engine: EngineConfig, *, async_scheduling: bool, enable_prefix_caching: bool) -> VllmConfig:
-    """vLLM's configuration for ``engine`` on the tiny local model shape, on CPU."""
+def build_vllm_config(
+    engine: EngineConfig, *, async_scheduling: bool, enable_prefix_caching: bool, lora: LoraSlots | None = None
+) -> VllmConfig:
+    """vLLM's configuration for ``engine`` (with ``lora`` slots) on the tiny local model shape, on CPU."""
     model_config = ModelConfig(
         model=str(tiny_model_dir(engine.max_model_len)),
         max_model_len=engine.max_model_len,
@@ -76,6 +80,7 @@ def build_vllm_config(engine: EngineConfig, *, async_scheduling: bool, enable_pr
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        lora_config=None if lora is None else LoRAConfig(max_loras=lora.max_loras, max_lora_rank=lora.max_lora_rank),
         additional_config={"neuron_config": engine.neuron_config()},
     )
 
@@ -86,10 +91,11 @@ def build_scheduler(
     num_kv_blocks: int,
     async_scheduling: bool = True,
     enable_prefix_caching: bool = False,
+    lora: LoraSlots | None = None,
 ) -> NeuronScheduler:
     """A Neuron scheduler for ``engine`` over a KV cache of ``num_kv_blocks`` blocks."""
     vllm_config = build_vllm_config(
-        engine, async_scheduling=async_scheduling, enable_prefix_caching=enable_prefix_caching
+        engine, async_scheduling=async_scheduling, enable_prefix_caching=enable_prefix_caching, lora=lora
     )
     cls = NeuronAsyncScheduler if async_scheduling else NeuronScheduler
     return construct_scheduler(cls, vllm_config, num_kv_blocks=num_kv_blocks)
@@ -193,14 +199,17 @@ class OfflineEngine:
             init_none_hash(hash_fn)
             self._block_hasher = get_request_block_hasher(scheduler.block_size, hash_fn)
 
-    def add_request(self, req_id: str, prompt_token_ids: Sequence[int], max_tokens: int) -> None:
-        """Queue a request as the engine core would on arrival."""
+    def add_request(
+        self, req_id: str, prompt_token_ids: Sequence[int], max_tokens: int, lora_request: LoRARequest | None = None
+    ) -> None:
+        """Queue a request (for a LoRA adapter, with ``lora_request``) as the engine core would on arrival."""
         request = vllm_compat.Request(
             req_id,
             list(prompt_token_ids),
             SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             None,
             block_hasher=self._block_hasher,
+            lora_request=lora_request,
         )
         self.progress[req_id] = RequestProgress(prompt_len=len(prompt_token_ids), max_tokens=max_tokens)
         self.scheduler.add_request(request)

@@ -112,6 +112,8 @@ class NeuronScheduler(Scheduler):
         # The prefill buckets this step may use: narrowed while requests decode.
         self._step_buckets = self.num_batched_tokens_buckets
         self._pack = Pack()
+        #: The LoRA adapters of this step's pack of prefills.
+        self._pack_adapters: set[int] = set()
         self._prefill_steps_with_decodes_waiting = 0
         self.holdback_queue: deque[Request] = deque()
         self.state = SchedulerState.IDLE
@@ -184,6 +186,8 @@ class NeuronScheduler(Scheduler):
             return False
         if not fits(self._pack, self._prompt_tokens_left(request), self._step_buckets):
             return False
+        if not self._lora_slot_for(request):
+            return False
         # Neuron cannot preempt: admit only what the KV cache can finish.
         if not self._kv_admits(request):
             self.num_kv_deferred_admissions += 1
@@ -200,6 +204,17 @@ class NeuronScheduler(Scheduler):
                 self._warned_kv_saturated = True
             return False
         return True
+
+    def _lora_slot_for(self, request: Request) -> bool:
+        """Whether ``request``'s LoRA adapter has a slot: already running, or a slot free.
+
+        vLLM counts the adapters of ``running``, which here lacks the decodes a prefill step hides: the
+        slots are counted over every running request and this step's pack instead.
+        """
+        if self.lora_config is None or request.lora_request is None:
+            return True
+        active = self._pack_adapters | {r.lora_request.lora_int_id for r in self.running if r.lora_request}
+        return request.lora_request.lora_int_id in active or len(active) < self.lora_config.max_loras
 
     def _kv_admits(self, request: Request) -> bool:
         """Whether ``request`` and every running request can all reach their bound in the KV cache."""
@@ -223,6 +238,8 @@ class NeuronScheduler(Scheduler):
         """Count ``request`` into this step's pack of prefills."""
         kv_blocks = self._kv_blocks_bound(request) if self.options.kv_admission == "request_bound" else 0
         self._pack.add(self._prompt_tokens_left(request), kv_blocks, self._step_buckets)
+        if request.lora_request is not None:
+            self._pack_adapters.add(request.lora_request.lora_int_id)
 
     # Scheduling -----------------------------------------------------------------
 
@@ -230,6 +247,7 @@ class NeuronScheduler(Scheduler):
         """One step: admit, separate prefill from decode, run the base scheduler, pad."""
         decode_turn = self._decode_turn_due()
         self._pack = Pack()
+        self._pack_adapters = set()
         decoding = any(not self._is_prefill_request(request) for request in self.running)
         self._step_buckets = self._buckets_while_decoding if decoding else self.num_batched_tokens_buckets
         if self.options.constant_cost_admission:

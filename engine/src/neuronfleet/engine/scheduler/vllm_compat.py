@@ -24,6 +24,8 @@ What differs between 0.29 and 0.34, as far as neuronfleet reaches:
   KV loads started from a queue of their own (``max_num_inflight_kv_loads``) and cache-aware
   reordering of the waiting queue (``cache_aware_admission_window``): refused
   (``unsupported_admission``).
+- A LoRA adapter's configuration as vLLM reads it: 0.34's ``PEFTHelper`` adds per-module ranks
+  (``rank_pattern``), which 0.29's lacks (``adapter_rank``).
 - Two calls the engine core makes on the simulated worker (``sim/executor.py``): 0.29
   calls ``set_kv_cache_layout(layout)`` without 0.34's context-parallel interleave size,
   and asks ``supports_draft_weight_updates()`` at start-up. The worker answers both forms,
@@ -61,6 +63,7 @@ from neuronfleet.engine.scheduler.vllm_range import supported_series
 VLLM_SERIES = supported_series(vllm.__version__)
 
 from vllm.config import CacheConfig, SchedulerConfig
+from vllm.lora.peft_helper import PEFTHelper
 from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
@@ -349,3 +352,9 @@ def unsupported_admission(scheduler_config: SchedulerConfig) -> list[str]:
     if getattr(scheduler_config, "cache_aware_admission_window", 0):
         found.append("cache_aware_admission_window (the waiting queue reordered inside the base scheduler)")
     return found
+
+
+def adapter_rank(helper: PEFTHelper) -> int:
+    """A LoRA adapter's largest rank: its ``r``, or a larger per-module one (0.34's ``rank_pattern``)."""
+    ranks: dict[str, int] = getattr(helper, "rank_pattern", None) or {}
+    return max([int(helper.r), *ranks.values()])

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR
 from neuronfleet.engine.config import EngineConfig
+from neuronfleet.engine.lora import LoraSlots
 from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 
@@ -81,6 +82,9 @@ class ServeRequest:
     #: Publish KV cache events on this port, and replay them on ``kv_events_replay_port``; ``None``: off.
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
+    #: The LoRA slots the artifact was compiled with, and the adapters loaded into them (name: local folder).
+    lora: LoraSlots | None = None
+    adapters: dict[str, Path] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
 
 
@@ -120,6 +124,10 @@ def vllm_serve_argv(request: ServeRequest) -> list[str]:
         args += ["--distributed-executor-backend", EXECUTOR_CLS]
     elif request.revision is not None:
         args += ["--revision", request.revision]
+    if request.lora is not None:
+        args += request.lora.vllm_serve_args()
+    if request.adapters:
+        args += ["--lora-modules", *(f"{name}={path}" for name, path in request.adapters.items())]
     if request.kv_events_port is not None:
         args += ["--kv-events-config", kv_events_config(request.kv_events_port, request.kv_events_replay_port)]
     return [

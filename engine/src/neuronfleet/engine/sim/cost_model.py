@@ -177,6 +177,28 @@ class CostModel:
         reads = work.weights_s / c.weight_read_efficiency + work.kv_s / c.kv_read_efficiency
         return self._fixed_seconds(c.decode_layer_s) + max(reads, work.compute_s / c.dense_efficiency)
 
+    def lora_parameters(self, rank: int) -> int:
+        """Parameters of a rank-``rank`` adapter on every projection of every layer (A and B of each)."""
+        shape = self.shape
+        query_width = shape.num_attention_heads * shape.head_dim
+        kv_width = shape.num_key_value_heads * shape.head_dim
+        hidden, inner = shape.hidden_size, shape.intermediate_size
+        # q, k, v, o, then gate, up and down: each adds rank * (its input + its output width).
+        widths = 2 * (hidden + query_width) + 2 * (hidden + kv_width) + 3 * (hidden + inner)
+        return shape.num_hidden_layers * rank * widths
+
+    def lora_seconds(self, adapters: Sequence[tuple[int, int]]) -> float:
+        """What LoRA adapters add to a step: each ``(rank, tokens)`` reads its weights once and multiplies its
+        tokens through them, so the cost grows with the rank."""
+        c = self.calibration
+        seconds = 0.0
+        for rank, tokens in adapters:
+            parameters = self.lora_parameters(rank)
+            reads = parameters * self.dtype_bytes / self.hbm_bandwidth / c.weight_read_efficiency
+            compute = 2 * parameters * tokens / self.peak_flops / c.dense_efficiency
+            seconds += max(reads, compute)
+        return seconds
+
     def compile_seconds(self, bucket_size: int) -> float:
         """Simulated time to compile one bucket's graph.
 

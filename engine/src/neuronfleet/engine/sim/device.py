@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -56,6 +56,8 @@ class RequestState:
     #: Prompt then sampled tokens: the device's own record of the sequence.
     token_ids: list[int]
     digest: int
+    #: vLLM's id of the LoRA adapter the request runs with; 0 for the base model.
+    lora_adapter: int = 0
 
 
 @dataclass
@@ -106,6 +108,7 @@ class SimulatedNeuronDevice:
         on_step: Callable[[StepResult], None] | None = None,
         max_prefills_per_step: int = 1,
         faults: FaultInjector | None = None,
+        adapter_ranks: Mapping[int, int] | None = None,
     ) -> None:
         self.cost = cost
         self.block_size = block_size
@@ -122,6 +125,8 @@ class SimulatedNeuronDevice:
         self.max_prefills_per_step = max_prefills_per_step
         #: Faults a test injects at run time; none by default.
         self.faults = faults or FaultInjector()
+        #: The LoRA adapters loaded, by vLLM's adapter id: their ranks (the executor's, kept as it changes).
+        self.adapter_ranks: Mapping[int, int] = {} if adapter_ranks is None else adapter_ranks
 
     def execute(self, scheduler_output: vllm_compat.SchedulerOutput) -> StepResult:
         """Run one step and return vLLM's ``ModelRunnerOutput`` for it."""
@@ -172,11 +177,16 @@ class SimulatedNeuronDevice:
                 raise ShapeNotCompiledError(
                     f"request {new.req_id} has no prompt token ids (embeddings are not supported)"
                 )
+            adapter = 0 if new.lora_request is None else new.lora_request.lora_int_id
+            if adapter and adapter not in self.adapter_ranks:
+                raise ShapeNotCompiledError(f"request {new.req_id} names LoRA adapter {adapter}, which is not loaded")
             self.requests[new.req_id] = RequestState(
                 prompt_token_ids=prompt,
                 block_ids=list(new.block_ids[0]),
                 token_ids=list(prompt),
-                digest=zlib.crc32(repr(prompt).encode()),
+                # An adapter changes the reply: the same prompt gets another one from each adapter.
+                digest=zlib.crc32(repr((prompt, adapter) if adapter else prompt).encode()),
+                lora_adapter=adapter,
             )
         cached = scheduler_output.scheduled_cached_reqs
         resumed = vllm_compat.resumed_req_ids(cached)
@@ -217,7 +227,9 @@ class SimulatedNeuronDevice:
         # The padding is the last sequence's: its share of the bucket runs to the end.
         shares = [(num_tokens, computed) for _, computed, num_tokens in chunks]
         shares[-1] = (shares[-1][0] + padded_len - real, shares[-1][1])
-        seconds = self.cost.packed_prefill_seconds(shares)
+        seconds = self.cost.packed_prefill_seconds(shares) + self.cost.lora_seconds(
+            self._lora_tokens((req_id, num_tokens) for req_id, _, num_tokens in chunks)
+        )
         self.stats.prefill_steps_by_bucket[padded_len] += 1
         self.stats.padding_tokens_by_bucket[padded_len] += padded_len - real
         output = vllm_compat.runner_output([req_id for req_id, _, _ in chunks], sampled)
@@ -243,11 +255,21 @@ class SimulatedNeuronDevice:
             raise ShapeNotCompiledError(f"no compiled decode graph: {error}") from None
         assert len(inputs.input_ids) == bucket, "the padded batch must have the graph's shape"
         sampled = [[self._sample(state, position + 1)] for state, position in zip(states, positions, strict=True)]
-        seconds = self.cost.decode_seconds(bucket, context)
+        seconds = self.cost.decode_seconds(bucket, context) + self.cost.lora_seconds(
+            self._lora_tokens((req_id, 1) for req_id in req_ids)
+        )
         self.stats.decode_steps_by_bucket[bucket] += 1
         self.stats.decode_steps_by_context[context] += 1
         output = vllm_compat.runner_output(req_ids, sampled)
         return StepResult(output, "decode", bucket, len(req_ids), seconds)
+
+    def _lora_tokens(self, tokens: Iterable[tuple[str, int]]) -> list[tuple[int, int]]:
+        """Each LoRA adapter in a step: its rank and the tokens that run through it."""
+        by_adapter: Counter[int] = Counter()
+        for req_id, count in tokens:
+            if self.requests[req_id].lora_adapter:
+                by_adapter[self.requests[req_id].lora_adapter] += count
+        return [(self.adapter_ranks.get(adapter, 0), count) for adapter, count in by_adapter.items()]
 
     def _sample(self, state: RequestState, position: int) -> int:
         """The token at ``position``; the device records it, as it feeds it to the next decode."""

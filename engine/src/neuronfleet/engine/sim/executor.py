@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.lora.peft_helper import PEFTHelper
+from vllm.lora.request import LoRARequest
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
@@ -74,6 +76,8 @@ class SimNeuronWorker:
         self.device: SimulatedNeuronDevice | None = None
         self._pending: ModelRunnerOutput | None = None
         self.kv_cache_config: KVCacheConfig | None = None
+        #: Loaded LoRA adapters' ranks by vLLM's adapter id.
+        self.adapter_ranks: dict[int, int] = {}
 
     # Start-up ---------------------------------------------------------------------
 
@@ -151,6 +155,7 @@ class SimNeuronWorker:
             on_step=lambda step: metrics.record_device_step(step.kind, step.seconds, prefill_buckets[-1]),
             max_prefills_per_step=self.max_prefills_per_step,
             faults=self.faults,
+            adapter_ranks=self.adapter_ranks,
         )
         logger.info(
             "Simulated Neuron device: %s on %s, tensor parallel %d, %s clock; prefill buckets %s, decode buckets %s, "
@@ -202,6 +207,38 @@ class SimNeuronWorker:
         injected = InjectedFault.model_validate(fault)
         self.faults.inject(injected)
         logger.warning("Fault injected into the simulated device: %s", injected.model_dump_json())
+
+    # LoRA adapters -------------------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into the device's slots: its ``adapter_config.json`` read and checked as vLLM's LoRA
+        manager does (rank within ``max_lora_rank``, no bias); a full set of slots is vLLM's to avoid."""
+        lora_config = self.vllm_config.lora_config
+        assert lora_config is not None, "vLLM adds adapters only with --enable-lora"
+        if lora_request.lora_int_id not in self.adapter_ranks:
+            helper = PEFTHelper.from_local_dir(lora_request.lora_path, self.vllm_config.model_config.max_model_len)
+            helper.validate_legal(lora_config)
+            self.adapter_ranks[lora_request.lora_int_id] = vllm_compat.adapter_rank(helper)
+            logger.info(
+                "LoRA adapter %s (rank %d) loaded from %s",
+                lora_request.lora_name,
+                self.adapter_ranks[lora_request.lora_int_id],
+                lora_request.lora_path,
+            )
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Free an adapter's slot."""
+        removed = self.adapter_ranks.pop(lora_id, None) is not None
+        return removed
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Adapters stay loaded until removed: pinning changes nothing."""
+        return lora_id in self.adapter_ranks
+
+    def list_loras(self) -> set[int]:
+        """The adapters loaded."""
+        return set(self.adapter_ranks)
 
     def take_draft_token_ids(self) -> None:
         """No speculative decoding."""
