@@ -113,10 +113,12 @@ def test_the_picker_holds_epp_a_writable_tmp_and_the_ca_bundle(picker: Path, tmp
     assert "--pool-name" in helped.stdout + helped.stderr
 
 
-@pytest.mark.parametrize("prefix_cache_weight", [0, 2])
-def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Path, prefix_cache_weight: float) -> None:
+@pytest.mark.parametrize(("prefix_cache_weight", "lora_affinity"), [(0, False), (2, True)], ids=["load", "all"])
+def test_the_pickers_epp_loads_the_operators_scoring(
+    picker: Path, tmp_path: Path, prefix_cache_weight: float, lora_affinity: bool
+) -> None:
     """The picker's own config loader takes the operator's ``--config-text`` (GIE v1.5.0 refuses some scorers),
-    with the prefix-cache scorer and the producer it needs, or without it.
+    with the prefix-cache scorer and the producer it needs and the LoRA affinity scorer, or without them.
 
     Run with a kubeconfig naming a closed port: the config loads before any API call, then the picker stops.
     """
@@ -135,7 +137,12 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
         )
     )
     ran = subprocess.run(
-        [str(epp), *routing.picker_args("llama", "serving", api.Routing(prefix_cache_weight=prefix_cache_weight))],
+        [
+            str(epp),
+            *routing.picker_args(
+                "llama", "serving", api.Routing(prefix_cache_weight=prefix_cache_weight), lora_affinity=lora_affinity
+            ),
+        ],
         env={"KUBECONFIG": str(kubeconfig)},
         capture_output=True,
         text=True,
@@ -156,6 +163,8 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
         assert (producer["autoTune"], producer["blockSizeTokens"]) == (True, routing.DEFAULT_BLOCK_SIZE)
     else:
         assert "prefix-cache-scorer" not in effective
+    lora = f"{{PluginRef: lora-affinity-scorer, Weight: {routing.LORA_AFFINITY_WEIGHT:.2f}}}"
+    assert (lora in effective) == lora_affinity, effective
     # Pods are read with the engine mapping of ours, the default for pods without an engine-type label.
     engines = [entry.get("engine") for entry in logged if entry["msg"] == "Registered engine mapping"]
     assert engines[0] == routing.ENGINE

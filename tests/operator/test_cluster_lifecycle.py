@@ -259,15 +259,20 @@ def test_a_bucket_change_compiles_while_the_old_revision_serves_then_surges_and_
     wait_for(kept, lambda now: now == ([old], [old]), what="the replaced artifact released")
 
 
-def test_a_serving_only_change_rolls_the_pods_without_a_compile(
+def test_a_serving_only_change_rolls_the_pods_without_a_compile_and_a_lora_slot_change_compiles(
     services: Services, operator: OperatorProcess, api: Kube, namespace: str, wait_for: WaitFor
 ) -> None:
-    services.create("llama", spec(replicas=1))
+    services.create("llama", spec(replicas=1, lora={"maxLoras": 2}))
     artifact = artifact_hash(ready(services, "llama"))
     (old_config,) = api.list(CONFIGMAPS, namespace, f"{LABEL_SERVICE}=llama")
     old_pods = {p["metadata"]["name"] for p in serving_pods(api, namespace, "llama")}
 
-    services.patch_spec("llama", {"engine": {"scheduler": {"max_consecutive_prefill_steps": 4}}})
+    # A scheduler option and a LoRA adapter: both only served, neither compiled.
+    adapter = {"name": "fr", "source": "/var/lib/adapters/fr"}
+    services.patch_spec(
+        "llama",
+        {"engine": {"scheduler": {"max_consecutive_prefill_steps": 4}}, "lora": {"maxLoras": 2, "adapters": [adapter]}},
+    )
     done = wait_for(
         lambda: (services.get("llama"), serving_pods(api, namespace, "llama")),
         lambda seen: (
@@ -287,6 +292,15 @@ def test_a_serving_only_change_rolls_the_pods_without_a_compile(
         show=lambda configs: [c["metadata"]["name"] for c in configs],
     )
     assert "max_consecutive_prefill_steps: 4" in new_config["data"]["engine.yaml"]
+    (pod,) = done[1]
+    (engine,) = pod["spec"]["containers"]
+    assert "fr=/var/lib/adapters/fr" in engine["args"][engine["args"].index("--lora-adapter") + 1]
+    assert {"name": "lora-fr", "mountPath": "/var/lib/adapters/fr", "readOnly": True} in engine["volumeMounts"]
+
+    # More slots are other graphs: a new artifact compiles while the adapter's revision serves.
+    services.patch_spec("llama", {"lora": {"maxLoras": 4}})
+    services.wait("llama", lambda b: observed(b) and artifact_hash(b) != artifact, "a new artifact for 4 LoRA slots")
+    wait_for(lambda: compile_jobs(api, namespace), lambda jobs: len(jobs) == 2, what="the compile Job of the slots")
 
 
 def test_failed_compile_blocks_while_the_old_revision_keeps_serving(

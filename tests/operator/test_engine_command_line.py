@@ -105,3 +105,23 @@ def test_an_option_at_its_default_is_left_out() -> None:
     assert neuron.args()[:3] == ["compile", "--config", "/c.yaml"]
     assert "--device" not in neuron.args()
     assert parsed(neuron.args())["device"] == "neuron"
+
+
+def test_lora_slots_and_adapters_are_the_engine_options_the_identity_and_the_pods_read() -> None:
+    digest = "ab" * 32
+    adapters = [{"name": "fr", "source": "s3://adapters/fr"}, {"name": "de", "source": "/data/de", "sha256": digest}]
+    lora = api.Lora.model_validate({"maxLoras": 2, "maxLoraRank": 32, "adapters": adapters})
+    spec = service("sim", "trn2.48xlarge", STORES[0]).model_copy(update={"lora": lora})
+    served = plan.ServedArtifact("llama-x", "0123456789abcdef", spec.compile)
+    params = parsed(plan.serve_invocation(spec, served).args())
+    assert (params["max_loras"], params["max_lora_rank"]) == (2, 32)
+    assert params["lora_adapter"] == ["fr=s3://adapters/fr", f"de=/data/de@{digest}"]
+    artifact_spec = api.parse_artifact_spec(plan.artifact(OWNER, "llm", spec)["spec"])
+    compiled = parsed(plan.compile_invocation(artifact_spec).args())
+    assert (compiled["max_loras"], compiled["max_lora_rank"]) == (2, 32)
+    # The adapters are served, never compiled: the artifact is the same with none of them.
+    assert (
+        artifact_spec.hash()
+        == spec.model_copy(update={"lora": api.Lora(max_loras=2, max_lora_rank=32)}).identity().hash()
+    )
+    assert artifact_spec.hash() != spec.identity().model_copy(update={"lora": None}).hash()

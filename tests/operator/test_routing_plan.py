@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.engine.names import HTTP_PORT, LABEL_SERVICE, REQUESTS_IN_FLIGHT
+from neuronfleet.engine.names import HTTP_PORT, LABEL_SERVICE, PICKER_LORA_INFO, REQUESTS_IN_FLIGHT
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
 from neuronfleet.operator.plan import routing
@@ -133,6 +133,21 @@ def test_the_picker_scores_running_requests_beside_the_queue_and_kv_cache() -> N
     assert engine["queuedRequestsSpec"] == "vllm:num_requests_waiting"
     (source,) = config["dataLayer"]["sources"]
     assert source["extractors"] == [{"pluginRef": "core-metrics-extractor"}]
+    # No adapters, no LoRA series read (the engine exports none) and no LoRA affinity.
+    assert engine["loraSpec"] == ""
+    assert "lora-affinity-scorer" not in plugins
+
+
+def test_a_service_with_lora_adapters_is_routed_to_replicas_running_the_adapter_asked_for() -> None:
+    objects = plan.router_objects(OWNER, NS, api.Routing(), IMAGES, lora_affinity=True)
+    config = picker_config_of(by_kind_and_name(objects))
+    (profile,) = config["schedulingProfiles"]
+    weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+    assert weights["lora-affinity-scorer"] == routing.LORA_AFFINITY_WEIGHT
+    assert {"type": "lora-affinity-scorer"} in config["plugins"]
+    (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+    (engine,) = extractor["parameters"]["engineConfigs"]
+    assert engine["loraSpec"] == PICKER_LORA_INFO
 
 
 def test_router_pods_go_where_routing_places_them() -> None:

@@ -49,6 +49,7 @@ class NeuronCompiledArtifactSpec(CompileIdentity):
             image=self.image,
             device=self.device,
             logical_neuron_cores=self.logical_neuron_cores,
+            lora=self.lora,
         )
 
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         Autoscaling,
         Canary,
         DrainSettings,
+        Lora,
         NeuronInferenceServiceSpec,
         RolloutSettings,
     )
@@ -339,6 +340,54 @@ AUTOSCALING: tuple[Rule[Autoscaling], ...] = (
 )
 
 
+def _adapters_fit_slots(lora: Lora) -> tuple[object, ...] | None:
+    given, slots = len(lora.adapters), lora.max_loras
+    return (given, slots) if given > slots else None
+
+
+def _adapter_names_unique(lora: Lora) -> tuple[object, ...] | None:
+    names = [adapter.name for adapter in lora.adapters]
+    return () if len(set(names)) != len(names) else None
+
+
+LORA: tuple[Rule[Lora], ...] = (
+    Rule(
+        name="lora-adapters-beyond-slots",
+        field=".adapters",
+        cel="!has(self.adapters) || size(self.adapters) <= self.maxLoras",
+        message=(
+            "lora.adapters lists %d adapters, but lora.maxLoras is %d: every adapter is loaded into a slot of the "
+            "compiled graphs (more slots compile a new artifact)"
+        ),
+        args=("size(self.adapters)", "self.maxLoras"),
+        check=_adapters_fit_slots,
+        examples=(
+            {
+                "lora": {
+                    "maxLoras": 1,
+                    "adapters": [{"name": "fr", "source": "/adapters/fr"}, {"name": "de", "source": "/adapters/de"}],
+                }
+            },
+        ),
+    ),
+    Rule(
+        name="lora-adapter-names",
+        field=".adapters",
+        cel="!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+        message="lora.adapters: each adapter needs a name of its own (clients send it as the model)",
+        check=_adapter_names_unique,
+        examples=(
+            {
+                "lora": {
+                    "maxLoras": 2,
+                    "adapters": [{"name": "fr", "source": "/adapters/fr"}, {"name": "fr", "source": "/adapters/f2"}],
+                }
+            },
+        ),
+    ),
+)
+
+
 def _cores_per_device(spec: NeuronInferenceServiceSpec) -> int:
     return spec.instance.chip.logical_cores(spec.placement.logical_neuron_cores)
 
@@ -504,5 +553,13 @@ ARTIFACT_SPEC: tuple[Rule[NeuronCompiledArtifactSpec], ...] = (
 )
 
 #: Every rule a service's spec is held to (the parity test sends each one's examples).
-SERVICE_SPEC_RULES: tuple[Rule[Any], ...] = (*ENGINE, *ROLLOUT, *CANARY, *DRAIN, *AUTOSCALING, *SERVICE_SPEC)
+SERVICE_SPEC_RULES: tuple[Rule[Any], ...] = (
+    *ENGINE,
+    *ROLLOUT,
+    *CANARY,
+    *DRAIN,
+    *AUTOSCALING,
+    *LORA,
+    *SERVICE_SPEC,
+)
 ALL: tuple[Rule[Any], ...] = (*SERVICE_SPEC_RULES, *SERVICE_OBJECT, *ARTIFACT_SPEC)

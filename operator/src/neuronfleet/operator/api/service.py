@@ -17,6 +17,14 @@ from pydantic import Field
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
 from neuronfleet.engine.identity import CompileIdentity, LogicalNeuronCores, ModelSource
+from neuronfleet.engine.lora import (
+    ADAPTER_NAME_PATTERN,
+    ADAPTER_SOURCE_PATTERN,
+    SHA256_PATTERN,
+    LoraAdapter,
+    LoraRank,
+    LoraSlots,
+)
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import __version__
 from neuronfleet.operator.api import rules
@@ -339,6 +347,65 @@ class Routing(K8sModel):
     )
 
 
+class LoraAdapterSource(K8sModel):
+    """One LoRA adapter served beside the base model."""
+
+    name: str = Field(
+        pattern=ADAPTER_NAME_PATTERN,
+        max_length=63,
+        description="The model name clients send for this adapter (letters, digits, '.', '_', '-').",
+    )
+    source: str = Field(
+        pattern=ADAPTER_SOURCE_PATTERN,
+        max_length=1024,
+        description=(
+            "Where the adapter's files are (adapter_config.json and its weights): s3://bucket/prefix, read with the "
+            "compile store's credentials, or an absolute path on the node."
+        ),
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        max_length=64,
+        description=(
+            "The adapter's digest (`neuronfleet-engine adapter-digest FOLDER`): a replica whose copy differs does "
+            "not start. Unset: not checked."
+        ),
+    )
+
+    def adapter(self) -> LoraAdapter:
+        """The engine's view of it."""
+        return LoraAdapter(name=self.name, source=self.source, sha256=self.sha256)
+
+
+class Lora(K8sModel):
+    """LoRA adapters on compiled slots: the slot shape is compiled, the adapters are only loaded."""
+
+    admission_rules = rules.LORA
+
+    max_loras: int = Field(
+        ge=1,
+        le=64,
+        description="LoRA slots in the compiled graphs: adapters loaded at once. A change compiles a new artifact.",
+    )
+    max_lora_rank: LoraRank = Field(
+        16,
+        description="The largest adapter rank a slot holds (8 to 256). A change compiles a new artifact.",
+    )
+    adapters: list[LoraAdapterSource] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "The adapters every replica loads before it is Ready, at most maxLoras. Adding or removing one rolls "
+            "the replicas out on the same artifact: nothing is compiled."
+        ),
+    )
+
+    def slots(self) -> LoraSlots:
+        """The slot shape, as the compile identity takes it."""
+        return LoraSlots(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank)
+
+
 class NeuronInferenceServiceSpec(K8sModel):
     """The desired state of a served model: what to compile, where to run it, how to change it."""
 
@@ -396,6 +463,14 @@ class NeuronInferenceServiceSpec(K8sModel):
             "(the chart's autoscaling values)."
         ),
     )
+    lora: Lora | None = Field(
+        None,
+        description=(
+            "LoRA adapters served beside the model, each by its name as the request's model, in slots compiled into "
+            "the graphs (maxLoras of rank up to maxLoraRank). Behind spec.routing the picker prefers replicas "
+            "already running the adapter asked for."
+        ),
+    )
     routing: Routing | None = Field(
         None,
         description=(
@@ -451,6 +526,7 @@ class NeuronInferenceServiceSpec(K8sModel):
             self.image,
             self.device,
             self.placement.logical_neuron_cores,
+            None if self.lora is None else self.lora.slots(),
         )
 
 

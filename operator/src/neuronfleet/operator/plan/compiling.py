@@ -52,6 +52,7 @@ def artifact(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec)
         image=identity.image,
         device=identity.device,
         logical_neuron_cores=identity.logical_neuron_cores,
+        lora=identity.lora,
         compile=spec.compile,
     )
     return {
@@ -86,6 +87,8 @@ def compile_invocation(spec: api.NeuronCompiledArtifactSpec) -> CompileInvocatio
         artifact_hash=spec.hash(),
         device=spec.device,
         logical_neuron_cores=spec.logical_neuron_cores,
+        max_loras=None if spec.lora is None else spec.lora.max_loras,
+        max_lora_rank=None if spec.lora is None else spec.lora.max_lora_rank,
     )
 
 

@@ -27,6 +27,7 @@ from neuronfleet.engine.names import (
     LABEL_SERVICE,
     PICKER_CACHE_CONFIG,
     PICKER_KV_CACHE_USAGE,
+    PICKER_LORA_INFO,
     PICKER_WAITING,
     REQUESTS_IN_FLIGHT,
 )
@@ -287,15 +288,17 @@ PICKER_SCORERS = {"queue-scorer": 2.0, "running-requests-size-scorer": 1.0, "kv-
 METRICS_SOURCE, METRICS_EXTRACTOR, ENGINE = "metrics-data-source", "core-metrics-extractor", "neuronfleet"
 
 
-def engine_metrics() -> Obj:
-    """Which series the picker reads from our engine: vLLM's, but running requests from :data:`REQUESTS_IN_FLIGHT`."""
+def engine_metrics(lora_affinity: bool = False) -> Obj:
+    """Which series the picker reads from our engine: vLLM's, but running requests from :data:`REQUESTS_IN_FLIGHT`;
+    with ``lora_affinity``, the adapters each replica runs (vLLM's :data:`PICKER_LORA_INFO`)."""
     return {
         "name": ENGINE,
         "queuedRequestsSpec": PICKER_WAITING,
         # vLLM's running gauge changes as each step ends: a replica in a long prefill looks idle in it throughout.
         "runningRequestsSpec": REQUESTS_IN_FLIGHT,
         "kvUsageSpec": PICKER_KV_CACHE_USAGE,
-        "loraSpec": "",
+        # Without adapters the engine exports no LoRA series, which the picker would log as missing on every scrape.
+        "loraSpec": PICKER_LORA_INFO if lora_affinity else "",
         "cacheInfoSpec": PICKER_CACHE_CONFIG,
     }
 
@@ -305,6 +308,8 @@ DEFAULT_BLOCK_SIZE = EngineConfig().block_size
 #: The prefix-cache scorer (GIE's approximate one: it learns from what it routes, and its producer plugin comes
 #: with it), and the block size it hashes prompts in until it reads the engines' own (``autoTune``).
 PREFIX_SCORER = "prefix-cache-scorer"
+#: GIE's LoRA affinity scorer, and its weight beside load's (the waiting queue weighs 2).
+LORA_SCORER, LORA_AFFINITY_WEIGHT = "lora-affinity-scorer", 1.0
 
 
 def prefix_scorer(block_size: int) -> Obj:
@@ -313,7 +318,9 @@ def prefix_scorer(block_size: int) -> Obj:
     return {"type": PREFIX_SCORER, "parameters": {"autoTune": True, "blockSizeTokens": block_size}}
 
 
-def picker_config(prefix_cache_weight: float = 0.0, block_size: int = DEFAULT_BLOCK_SIZE) -> Obj:
+def picker_config(
+    prefix_cache_weight: float = 0.0, block_size: int = DEFAULT_BLOCK_SIZE, *, lora_affinity: bool = False
+) -> Obj:
     """The picker's scoring for Neuron replicas: the waiting queue, the running requests, the KV cache.
 
     GIE's default weighs the waiting queue and KV usage (and prefix-cache locality, which here is a service's
@@ -323,21 +330,29 @@ def picker_config(prefix_cache_weight: float = 0.0, block_size: int = DEFAULT_BL
     as each step ends and a long prefill is one long step. GIE's in-flight token scorer would do as well from
     the picker's side, but GIE v1.5.0's config loader refuses it (its producer's and scorer's declared
     types never compare equal). With a ``prefix_cache_weight``, locality is weighed beside load
-    (:func:`prefix_scorer`).
+    (:func:`prefix_scorer`). With ``lora_affinity`` (a service with adapters), GIE's LoRA affinity scorer
+    prefers replicas already running the adapter a request names, so its requests share decode batches.
     """
     scorers = [{"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()]
     prefix = [prefix_scorer(block_size)] if prefix_cache_weight else []
     if prefix_cache_weight:
         scorers.append({"pluginRef": PREFIX_SCORER, "weight": prefix_cache_weight})
+    lora = [{"type": LORA_SCORER}] if lora_affinity else []
+    if lora_affinity:
+        scorers.append({"pluginRef": LORA_SCORER, "weight": LORA_AFFINITY_WEIGHT})
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": [
             *({"type": name} for name in PICKER_SCORERS),
             *prefix,
+            *lora,
             {"type": "max-score-picker"},
             {"type": METRICS_SOURCE},
-            {"type": METRICS_EXTRACTOR, "parameters": {"defaultEngine": ENGINE, "engineConfigs": [engine_metrics()]}},
+            {
+                "type": METRICS_EXTRACTOR,
+                "parameters": {"defaultEngine": ENGINE, "engineConfigs": [engine_metrics(lora_affinity)]},
+            },
         ],
         "dataLayer": {"sources": [{"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": METRICS_EXTRACTOR}]}]},
         "schedulingProfiles": [
@@ -350,7 +365,12 @@ def picker_config(prefix_cache_weight: float = 0.0, block_size: int = DEFAULT_BL
 
 
 def picker_args(
-    service: str, namespace: str, routing: api.Routing | None = None, block_size: int = DEFAULT_BLOCK_SIZE
+    service: str,
+    namespace: str,
+    routing: api.Routing | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    *,
+    lora_affinity: bool = False,
 ) -> list[str]:
     """The picker's command line: its pool and scoring (``routing``'s, in ``block_size`` token blocks); no tracing
     exporter; metrics without token review."""
@@ -366,12 +386,18 @@ def picker_args(
         "--enable-pprof=false",
         "--zap-encoder=json",
         # Inline (JSON is YAML): a change of scoring rolls the router pods like any other change of theirs.
-        f"--config-text={json.dumps(picker_config(weight, block_size), sort_keys=True)}",
+        f"--config-text={json.dumps(picker_config(weight, block_size, lora_affinity=lora_affinity), sort_keys=True)}",
     ]
 
 
 def router_deployment(
-    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, block_size: int = DEFAULT_BLOCK_SIZE
+    owner: Owner,
+    namespace: str,
+    routing: api.Routing,
+    images: RouterImages,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    *,
+    lora_affinity: bool = False,
 ) -> Obj:
     """The router pods: the picker and its Envoy side by side, each finishing what it holds before it stops;
     ``block_size``: the engines' KV block, the prefix-cache scorer's unit."""
@@ -380,7 +406,7 @@ def router_deployment(
     picker: Obj = {
         "name": "epp",
         "image": images.picker,
-        "args": picker_args(owner.name, namespace, routing, block_size),
+        "args": picker_args(owner.name, namespace, routing, block_size, lora_affinity=lora_affinity),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "ports": [
             {"name": "grpc", "containerPort": PICKER_PORT},
@@ -490,13 +516,20 @@ def router_disruption_budget(owner: Owner, namespace: str) -> Obj:
 
 
 def router_objects(
-    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, block_size: int = DEFAULT_BLOCK_SIZE
+    owner: Owner,
+    namespace: str,
+    routing: api.Routing,
+    images: RouterImages,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    *,
+    lora_affinity: bool = False,
 ) -> list[Obj]:
-    """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
+    """Everything the standalone picker runs with, in apply order (access and config before the pods);
+    ``lora_affinity`` for a service with LoRA adapters (:func:`picker_config`)."""
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),
-        router_deployment(owner, namespace, routing, images, block_size),
+        router_deployment(owner, namespace, routing, images, block_size, lora_affinity=lora_affinity),
         router_disruption_budget(owner, namespace),
         *router_services(owner, namespace),
     ]

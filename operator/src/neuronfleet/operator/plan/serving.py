@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 
 from neuronfleet.engine import dra
 from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
@@ -95,7 +96,16 @@ def serve_invocation(spec: api.NeuronInferenceServiceSpec, served: ServedArtifac
         device=spec.device,
         instance_type=spec.instance_type,
         logical_neuron_cores=spec.identity().logical_neuron_cores,
+        **lora_options(spec.lora),
     )
+
+
+def lora_options(lora: api.Lora | None) -> dict[str, Any]:
+    """The serve command's LoRA options: the slots and every adapter; none without ``spec.lora``."""
+    if lora is None:
+        return {}
+    adapters = tuple(source.adapter().cli_value() for source in lora.adapters)
+    return {"max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank, "lora_adapter": adapters}
 
 
 #: How often the startup probe asks, by device: a Neuron replica loads for minutes, a simulated one
@@ -256,6 +266,7 @@ def deployment(
         }
     )
     access = store_access(who, read_only=True)
+    adapter_volumes, adapter_mounts = node_adapters(spec.lora)
     container: Obj = {
         "name": "engine",
         "image": spec.image,
@@ -276,7 +287,7 @@ def deployment(
         "securityContext": container_security(),
         # A device fault is the engine's own last line (neuronfleet.engine.faults); any other crash, its log's tail.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}, *adapter_mounts],
     }
     if spec.drain.pre_stop_seconds:
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": spec.drain.pre_stop_seconds}}}
@@ -305,12 +316,26 @@ def deployment(
                     "automountServiceAccountToken": False,
                     "securityContext": pod_security(),
                     "containers": [container],
-                    "volumes": [config_volume, *access.volumes, {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [config_volume, *access.volumes, {"name": "tmp", "emptyDir": {}}, *adapter_volumes],
                     **_claims(claim),
                 },
             },
         },
     }
+
+
+def node_adapters(lora: api.Lora | None) -> tuple[list[Obj], list[Obj]]:
+    """The node's folders of the LoRA adapters given by path, mounted read-only where the engine reads them."""
+    local = [adapter for adapter in lora.adapters if adapter.source.startswith("/")] if lora is not None else []
+    volumes = [
+        {"name": f"lora-{adapter.name.lower()}"[:63], "hostPath": {"path": adapter.source, "type": "Directory"}}
+        for adapter in local
+    ]
+    mounts = [
+        {"name": volume["name"], "mountPath": adapter.source, "readOnly": True}
+        for volume, adapter in zip(volumes, local, strict=True)
+    ]
+    return volumes, mounts
 
 
 def _claims(claim: Obj | None) -> Obj:

@@ -44,7 +44,11 @@ class Router:
                 self._delete_router(owner.name, namespace)
             return RoutingState(pool_served=True)
         ready = 0
-        for obj in plan.router_objects(owner, namespace, spec.routing, self.images, spec.engine.block_size):
+        adapters = spec.lora is not None and bool(spec.lora.adapters)
+        routed = plan.router_objects(
+            owner, namespace, spec.routing, self.images, spec.engine.block_size, lora_affinity=adapters
+        )
+        for obj in routed:
             applied = self.kube.apply(obj)
             if obj["kind"] == DEPLOYMENTS.kind:
                 ready = int((applied.get("status") or {}).get("readyReplicas") or 0)
