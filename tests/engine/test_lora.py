@@ -20,7 +20,8 @@ from neuronfleet.engine.sim.model_shapes import get_shape
 
 def write_adapter(directory: Path, rank: int = 8) -> Path:
     directory.mkdir(parents=True)
-    (directory / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": 16, "peft_type": "LORA"}))
+    config = {"r": rank, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA"}
+    (directory / "adapter_config.json").write_text(json.dumps(config))
     (directory / "adapter_model.safetensors").write_bytes(b"\x01" * 1000)
     return directory
 
@@ -67,6 +68,10 @@ def test_a_local_adapter_is_served_in_place_and_a_declared_digest_is_checked(tmp
         provision_adapter(LoraAdapter(name="fr", source=str(folder), sha256=digest), tmp_path / "cache")
     with pytest.raises(AdapterError, match=r"has no adapter_config\.json"):
         provision_adapter(LoraAdapter(name="x", source=str(tmp_path / "missing")), tmp_path / "cache")
+    # What vLLM would refuse at start-up, after the model loaded, is refused here in one line.
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
+    with pytest.raises(AdapterError, match=r"adapter_config\.json lacks target_modules, which vLLM needs"):
+        provision_adapter(LoraAdapter(name="fr", source=str(folder)), tmp_path / "cache")
 
 
 def test_an_s3_adapter_is_copied_whole_checked_and_replaces_the_last_copy(

@@ -10,6 +10,7 @@ and SHA-256) is computed, and refused when it is not the one the service declare
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 ADAPTER_CONFIG = "adapter_config.json"
 #: Where copies of ``s3://`` adapters are kept, under the artifact cache.
 ADAPTERS_DIR = "adapters"
+#: What vLLM's ``PEFTHelper`` requires of ``adapter_config.json`` (checked here, so a replica says so in one line).
+REQUIRED_CONFIG_FIELDS = ("r", "lora_alpha", "target_modules")
 
 
 class AdapterError(ArtifactError):
@@ -59,10 +62,24 @@ def provision_adapter(adapter: LoraAdapter, cache: Path) -> ProvisionedAdapter:
     directory = _download(adapter, cache / ADAPTERS_DIR, where) if is_s3(adapter.source) else Path(adapter.source)
     if not (directory / ADAPTER_CONFIG).is_file():
         raise AdapterError(f"{where} has no {ADAPTER_CONFIG}: not a LoRA adapter folder")
+    missing = _missing_config_fields(directory / ADAPTER_CONFIG)
+    if missing:
+        raise AdapterError(f"{where}: its {ADAPTER_CONFIG} lacks {', '.join(missing)}, which vLLM needs to load it")
     digest = adapter_digest(directory)
     if adapter.sha256 is not None and digest != adapter.sha256:
         raise AdapterError(f"{where} has digest {digest[:12]}…, but {adapter.sha256[:12]}… was declared")
     return ProvisionedAdapter(adapter, directory, digest)
+
+
+def _missing_config_fields(path: Path) -> list[str]:
+    """The fields vLLM requires of an adapter's configuration (PEFT's rank and target modules) it lacks."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ["valid JSON"]
+    if not isinstance(config, dict):
+        return ["a JSON object"]
+    return [name for name in REQUIRED_CONFIG_FIELDS if name not in config]
 
 
 def _download(adapter: LoraAdapter, root: Path, where: str) -> Path:
