@@ -79,15 +79,18 @@ def service_manifest(
     routing: Obj | None = None,
     engine: Obj | None = None,
     replicas: int = 2,
+    lora: Obj | None = None,
 ) -> Obj:
     """The service of ``model``, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
 
-    ``replicas``, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``; ``engine`` overrides
-    engine fields.
+    ``replicas``, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``, ``lora`` its
+    ``spec.lora``; ``engine`` overrides engine fields.
     """
     scale: Obj = {"replicas": replicas} if autoscaling is None else {"autoscaling": autoscaling}
     if routing is not None:
         scale["routing"] = routing
+    if lora is not None:
+        scale["lora"] = lora
     return {
         "apiVersion": API_VERSION,
         "kind": SERVICE_KIND.kind,
@@ -215,16 +218,18 @@ class Fleet:
         prompt: str | None = None,
         distinct_prompts: bool = False,
         keep_alive: bool = True,
+        model: str | None = None,
     ) -> NodeLoad:
         """Completions through a Service (the engines', or ``through`` another: the router's) from the node's
         network namespace, until stopped. Each answer records the replica that served it, where Envoy says.
         ``distinct_prompts`` marks each prompt, so the engines' prefix cache never serves one unprefilled;
-        without ``keep_alive`` each request opens its own connection, which kube-proxy sends to any replica."""
+        without ``keep_alive`` each request opens its own connection, which kube-proxy sends to any replica.
+        ``model``: another model name than the service's (a LoRA adapter's)."""
         cluster_ip = self.get("service", through)["spec"]["clusterIP"]
         workdir = self.workdir / f"load-{name}"
         workdir.mkdir()
         url = f"http://{cluster_ip}:{HTTP_PORT}/v1/completions"
-        model = served_name(self.manifest["spec"]["model"]["uri"])
+        model = model or served_name(self.manifest["spec"]["model"]["uri"])
         return NodeLoad(
             self.node.netns,
             url,
@@ -398,12 +403,14 @@ def started(
     router_images: RouterImages | None = None,
     engine_config: Obj | None = None,
     replicas: int = 2,
+    lora: Obj | None = None,
 ) -> Iterator[Fleet]:
     """The service of ``model`` Ready (``replicas``, or ``autoscaling``'s minimum), rolled out by the operator.
 
     A ``prometheus`` URL installs the operator with autoscaling on, its ScaledObjects querying it.
     ``router_images`` gives the service ``spec.routing`` (one router pod) and the operator those images, and
-    waits for the router too. ``engine_config`` overrides fields of the service's engine configuration.
+    waits for the router too. ``engine_config`` overrides fields of the service's engine configuration; ``lora``
+    is its ``spec.lora``.
     """
     engine, operator = node_image("engine"), node_image("operator")
     s3 = S3Server.start(workdir / "s3", host=NODE_IP, netns=real_node.netns)
@@ -455,6 +462,7 @@ def started(
             routing=None if router_images is None else {"replicas": 1, **pinned_here()},
             engine=engine_config,
             replicas=replicas,
+            lora=lora,
         )
         service = Fleet(real_cluster, real_node, namespace, operator_namespace, engine.name, s3, workdir, manifest)
         service.apply(manifest)

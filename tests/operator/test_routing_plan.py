@@ -138,7 +138,7 @@ def test_the_picker_scores_running_requests_beside_the_queue_and_kv_cache() -> N
     assert "lora-affinity-scorer" not in plugins
 
 
-def test_a_service_with_lora_adapters_is_routed_to_replicas_running_the_adapter_asked_for() -> None:
+def test_a_service_with_lora_slots_is_routed_to_replicas_running_the_adapter_asked_for() -> None:
     objects = plan.router_objects(OWNER, NS, api.Routing(), IMAGES, lora_affinity=True)
     config = picker_config_of(by_kind_and_name(objects))
     (profile,) = config["schedulingProfiles"]

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from harness.cluster_fixtures import NodeImage
@@ -41,12 +45,15 @@ from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
+from neuronfleet.engine.artifacts.adapters import adapter_digest
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.operator.plan import RouterImages, routing
 
 #: Long generations a second (about 8 s each): two replicas run them with room, one alone just keeps up.
 DRAIN_RATE = 0.5
 ROUTER = routing.router_name(NAME)
+#: The LoRA adapter the rollout adds, by the name clients ask for it.
+ADAPTER = "support-fr"
 #: From an endpoint's change to kube-proxy's rules: its minSyncPeriod (1 s), and the rewrite on a busy node.
 KUBE_PROXY_SYNC_S = 2.0
 
@@ -59,7 +66,8 @@ def routed(
     router_images: RouterImages,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Fleet]:
-    """The service Ready with two replicas and its router Ready, GIE's CRDs served for the module."""
+    """The service Ready with two replicas (and a LoRA slot) and its router Ready, GIE's CRDs served for the
+    module."""
     install_gie_crds(real_cluster)
     try:
         with started(
@@ -69,6 +77,8 @@ def routed(
             tmp_path_factory.mktemp("routed"),
             model=LLAMA_8B_MODEL,
             router_images=router_images,
+            # A LoRA slot from the start: an adapter added later rolls the replicas, not the picker's scoring.
+            lora={"maxLoras": 1},
         ) as service:
             yield service
     finally:
@@ -109,11 +119,34 @@ def value(line: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
-def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_loses_nothing(routed: Fleet) -> None:
+def lora_adapter(directory: Path) -> Obj:
+    """A LoRA adapter folder on the node, readable by the engine's user, as ``spec.lora.adapters`` names it."""
+    directory.mkdir()
+    directory.chmod(0o755)
+    config = directory / "adapter_config.json"
+    config.write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
+    config.chmod(0o644)
+    return {"name": ADAPTER, "source": str(directory), "sha256": adapter_digest(directory)}
+
+
+@pytest.fixture
+def node_folder() -> Iterator[Path]:
+    """A folder on the node that any user may read: pytest's own temporary folders are the test user's alone."""
+    folder = Path(tempfile.mkdtemp(prefix="neuronfleet-", dir="/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_adding_an_adapter_loses_nothing(
+    routed: Fleet, node_folder: Path
+) -> None:
     fleet = routed
     old = fleet.status()["currentRevision"]
     pods = endpoints(fleet.pods())
+    # New buckets (a new artifact) and an adapter in the LoRA slot, served from a folder on the node.
     changed = fleet.with_buckets([64, 256])
+    changed["spec"]["lora"] = {"maxLoras": 1, "adapters": [lora_adapter(node_folder / ADAPTER)]}
     new = identity_hash(changed)
     with fleet.load("routed-rollout", through=ROUTER) as load:
         # What the picker reads, from a serving pod while it serves.
@@ -131,10 +164,17 @@ def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_loses_n
             lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
         )
         new_pods = endpoints(fleet.pods())
-        time.sleep(AFTER_S)
+        # The adapter, asked for by name through the picker beside the base model's load.
+        with fleet.load("routed-adapter", through=ROUTER, model=ADAPTER) as adapter_load:
+            time.sleep(AFTER_S)
+            adapter = adapter_load.stop()
         result = load.stop()
     report("rollout through the picker", result, applied=applied_at, compiled=compiled_at, rolled_out=done_at)
+    report("the adapter added, through the picker", adapter)
     assert result.failed == {}, result.summary
+    assert adapter.failed == {}, adapter.summary
+    assert len(adapter.answers) >= RATE * AFTER_S * 0.8, adapter.summary
+    assert {a.header for a in adapter.answers} == {new}
     before = result.sent_between(result.answers[0].sent_at, applied_at)
     # Both replicas took requests through the picker before the change: it spreads, it does not pin.
     assert {replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in before} == set(pods)

@@ -66,8 +66,8 @@ PICKER_BLOCK_SIZE_LABEL = "block_size"
 PICKER_NUM_BLOCKS_LABEL = "num_gpu_blocks"
 #: Every series the engine exports for the picker.
 PICKER_METRICS = (PICKER_WAITING, PICKER_RUNNING, PICKER_KV_CACHE_USAGE, PICKER_CACHE_CONFIG)
-#: vLLM's running and waiting LoRA adapters, exported when the engine serves adapters: the picker's LoRA affinity
-#: reads it (the operator asks for it only for services with adapters).
+#: vLLM's running and waiting LoRA adapters, exported when the engine has LoRA slots: the picker's LoRA affinity
+#: reads it (the operator asks for it only for services with slots).
 PICKER_LORA_INFO = "vllm:lora_requests_info"
 #: The engine's own live count of the completions it holds (admitted and not yet answered), which the operator's
 #: picker reads as each pod's running requests: vLLM publishes its gauges only as each engine step ends, so a

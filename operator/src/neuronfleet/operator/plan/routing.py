@@ -330,7 +330,7 @@ def picker_config(
     as each step ends and a long prefill is one long step. GIE's in-flight token scorer would do as well from
     the picker's side, but GIE v1.5.0's config loader refuses it (its producer's and scorer's declared
     types never compare equal). With a ``prefix_cache_weight``, locality is weighed beside load
-    (:func:`prefix_scorer`). With ``lora_affinity`` (a service with adapters), GIE's LoRA affinity scorer
+    (:func:`prefix_scorer`). With ``lora_affinity`` (a service with LoRA slots), GIE's LoRA affinity scorer
     prefers replicas already running the adapter a request names, so its requests share decode batches.
     """
     scorers = [{"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()]
@@ -525,7 +525,7 @@ def router_objects(
     lora_affinity: bool = False,
 ) -> list[Obj]:
     """Everything the standalone picker runs with, in apply order (access and config before the pods);
-    ``lora_affinity`` for a service with LoRA adapters (:func:`picker_config`)."""
+    ``lora_affinity`` for a service with LoRA slots (:func:`picker_config`)."""
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),

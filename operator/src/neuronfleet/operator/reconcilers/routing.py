@@ -44,9 +44,9 @@ class Router:
                 self._delete_router(owner.name, namespace)
             return RoutingState(pool_served=True)
         ready = 0
-        adapters = spec.lora is not None and bool(spec.lora.adapters)
+        # With LoRA slots the engines export their adapters (none loaded yet, or some): the picker reads them.
         routed = plan.router_objects(
-            owner, namespace, spec.routing, self.images, spec.engine.block_size, lora_affinity=adapters
+            owner, namespace, spec.routing, self.images, spec.engine.block_size, lora_affinity=spec.lora is not None
         )
         for obj in routed:
             applied = self.kube.apply(obj)
