@@ -35,24 +35,31 @@ class LoraSlots(BaseModel):
 
 
 class LoraAdapter(BaseModel):
-    """One adapter: the name clients ask for, and where its files (``adapter_config.json`` and weights) are."""
+    """One LoRA adapter served beside the model: the name clients ask for, and where its files are."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(
-        pattern=ADAPTER_NAME_PATTERN, max_length=63, description="The model name clients send for this adapter."
+        pattern=ADAPTER_NAME_PATTERN,
+        max_length=63,
+        description="The model name clients send for this adapter (letters, digits, '.', '_', '-').",
     )
     source: str = Field(
         pattern=ADAPTER_SOURCE_PATTERN,
         max_length=1024,
-        description="s3://bucket/prefix (a folder of the adapter's files) or an absolute path on the node.",
+        description=(
+            "Where the adapter's files are (adapter_config.json and its weights): s3://bucket/prefix, read with the "
+            "AWS credentials the artifact store's are read with, or an absolute path (in a pod: on the node)."
+        ),
     )
     sha256: str | None = Field(
         None,
         pattern=SHA256_PATTERN,
         max_length=64,
-        description="The adapter's digest (neuronfleet-engine adapter-digest): a replica whose copy differs "
-        "refuses to start.",
+        description=(
+            "The adapter's digest (`neuronfleet-engine adapter-digest FOLDER`): a replica whose copy differs does "
+            "not start. Unset: not checked."
+        ),
     )
 
     def cli_value(self) -> str:

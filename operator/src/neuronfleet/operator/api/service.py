@@ -17,14 +17,7 @@ from pydantic import Field
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
 from neuronfleet.engine.identity import CompileIdentity, LogicalNeuronCores, ModelSource
-from neuronfleet.engine.lora import (
-    ADAPTER_NAME_PATTERN,
-    ADAPTER_SOURCE_PATTERN,
-    SHA256_PATTERN,
-    LoraAdapter,
-    LoraRank,
-    LoraSlots,
-)
+from neuronfleet.engine.lora import LoraAdapter, LoraRank, LoraSlots
 from neuronfleet.engine.sim_settings import Device
 from neuronfleet.operator import __version__
 from neuronfleet.operator.api import rules
@@ -347,37 +340,6 @@ class Routing(K8sModel):
     )
 
 
-class LoraAdapterSource(K8sModel):
-    """One LoRA adapter served beside the base model."""
-
-    name: str = Field(
-        pattern=ADAPTER_NAME_PATTERN,
-        max_length=63,
-        description="The model name clients send for this adapter (letters, digits, '.', '_', '-').",
-    )
-    source: str = Field(
-        pattern=ADAPTER_SOURCE_PATTERN,
-        max_length=1024,
-        description=(
-            "Where the adapter's files are (adapter_config.json and its weights): s3://bucket/prefix, read with the "
-            "compile store's credentials, or an absolute path on the node."
-        ),
-    )
-    sha256: str | None = Field(
-        None,
-        pattern=SHA256_PATTERN,
-        max_length=64,
-        description=(
-            "The adapter's digest (`neuronfleet-engine adapter-digest FOLDER`): a replica whose copy differs does "
-            "not start. Unset: not checked."
-        ),
-    )
-
-    def adapter(self) -> LoraAdapter:
-        """The engine's view of it."""
-        return LoraAdapter(name=self.name, source=self.source, sha256=self.sha256)
-
-
 class Lora(K8sModel):
     """LoRA adapters on compiled slots: the slot shape is compiled, the adapters are only loaded."""
 
@@ -392,7 +354,7 @@ class Lora(K8sModel):
         16,
         description="The largest adapter rank a slot holds (8 to 256). A change compiles a new artifact.",
     )
-    adapters: list[LoraAdapterSource] = Field(
+    adapters: list[LoraAdapter] = Field(
         default_factory=list,
         max_length=64,
         description=(

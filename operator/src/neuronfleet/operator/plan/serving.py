@@ -104,7 +104,7 @@ def lora_options(lora: api.Lora | None) -> dict[str, Any]:
     """The serve command's LoRA options: the slots and every adapter; none without ``spec.lora``."""
     if lora is None:
         return {}
-    adapters = tuple(source.adapter().cli_value() for source in lora.adapters)
+    adapters = tuple(adapter.cli_value() for adapter in lora.adapters)
     return {"max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank, "lora_adapter": adapters}
 
 
