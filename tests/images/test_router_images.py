@@ -175,6 +175,8 @@ def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tm
         passwd = read(files, members["etc/passwd"]).decode()
     assert members["usr/local/bin/envoy"].mode & 0o777 == 0o755
     assert "envoy:x:101:101:" in passwd
+    # The preStop hook's shell, which sends Envoy its drain (plan.routing.envoy_drain_command).
+    assert members["usr/bin/bash"].mode & 0o111
     assert not [name for name in members if re.match(r"usr/bin/python", name)]
     binary = extract(envoy, "usr/local/bin/envoy", tmp_path)
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)

@@ -82,10 +82,18 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
     assert picker["startupProbe"]["tcpSocket"]["port"] == routing.PICKER_PORT == picker["ports"][0]["containerPort"]
     # Stopping, a router pod leaves the endpoints at once and routes what it holds for a while: both containers
     # wait before their SIGTERM (the picker too, which Envoy asks about every request), the kubelet longer.
+    # Envoy first starts its own drain, so that each answer closes its kept-alive connection (the real-node
+    # routing rollout shows it), then waits as long.
     drain = routing.ROUTER_DRAIN_SECONDS
     assert pod["terminationGracePeriodSeconds"] > drain
+    assert picker["lifecycle"] == {"preStop": {"sleep": {"seconds": drain}}}
+    (shell, flag, script) = envoy["lifecycle"]["preStop"]["exec"]["command"]
+    assert (shell, flag) == ("/bin/bash", "-c")
+    assert f"/dev/tcp/127.0.0.1/{routing.ENVOY_ADMIN_PORT}" in script
+    assert "POST /drain_listeners?graceful HTTP/1.1" in script
+    assert script.endswith(f"; sleep {drain}")
+    assert envoy["args"][-4:] == ["--drain-strategy", "immediate", "--drain-time-s", str(drain - 5)]
     for container in (picker, envoy):
-        assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": drain}}}
         assert container["securityContext"]["runAsUser"] != 0
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # Router pods spread over nodes, and a drain takes one at a time: with two, routing never stops.

@@ -129,9 +129,10 @@ def lora_adapter(directory: Path) -> Obj:
     return {"name": ADAPTER, "source": str(directory), "sha256": adapter_digest(directory)}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def node_folder() -> Iterator[Path]:
-    """A folder on the node that any user may read: pytest's own temporary folders are the test user's alone."""
+    """A folder on the node that any user may read (pytest's own temporary folders are the test user's alone),
+    for the module: a replica that starts after the test that added the adapter mounts it too."""
     folder = Path(tempfile.mkdtemp(prefix="neuronfleet-", dir="/tmp"))
     folder.chmod(0o755)
     yield folder
@@ -144,9 +145,13 @@ def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_adding_
     fleet = routed
     old = fleet.status()["currentRevision"]
     pods = endpoints(fleet.pods())
-    # New buckets (a new artifact) and an adapter in the LoRA slot, served from a folder on the node.
+    old_routers = {p["metadata"]["name"] for p in router_pods(fleet)}
+    # New buckets (a new artifact) and an adapter in the LoRA slot, served from a folder on the node; and a new
+    # router pod template (a toleration), so the router pod is replaced too under the load's kept-alive connections.
     changed = fleet.with_buckets([64, 256])
     changed["spec"]["lora"] = {"maxLoras": 1, "adapters": [lora_adapter(node_folder / ADAPTER)]}
+    placed = changed["spec"]["routing"]
+    placed["tolerations"] = [*placed.get("tolerations", []), {"key": "neuronfleet.io/test", "operator": "Exists"}]
     new = identity_hash(changed)
     with fleet.load("routed-rollout", through=ROUTER) as load:
         # What the picker reads, from a serving pod while it serves.
@@ -164,6 +169,17 @@ def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_adding_
             lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
         )
         new_pods = endpoints(fleet.pods())
+        # The old router pod drains (its Envoy closes each kept-alive connection as it answers) and goes.
+        fleet.wait(
+            lambda: (routers := {p["metadata"]["name"] for p in router_pods(fleet)}) and not routers & old_routers,
+            "the old router pod replaced",
+            timeout=120,
+        )
+        fleet.wait(
+            lambda: not [p for p in fleet.get("pods", "")["items"] if p["metadata"]["name"] in old_routers],
+            "the old router pod gone",
+            timeout=120,
+        )
         # The adapter, asked for by name through the picker beside the base model's load.
         with fleet.load("routed-adapter", through=ROUTER, model=ADAPTER) as adapter_load:
             time.sleep(AFTER_S)
@@ -175,6 +191,10 @@ def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_adding_
     assert adapter.failed == {}, adapter.summary
     assert len(adapter.answers) >= RATE * AFTER_S * 0.8, adapter.summary
     assert {a.header for a in adapter.answers} == {new}
+    # Both router pods routed the load: the old one until it went, the new one after.
+    routers = Counter(a.recorded.get(routing.ROUTER_HEADER) for a in result.answers)
+    assert set(routers) & old_routers, routers
+    assert set(routers) - old_routers, routers
     before = result.sent_between(result.answers[0].sent_at, applied_at)
     # Both replicas took requests through the picker before the change: it spreads, it does not pin.
     assert {replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in before} == set(pods)

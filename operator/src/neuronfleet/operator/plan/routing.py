@@ -390,6 +390,26 @@ def picker_args(
     ]
 
 
+def envoy_drain_command() -> list[str]:
+    """Envoy's preStop: start its graceful drain, then wait out the router's drain time.
+
+    Envoy exits on SIGTERM at once, resetting the kept-alive connections it holds: a client that reuses one
+    (most do) gets a transport error, though kube-proxy sends it nowhere new. Draining first makes each
+    response close its connection (``--drain-strategy immediate``), so clients reconnect to a router that
+    stays. The admin API takes only a POST, from the pod itself; the image has bash and no HTTP client, so
+    bash's ``/dev/tcp`` sends it.
+    """
+    request = (
+        "POST /drain_listeners?graceful HTTP/1.1\\r\\nHost: localhost\\r\\nContent-Length: 0\\r\\n"
+        "Connection: close\\r\\n\\r\\n"
+    )
+    script = (
+        f"exec 3<>/dev/tcp/127.0.0.1/{ENVOY_ADMIN_PORT} && printf '{request}' >&3 && read -r -t 5 status <&3; "
+        f"sleep {ROUTER_DRAIN_SECONDS}"
+    )
+    return ["/bin/bash", "-c", script]
+
+
 def router_deployment(
     owner: Owner,
     namespace: str,
@@ -426,10 +446,14 @@ def router_deployment(
     envoy: Obj = {
         "name": "envoy",
         "image": images.envoy,
-        "args": ["-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}", "--log-level", "warn", "--concurrency", "2"],
+        "args": [
+            *("-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}", "--log-level", "warn", "--concurrency", "2"),
+            # Once draining, every response closes its connection, and the listener closes before the grace ends.
+            *("--drain-strategy", "immediate", "--drain-time-s", str(ROUTER_DRAIN_SECONDS - 5)),
+        ],
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": ENVOY_PORT}],
         "readinessProbe": {"tcpSocket": {"port": ENVOY_PORT}, "periodSeconds": 2},
-        "lifecycle": drain,
+        "lifecycle": {"preStop": {"exec": {"command": envoy_drain_command()}}},
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
         "securityContext": {**container_security(), "runAsUser": ENVOY_USER, "runAsGroup": ENVOY_USER},
         "volumeMounts": [{"name": "envoy", "mountPath": ENVOY_CONFIG_DIR, "readOnly": True}],
