@@ -410,6 +410,25 @@ def envoy_drain_command() -> list[str]:
     return ["/bin/bash", "-c", script]
 
 
+def envoy_container(images: RouterImages) -> Obj:
+    """The router pod's Envoy: the bootstrap from its ConfigMap, a drain before it stops."""
+    return {
+        "name": "envoy",
+        "image": images.envoy,
+        "args": [
+            *("-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}", "--log-level", "warn", "--concurrency", "2"),
+            # Once draining, every response closes its connection, and the listener closes before the grace ends.
+            *("--drain-strategy", "immediate", "--drain-time-s", str(ROUTER_DRAIN_SECONDS - 5)),
+        ],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": ENVOY_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": ENVOY_PORT}, "periodSeconds": 2},
+        "lifecycle": {"preStop": {"exec": {"command": envoy_drain_command()}}},
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+        "securityContext": {**container_security(), "runAsUser": ENVOY_USER, "runAsGroup": ENVOY_USER},
+        "volumeMounts": [{"name": "envoy", "mountPath": ENVOY_CONFIG_DIR, "readOnly": True}],
+    }
+
+
 def router_deployment(
     owner: Owner,
     namespace: str,
@@ -422,7 +441,6 @@ def router_deployment(
     """The router pods: the picker and its Envoy side by side, each finishing what it holds before it stops;
     ``block_size``: the engines' KV block, the prefix-cache scorer's unit."""
     grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
-    drain = {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}}
     picker: Obj = {
         "name": "epp",
         "image": images.picker,
@@ -439,25 +457,11 @@ def router_deployment(
         "startupProbe": {"tcpSocket": {"port": PICKER_PORT}, "periodSeconds": 1, "failureThreshold": 120},
         "readinessProbe": {**grpc_probe, "periodSeconds": 2},
         "livenessProbe": {**grpc_probe, "initialDelaySeconds": 5, "periodSeconds": 10},
-        "lifecycle": drain,
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         "securityContext": {**container_security(), "runAsUser": PICKER_USER, "runAsGroup": PICKER_USER},
     }
-    envoy: Obj = {
-        "name": "envoy",
-        "image": images.envoy,
-        "args": [
-            *("-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}", "--log-level", "warn", "--concurrency", "2"),
-            # Once draining, every response closes its connection, and the listener closes before the grace ends.
-            *("--drain-strategy", "immediate", "--drain-time-s", str(ROUTER_DRAIN_SECONDS - 5)),
-        ],
-        "ports": [{"name": HTTP_PORT_NAME, "containerPort": ENVOY_PORT}],
-        "readinessProbe": {"tcpSocket": {"port": ENVOY_PORT}, "periodSeconds": 2},
-        "lifecycle": {"preStop": {"exec": {"command": envoy_drain_command()}}},
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-        "securityContext": {**container_security(), "runAsUser": ENVOY_USER, "runAsGroup": ENVOY_USER},
-        "volumeMounts": [{"name": "envoy", "mountPath": ENVOY_CONFIG_DIR, "readOnly": True}],
-    }
+    envoy = envoy_container(images)
     pods = router_pods(owner.name)
     return {
         "apiVersion": "apps/v1",
