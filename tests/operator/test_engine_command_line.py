@@ -17,7 +17,7 @@ import typer
 from neuronfleet.engine.cli.main import app
 from neuronfleet.engine.hardware import INSTANCE_TYPES
 from neuronfleet.engine.invocation import CompileInvocation, ServeInvocation
-from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.engine.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.operator import api, plan
 
 ENGINE = typer.main.get_command(app)
@@ -125,3 +125,15 @@ def test_lora_slots_and_adapters_are_the_engine_options_the_identity_and_the_pod
         == spec.model_copy(update={"lora": api.Lora(max_loras=2, max_lora_rank=32)}).identity().hash()
     )
     assert artifact_spec.hash() != spec.identity().model_copy(update={"lora": None}).hash()
+
+
+def test_kv_events_are_published_on_the_engines_ports_when_routing_asks() -> None:
+    spec = service("sim", "trn2.48xlarge", STORES[0])
+    served = plan.ServedArtifact("llama-x", "0123456789abcdef", spec.compile)
+    assert parsed(plan.serve_invocation(spec, served).args())["kv_events_port"] is None
+    routed = spec.model_copy(update={"routing": api.Routing(kv_events=True)})
+    assert parsed(plan.serve_invocation(routed, served).args())["kv_events_port"] == KV_EVENTS_PORT
+    (engine,) = plan.deployment(OWNER, "llm", routed, served)["spec"]["template"]["spec"]["containers"]
+    ports = {port["name"]: port["containerPort"] for port in engine["ports"]}
+    # The engine replays on the next port when it is not named: the pod opens both.
+    assert ports == {"http": HTTP_PORT, "kv-events": KV_EVENTS_PORT, "kv-replay": KV_EVENTS_PORT + 1}

@@ -73,3 +73,4 @@ class ServeInvocation(_Invocation):
     max_lora_rank: int | None = None
     #: ``NAME=SOURCE[@SHA256]`` of each LoRA adapter served.
     lora_adapter: tuple[str, ...] = ()
+    kv_events_port: int | None = None

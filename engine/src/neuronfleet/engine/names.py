@@ -47,6 +47,8 @@ HTTP_PORT_NAME = "http"
 #: Where the engine publishes its KV cache events when asked (``serve --kv-events-port``: vLLM's ZMQ
 #: publisher and default port) and replays those it still holds (the next port); apart from the HTTP port.
 KV_EVENTS_PORT = 5557
+#: Its replay port (the engine's default: the next one).
+KV_EVENTS_REPLAY_PORT = KV_EVENTS_PORT + 1
 
 #: The response header naming the replica (its pod) that answered, on every answer the engine sends; the
 #: operator gives each serving pod its own name in this environment variable (the host name otherwise).

@@ -338,6 +338,14 @@ class Routing(K8sModel):
             "default): load alone."
         ),
     )
+    kv_events: bool = Field(
+        False,
+        description=(
+            "Serving pods publish their KV cache events (vLLM's: every block cached or evicted, msgpack over ZMQ "
+            "PUB) on port 5557, the recent ones replayed on 5558, for a precise prefix-cache scorer that reads "
+            "what each engine holds (llm-d's). Changing it rolls the replicas; nothing is compiled."
+        ),
+    )
 
 
 class Lora(K8sModel):

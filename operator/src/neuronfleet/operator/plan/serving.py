@@ -13,6 +13,8 @@ from neuronfleet.engine.invocation import ServeInvocation
 from neuronfleet.engine.names import (
     HTTP_PORT,
     HTTP_PORT_NAME,
+    KV_EVENTS_PORT,
+    KV_EVENTS_REPLAY_PORT,
     LABEL_ARTIFACT,
     LABEL_QUARANTINED,
     LABEL_TRACK,
@@ -97,7 +99,13 @@ def serve_invocation(spec: api.NeuronInferenceServiceSpec, served: ServedArtifac
         instance_type=spec.instance_type,
         logical_neuron_cores=spec.identity().logical_neuron_cores,
         **lora_options(spec.lora),
+        kv_events_port=KV_EVENTS_PORT if publishes_kv_events(spec) else None,
     )
+
+
+def publishes_kv_events(spec: api.NeuronInferenceServiceSpec) -> bool:
+    """Whether the serving pods publish their KV cache events (``spec.routing.kvEvents``)."""
+    return spec.routing is not None and spec.routing.kv_events
 
 
 def lora_options(lora: api.Lora | None) -> dict[str, Any]:
@@ -281,7 +289,7 @@ def deployment(
             *access.env,
         ],
         **env_from(access),
-        "ports": [{"name": HTTP_PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}, *_kv_event_ports(spec)],
         "resources": _resources(spec, claim),
         **_probes(spec),
         "securityContext": container_security(),
@@ -322,6 +330,15 @@ def deployment(
             },
         },
     }
+
+
+def _kv_event_ports(spec: api.NeuronInferenceServiceSpec) -> list[Obj]:
+    if not publishes_kv_events(spec):
+        return []
+    return [
+        {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+        {"name": "kv-replay", "containerPort": KV_EVENTS_REPLAY_PORT, "protocol": "TCP"},
+    ]
 
 
 def node_adapters(lora: api.Lora | None) -> tuple[list[Obj], list[Obj]]:
