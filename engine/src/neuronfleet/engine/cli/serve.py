@@ -138,7 +138,7 @@ MaxLoraRankOption = Annotated[
     int | None,
     typer.Option(
         "--max-lora-rank",
-        help="The largest adapter rank a LoRA slot holds: 8, 16, 32, 64, 128 or 256. Default: 16 with --max-loras.",
+        help="The largest adapter rank a LoRA slot holds: 8, 16, 32, 64, 128 or 256. Default with --max-loras: 16.",
         show_default=False,
     ),
 ]
@@ -162,7 +162,8 @@ def lora_slots(max_loras: int | None, max_lora_rank: int | None) -> LoraSlots | 
             fail("--max-lora-rank needs --max-loras")
         return None
     try:
-        return LoraSlots.model_validate({"max_loras": max_loras, "max_lora_rank": max_lora_rank or 16})
+        rank = {} if max_lora_rank is None else {"max_lora_rank": max_lora_rank}
+        return LoraSlots.model_validate({"max_loras": max_loras, **rank})
     except ValidationError as error:
         fail_validation(error)
 
