@@ -14,7 +14,7 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,10 +249,14 @@ class Fleet:
         found = [c for c in self.status().get("conditions", []) if c["type"] == "Routing"]
         return bool(found) and found[0]["reason"] == "PickerReady"
 
-    def next_request_started(self, pod: Obj, timeout: float = 60) -> None:
-        """Return as soon as the pod's engine starts a request (its prompt-token counter rises)."""
-        started = self.node.in_netns(["python3", "-I", "-c", watching(pod, timeout)], timeout=timeout + 30)
-        assert started.returncode == 0, f"no request started on {pod['metadata']['name']}: {started.stderr}"
+    def next_request_started(self, *pods: Obj, timeout: float = 60) -> Obj:
+        """Return the first of the pods whose engine starts a request (its prompt-token counter rises), as soon
+        as one does."""
+        names = [pod["metadata"]["name"] for pod in pods]
+        script = watching(pods, timeout) + "print(started)\n"
+        started = self.node.in_netns(["python3", "-I", "-c", script], timeout=timeout + 30)
+        assert started.returncode == 0, f"no request started on {names}: {started.stderr}"
+        return pods[int(started.stdout.split()[-1])]
 
     def in_service(self, pod_name: str, service: str = NAME) -> bool:
         """Whether the Service (the engines', or another) sends to the pod: a ready endpoint of its
@@ -309,7 +313,7 @@ class Fleet:
 
     def _as_a_request_starts(self, pod: Obj, action: str, timeout: float) -> tuple[float, float]:
         """Run ``action`` (Python) on the node once a request starts on the pod: when, and what its engine held."""
-        script = watching(pod, timeout) + action + f"print(time.time(), total(text, {GAUGES!r}))\n"
+        script = watching([pod], timeout) + action + f"print(time.time(), total(text, {GAUGES!r}))\n"
         done = self.node.in_netns(["python3", "-I", "-c", script], timeout=timeout + 30)
         assert done.returncode == 0, done.stderr
         acted_at, held = done.stdout.split()
@@ -340,23 +344,28 @@ class Fleet:
         return operator_release.leader(self.cluster, self.operator_namespace)
 
 
-def watching(pod: Obj, timeout: float) -> str:
-    """A script, run on the node, that polls the pod's engine metrics until a request starts on it.
+def watching(pods: Sequence[Obj], timeout: float) -> str:
+    """A script, run on the node, that polls the pods' engine metrics until a request starts on one of them.
 
-    It ends with ``text``, the metrics in which the engine's prompt-token counter rose, and ``total``.
+    It ends with ``started``, that pod's index, ``text``, the metrics in which its prompt-token counter rose,
+    and ``total``.
     """
-    url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
+    urls = [f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics" for pod in pods]
     return (
         "import time, urllib.request\n"
         "def total(text, prefixes):\n"
         "    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefixes))\n"
-        f"scrape = lambda: urllib.request.urlopen({url!r}, timeout=5).read().decode()\n"
-        f"text, deadline = scrape(), time.monotonic() + {timeout}\n"
-        f"first = total(text, {PROMPT_TOKENS_PREFIX!r})\n"
-        f"while total(text, {PROMPT_TOKENS_PREFIX!r}) <= first:\n"
+        "scrape = lambda url: urllib.request.urlopen(url, timeout=5).read().decode()\n"
+        f"urls, deadline, started = {urls!r}, time.monotonic() + {timeout}, None\n"
+        f"first = [total(scrape(url), {PROMPT_TOKENS_PREFIX!r}) for url in urls]\n"
+        "while started is None:\n"
         "    assert time.monotonic() < deadline, 'no request started'\n"
         "    time.sleep(0.05)\n"
-        "    text = scrape()\n"
+        "    for index, url in enumerate(urls):\n"
+        "        text = scrape(url)\n"
+        f"        if total(text, {PROMPT_TOKENS_PREFIX!r}) > first[index]:\n"
+        "            started = index\n"
+        "            break\n"
     )
 
 

@@ -340,13 +340,16 @@ def test_the_leader_killed_mid_compile_and_mid_rollout_hands_over_without_a_dupl
 
 def test_a_deleted_pod_finishes_the_requests_running_on_it_and_none_fails(fleet: Fleet) -> None:
     serving = fleet.status()["currentRevision"]
-    victim = fleet.pods()[0]
-    name = victim["metadata"]["name"]
-    grace = victim["spec"]["terminationGracePeriodSeconds"]
-    pre_stop = victim["spec"]["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    pods = fleet.pods()
+    # The previous test's new pods can be Ready before the Service sends to them.
+    fleet.wait(lambda: all(fleet.in_service(p["metadata"]["name"]) for p in pods), "both pods in the Service")
     # Generations of about 8 s: one that starts as the pod is deleted still runs when SIGTERM comes, preStop later.
     with fleet.load("drain", rate=DRAIN_RATE, max_tokens=DRAIN_TOKENS) as load:
-        fleet.next_request_started(victim)
+        # Kept-alive connections may all go to one replica: the victim is the one the next request starts on.
+        victim = fleet.next_request_started(*pods)
+        name = victim["metadata"]["name"]
+        grace = victim["spec"]["terminationGracePeriodSeconds"]
+        pre_stop = victim["spec"]["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
         deleted_at = time.time()
         fleet.kubectl("delete", "pod", name, "--wait=false")
         fleet.wait(lambda: name not in {p["metadata"]["name"] for p in fleet.pods()}, f"pod {name} gone", grace + 30)
