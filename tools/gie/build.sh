@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the Gateway API Inference Extension's Endpoint Picker (cmd/epp) into a cache outside the checkout,
-# and copies GIE's CRDs (config/crd/bases: the InferencePool, and the objectives and rewrites the picker also
+# Builds the Gateway API Inference Extension's Endpoint Picker into a cache outside the checkout: GIE's
+# cmd/epp runner with our scorer registered (epp/, built as cmd/neuronfleet-epp inside GIE's tree after its
+# tests pass), and copies GIE's CRDs (config/crd/bases: the InferencePool, and the objectives and rewrites the picker also
 # watches) into `crds/` beside the bin dir, for the rig; none of it is checked in. The build runs inside a copy of the module's own tree with
 # GOWORK=off: its zip carries a go.work naming folders the zip lacks.
 # The cache directory, its key and --print-bin-dir are ../go-build.sh's.
@@ -12,7 +13,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 label="endpoint picker"
 cache_root="${NEURONFLEET_CACHE:-${HOME}/.cache/neuronfleet}/gie"
-first_time="~5 min cold (longer on busy shared cores), ~1 GB of Go module and build cache; the binary is ~85 MB"
+first_time="~7 min cold (longer on busy shared cores), ~1 GB of Go module and build cache; the binary is ~85 MB"
 module="sigs.k8s.io/gateway-api-inference-extension"
 # What go-build.sh's main() checks for a complete bin dir.
 binaries=("epp|./cmd/epp")
@@ -35,8 +36,10 @@ build_epp() {
   chmod -R u+w "${staging}/src"
   (cd "${staging}/src" && GOWORK=off go mod download)
   echo "    modules ready in $((SECONDS - start_all)) s"
+  cp -r "${here}/epp" "${staging}/src/cmd/neuronfleet-epp"
+  (cd "${staging}/src" && GOWORK=off go vet ./cmd/neuronfleet-epp && GOWORK=off go test ./cmd/neuronfleet-epp)
   (cd "${staging}/src" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
-    -o "${staging}/bin/epp" ./cmd/epp)
+    -o "${staging}/bin/epp" ./cmd/neuronfleet-epp)
   rm -rf "${staging}/src"
   mkdir -p "$(dirname "${bin_dir}")"
   # Readers see either no directory or a complete one; a concurrent build that finished first wins.
@@ -65,6 +68,11 @@ run() {
 
 # shellcheck source=tools/go-build.sh
 source "${here}/../go-build.sh"
+# The picker's main and scorer are this directory's own code: their source is part of the key too.
+cache_key() {
+  { cat "${here}/go.mod" "${here}/go.sum" "${here}/build.sh" "${here}"/epp/*.go "${go_build_script}"; go env GOVERSION; } |
+    sha256sum | cut -c1-16
+}
 # go-build.sh's main() builds with build_all: here that is the picker's own build.
 build_all() { build_epp "$@"; }
 # Everything runs from functions, parsed in full before this line runs: editing the scripts while a
