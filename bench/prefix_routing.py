@@ -129,7 +129,9 @@ def main() -> None:
     windows: dict[str, list[list[Obj]]] = {side: [] for side in SIDES}
     with routed_fleet("bench-prefix", ENGINE, REPLICAS) as fleet:
         block_size = int(fleet.manifest["spec"]["engine"].get("block_size", routing.DEFAULT_BLOCK_SIZE))
-        start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(args.prefix_weight, block_size))
+        # As the operator's own picker here, the prefix-aware copy counts its tokens in flight too.
+        scoring = routing.PickerScoring(args.prefix_weight, block_size, inflight_tokens=True)
+        start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(scoring))
         print(f"[{time.monotonic() - began:5.0f} s] {REPLICAS} replicas Ready behind both pickers", flush=True)
         sides = list(SIDES)
         for index in range(args.rounds):

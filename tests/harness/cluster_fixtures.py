@@ -122,7 +122,7 @@ def router_images(real_node: RealNode) -> RouterImages:
         image = OciImage.read(build_archive())
         layers = real_node.import_image(image)
         print(f"==> {image.name} is in {REAL_NODE}'s containerd ({layers} layers sent)", flush=True)
-    return RouterImages(picker=node_images.PICKER_IMAGE, envoy=node_images.ENVOY_IMAGE)
+    return RouterImages(node_images.PICKER_IMAGE, node_images.ENVOY_IMAGE, picker_inflight_tokens=True)
 
 
 @pytest.fixture(scope="session")

@@ -219,12 +219,14 @@ class Fleet:
         distinct_prompts: bool = False,
         keep_alive: bool = True,
         model: str | None = None,
+        poisson_seed: int | None = None,
     ) -> NodeLoad:
         """Completions through a Service (the engines', or ``through`` another: the router's) from the node's
         network namespace, until stopped. Each answer records the replica that served it, where Envoy says.
         ``distinct_prompts`` marks each prompt, so the engines' prefix cache never serves one unprefilled;
         without ``keep_alive`` each request opens its own connection, which kube-proxy sends to any replica.
-        ``model``: another model name than the service's (a LoRA adapter's)."""
+        ``model``: another model name than the service's (a LoRA adapter's). ``poisson_seed``: Poisson arrivals
+        from that seed, not one every 1/rate s."""
         cluster_ip = self.get("service", through)["spec"]["clusterIP"]
         workdir = self.workdir / f"load-{name}"
         workdir.mkdir()
@@ -242,6 +244,7 @@ class Fleet:
             prompt=prompt,
             distinct_prompts=distinct_prompts,
             keep_alive=keep_alive,
+            poisson_seed=poisson_seed,
         )
 
     def routed(self) -> bool:
@@ -450,6 +453,8 @@ def started(
                 f"routing.pickerImage={router_images.picker}",
                 "--set",
                 f"routing.envoyImage={router_images.envoy}",
+                "--set",
+                f"routing.pickerInFlightTokens={str(router_images.picker_inflight_tokens).lower()}",
             ],
         )
         assert installed.returncode == 0, installed.stderr

@@ -96,6 +96,7 @@ class NodeLoad:
         prompt: str | None = None,
         distinct_prompts: bool = False,
         keep_alive: bool = True,
+        poisson_seed: int | None = None,
     ) -> None:
         self.outcomes = workdir / "outcomes.jsonl"
         self.argv = [
@@ -118,6 +119,7 @@ class NodeLoad:
             *([f"--prompt={prompt}"] if prompt is not None else []),
             *(["--distinct-prompts"] if distinct_prompts else []),
             *([] if keep_alive else ["--no-keep-alive"]),
+            *([] if poisson_seed is None else ["--poisson", f"--seed={poisson_seed}"]),
             f"--outcomes={self.outcomes}",
             "--json",
         ]

@@ -19,7 +19,6 @@ import pytest
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.images.inputs import checkout
 from neuronfleet.devcluster.realnode.store import OciImage
-from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing
 
 
@@ -113,15 +112,16 @@ def test_the_picker_holds_epp_a_writable_tmp_and_the_ca_bundle(picker: Path, tmp
     assert "--pool-name" in helped.stdout + helped.stderr
 
 
-@pytest.mark.parametrize(("prefix_cache_weight", "lora_affinity"), [(0, False), (2, True)], ids=["load", "all"])
-def test_the_pickers_epp_loads_the_operators_scoring(
-    picker: Path, tmp_path: Path, prefix_cache_weight: float, lora_affinity: bool
-) -> None:
+@pytest.mark.parametrize("everything", [False, True], ids=["load", "all"])
+def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Path, everything: bool) -> None:
     """The picker's own config loader takes the operator's ``--config-text`` (GIE v1.5.0 refuses some scorers),
-    with the prefix-cache scorer and the producer it needs and the LoRA affinity scorer, or without them.
+    with the prefix-cache scorer and the producer it needs, the LoRA affinity scorer and our in-flight tokens
+    scorer with GIE's producer for it, or without them.
 
     Run with a kubeconfig naming a closed port: the config loads before any API call, then the picker stops.
     """
+    prefix_cache_weight = 2.0 if everything else 0.0
+    scoring = routing.PickerScoring(prefix_cache_weight, lora_affinity=everything, inflight_tokens=everything)
     epp = extract(picker, "epp", tmp_path)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -139,9 +139,7 @@ def test_the_pickers_epp_loads_the_operators_scoring(
     ran = subprocess.run(
         [
             str(epp),
-            *routing.picker_args(
-                "llama", "serving", api.Routing(prefix_cache_weight=prefix_cache_weight), lora_affinity=lora_affinity
-            ),
+            *routing.picker_args("llama", "serving", scoring),
         ],
         env={"KUBECONFIG": str(kubeconfig)},
         capture_output=True,
@@ -164,7 +162,9 @@ def test_the_pickers_epp_loads_the_operators_scoring(
     else:
         assert "prefix-cache-scorer" not in effective
     lora = f"{{PluginRef: lora-affinity-scorer, Weight: {routing.LORA_AFFINITY_WEIGHT:.2f}}}"
-    assert (lora in effective) == lora_affinity, effective
+    assert (lora in effective) == everything, effective
+    inflight = f"{{PluginRef: inflight-tokens-scorer, Weight: {routing.INFLIGHT_TOKENS_WEIGHT:.2f}}}"
+    assert (inflight in effective) == everything, effective
     # Pods are read with the engine mapping of ours, the default for pods without an engine-type label.
     engines = [entry.get("engine") for entry in logged if entry["msg"] == "Registered engine mapping"]
     assert engines[0] == routing.ENGINE

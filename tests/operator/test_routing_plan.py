@@ -147,8 +147,7 @@ def test_the_picker_scores_running_requests_beside_the_queue_and_kv_cache() -> N
 
 
 def test_a_service_with_lora_slots_is_routed_to_replicas_running_the_adapter_asked_for() -> None:
-    objects = plan.router_objects(OWNER, NS, api.Routing(), IMAGES, lora_affinity=True)
-    config = picker_config_of(by_kind_and_name(objects))
+    config = routed_config(spec(routing={}, lora={"maxLoras": 2}))
     (profile,) = config["schedulingProfiles"]
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
     assert weights["lora-affinity-scorer"] == routing.LORA_AFFINITY_WEIGHT
@@ -253,9 +252,16 @@ def test_the_condition_follows_the_router_pods() -> None:
     assert "Service llama-router" in message
 
 
+def routed_config(service: api.NeuronInferenceServiceSpec, images: plan.RouterImages = IMAGES) -> Obj:
+    """The picker config the operator writes for ``service`` (with ``spec.routing``), its pickers run from
+    ``images``."""
+    assert service.routing is not None
+    scoring = plan.PickerScoring.of(service, images)
+    return picker_config_of(by_kind_and_name(plan.router_objects(OWNER, NS, service.routing, images, scoring)))
+
+
 def test_a_prefix_cache_weight_adds_gies_scorer_in_the_engines_kv_blocks() -> None:
-    routing_spec = api.Routing.model_validate({"prefixCacheWeight": 2})
-    config = picker_config_of(by_kind_and_name(plan.router_objects(OWNER, NS, routing_spec, IMAGES, block_size=16)))
+    config = routed_config(spec(routing={"prefixCacheWeight": 2}, engine={"block_size": 16}))
     (prefix,) = [p for p in config["plugins"] if p["type"] == "prefix-cache-scorer"]
     # Its producer comes with it (GIE's loader adds it); autoTune reads the engines' block size and capacity.
     assert prefix["parameters"] == {"autoTune": True, "blockSizeTokens": 16}
@@ -264,3 +270,19 @@ def test_a_prefix_cache_weight_adds_gies_scorer_in_the_engines_kv_blocks() -> No
     assert weights["prefix-cache-scorer"] == 2
     # Beside the load scorers, not instead of them.
     assert (weights["queue-scorer"], weights["running-requests-size-scorer"]) == (2.0, 1.0)
+
+
+def test_neuronfleets_picker_build_also_scores_the_tokens_each_picker_has_in_flight() -> None:
+    """GIE's image has no in-flight tokens scorer, and refuses a config naming it: only ours gets it."""
+    assert "inflight-tokens-scorer" not in json.dumps(routed_config(spec(routing={})))
+    ours = plan.RouterImages("localhost/neuronfleet/epp:test", IMAGES.envoy, picker_inflight_tokens=True)
+    config = routed_config(spec(routing={}), ours)
+    plugins = [p["type"] for p in config["plugins"]]
+    # The scorer reads what GIE's producer counts as the picker routes and as answers end.
+    assert {"inflight-load-producer", "inflight-tokens-scorer"} <= set(plugins)
+    (profile,) = config["schedulingProfiles"]
+    weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+    assert weights["inflight-tokens-scorer"] == weights["queue-scorer"] == 2.0
+    # The producer only counts: it is no scorer of the profile.
+    assert "inflight-load-producer" not in weights
+    assert (weights["running-requests-size-scorer"], weights["kv-cache-utilization-scorer"]) == (1.0, 1.0)

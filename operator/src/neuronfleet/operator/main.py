@@ -197,6 +197,15 @@ LeaseNamespace = Annotated[
         show_default=False,
     ),
 ]
+PickerImage = Annotated[str, typer.Option(help="The Endpoint Picker's image, for services with spec.routing.")]
+EnvoyImage = Annotated[str, typer.Option(help="Envoy's image, in front of each Endpoint Picker.")]
+PickerInflightTokens = Annotated[
+    bool,
+    typer.Option(
+        help="The picker image is neuronfleet's build (tools/gie): its pickers also score replicas by the tokens "
+        "each has in flight to them."
+    ),
+]
 LeaseName = Annotated[str, typer.Option(help="The Lease's name.")]
 LeaseDuration = Annotated[int, typer.Option(min=1, help="A standby takes the Lease once it went unrenewed this long.")]
 RenewDeadline = Annotated[
@@ -232,12 +241,9 @@ def run(
     ] = None,
     metrics_address: Annotated[str, typer.Option(help="Address the metrics port listens on.")] = "0.0.0.0",
     prometheus_address: PrometheusAddress = None,
-    picker_image: Annotated[
-        str, typer.Option(help="The Endpoint Picker's image, for services with spec.routing.")
-    ] = RouterImages.picker,
-    envoy_image: Annotated[str, typer.Option(help="Envoy's image, in front of each Endpoint Picker.")] = (
-        RouterImages.envoy
-    ),
+    picker_image: PickerImage = RouterImages.picker,
+    envoy_image: EnvoyImage = RouterImages.envoy,
+    picker_inflight_tokens: PickerInflightTokens = RouterImages.picker_inflight_tokens,
     artifact_history_limit: ArtifactHistoryLimit = DEFAULT_ARTIFACT_HISTORY_LIMIT,
     neuron_devices: NeuronDevicesOption = "auto",
     leader_election_namespace: LeaseNamespace = None,
@@ -276,7 +282,7 @@ def run(
                 resync_seconds=resync_seconds,
                 metrics=metrics,
                 prometheus=prometheus_address,
-                router_images=RouterImages(picker=picker_image, envoy=envoy_image),
+                router_images=RouterImages(picker_image, envoy_image, picker_inflight_tokens),
                 artifact_history_limit=artifact_history_limit,
                 neuron_devices=neuron_devices,
             )

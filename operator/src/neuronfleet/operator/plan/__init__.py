@@ -19,6 +19,7 @@ from neuronfleet.operator.plan.compiling import (
     compile_job_name,
 )
 from neuronfleet.operator.plan.routing import (
+    PickerScoring,
     RouterImages,
     inference_pool,
     picker_name,
@@ -81,6 +82,7 @@ __all__ = [
     "STARTUP_PROBE_PERIOD_S",
     "STORE_MOUNT",
     "Owner",
+    "PickerScoring",
     "RouterImages",
     "ServedArtifact",
     "ServingPlan",

@@ -68,10 +68,15 @@ ENVOY_USER = 101
 
 @dataclass(frozen=True)
 class RouterImages:
-    """The images router pods run: the operator's flags (the chart's ``routing`` values)."""
+    """The images router pods run: the operator's flags (the chart's ``routing`` values).
+
+    ``picker_inflight_tokens``: the picker image is neuronfleet's build (``tools/gie``), which has the
+    :data:`INFLIGHT_TOKENS_SCORER`; GIE's own image refuses a config that names it.
+    """
 
     picker: str = "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
     envoy: str = "docker.io/envoyproxy/envoy:v1.40.0"
+    picker_inflight_tokens: bool = False
 
 
 def serving_pods(service: str) -> dict[str, str]:
@@ -310,6 +315,39 @@ DEFAULT_BLOCK_SIZE = EngineConfig().block_size
 PREFIX_SCORER = "prefix-cache-scorer"
 #: GIE's LoRA affinity scorer, and its weight beside load's (the waiting queue weighs 2).
 LORA_SCORER, LORA_AFFINITY_WEIGHT = "lora-affinity-scorer", 1.0
+#: The scorer of neuronfleet's picker build (``tools/gie/epp``): the prompt tokens the picker itself has sent each
+#: replica and not yet seen answered, as GIE's producer counts them; and its weight, the waiting queue's.
+INFLIGHT_TOKENS_SCORER, INFLIGHT_TOKENS_PRODUCER, INFLIGHT_TOKENS_WEIGHT = (
+    "inflight-tokens-scorer",
+    "inflight-load-producer",
+    2.0,
+)
+
+
+@dataclass(frozen=True)
+class PickerScoring:
+    """What a service's picker weighs besides its replicas' load figures (:func:`picker_config`).
+
+    ``prefix_cache_weight``: locality (``spec.routing.prefixCacheWeight``), in ``block_size`` token blocks, the
+    engines' KV block. ``lora_affinity``: a service with LoRA slots. ``inflight_tokens``: the picker image has
+    :data:`INFLIGHT_TOKENS_SCORER`.
+    """
+
+    prefix_cache_weight: float = 0.0
+    block_size: int = DEFAULT_BLOCK_SIZE
+    lora_affinity: bool = False
+    inflight_tokens: bool = False
+
+    @classmethod
+    def of(cls, spec: api.NeuronInferenceServiceSpec, images: RouterImages) -> PickerScoring:
+        """The scoring of a service with ``spec.routing``, for a picker run from ``images``."""
+        return cls(
+            prefix_cache_weight=0.0 if spec.routing is None else spec.routing.prefix_cache_weight,
+            block_size=spec.engine.block_size,
+            # With LoRA slots the engines export their adapters (none loaded yet, or some): the picker reads them.
+            lora_affinity=spec.lora is not None,
+            inflight_tokens=images.picker_inflight_tokens,
+        )
 
 
 def prefix_scorer(block_size: int) -> Obj:
@@ -318,9 +356,7 @@ def prefix_scorer(block_size: int) -> Obj:
     return {"type": PREFIX_SCORER, "parameters": {"autoTune": True, "blockSizeTokens": block_size}}
 
 
-def picker_config(
-    prefix_cache_weight: float = 0.0, block_size: int = DEFAULT_BLOCK_SIZE, *, lora_affinity: bool = False
-) -> Obj:
+def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
     """The picker's scoring for Neuron replicas: the waiting queue, the running requests, the KV cache.
 
     GIE's default weighs the waiting queue and KV usage (and prefix-cache locality, which here is a service's
@@ -329,29 +365,36 @@ def picker_config(
     the engine's live :data:`REQUESTS_IN_FLIGHT` (:func:`engine_metrics`), since vLLM's gauges change only
     as each step ends and a long prefill is one long step. GIE's in-flight token scorer would do as well from
     the picker's side, but GIE v1.5.0's config loader refuses it (its producer's and scorer's declared
-    types never compare equal). With a ``prefix_cache_weight``, locality is weighed beside load
-    (:func:`prefix_scorer`). With ``lora_affinity`` (a service with LoRA slots), GIE's LoRA affinity scorer
-    prefers replicas already running the adapter a request names, so its requests share decode batches.
+    types never compare equal); neuronfleet's picker build scores the same count with a scorer of its own
+    (``inflight_tokens``). It matters most within a scrape: a long prompt just sent shows in the engine's
+    figures only when the picker next reads them, and a short request routed in between would land behind it.
+    With a ``prefix_cache_weight``, locality is weighed beside load (:func:`prefix_scorer`). With
+    ``lora_affinity`` (a service with LoRA slots), GIE's LoRA affinity scorer prefers replicas already running
+    the adapter a request names, so its requests share decode batches.
     """
     scorers = [{"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()]
-    prefix = [prefix_scorer(block_size)] if prefix_cache_weight else []
-    if prefix_cache_weight:
-        scorers.append({"pluginRef": PREFIX_SCORER, "weight": prefix_cache_weight})
-    lora = [{"type": LORA_SCORER}] if lora_affinity else []
-    if lora_affinity:
+    inflight = [{"type": INFLIGHT_TOKENS_PRODUCER}, {"type": INFLIGHT_TOKENS_SCORER}] if scoring.inflight_tokens else []
+    if scoring.inflight_tokens:
+        scorers.append({"pluginRef": INFLIGHT_TOKENS_SCORER, "weight": INFLIGHT_TOKENS_WEIGHT})
+    prefix = [prefix_scorer(scoring.block_size)] if scoring.prefix_cache_weight else []
+    if scoring.prefix_cache_weight:
+        scorers.append({"pluginRef": PREFIX_SCORER, "weight": scoring.prefix_cache_weight})
+    lora = [{"type": LORA_SCORER}] if scoring.lora_affinity else []
+    if scoring.lora_affinity:
         scorers.append({"pluginRef": LORA_SCORER, "weight": LORA_AFFINITY_WEIGHT})
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": [
             *({"type": name} for name in PICKER_SCORERS),
+            *inflight,
             *prefix,
             *lora,
             {"type": "max-score-picker"},
             {"type": METRICS_SOURCE},
             {
                 "type": METRICS_EXTRACTOR,
-                "parameters": {"defaultEngine": ENGINE, "engineConfigs": [engine_metrics(lora_affinity)]},
+                "parameters": {"defaultEngine": ENGINE, "engineConfigs": [engine_metrics(scoring.lora_affinity)]},
             },
         ],
         "dataLayer": {"sources": [{"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": METRICS_EXTRACTOR}]}]},
@@ -364,17 +407,8 @@ def picker_config(
     }
 
 
-def picker_args(
-    service: str,
-    namespace: str,
-    routing: api.Routing | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    *,
-    lora_affinity: bool = False,
-) -> list[str]:
-    """The picker's command line: its pool and scoring (``routing``'s, in ``block_size`` token blocks); no tracing
-    exporter; metrics without token review."""
-    weight = 0.0 if routing is None else routing.prefix_cache_weight
+def picker_args(service: str, namespace: str, scoring: PickerScoring = PickerScoring()) -> list[str]:
+    """The picker's command line: its pool and ``scoring``; no tracing exporter; metrics without token review."""
     return [
         f"--pool-name={service}",
         f"--pool-namespace={namespace}",
@@ -386,7 +420,7 @@ def picker_args(
         "--enable-pprof=false",
         "--zap-encoder=json",
         # Inline (JSON is YAML): a change of scoring rolls the router pods like any other change of theirs.
-        f"--config-text={json.dumps(picker_config(weight, block_size, lora_affinity=lora_affinity), sort_keys=True)}",
+        f"--config-text={json.dumps(picker_config(scoring), sort_keys=True)}",
     ]
 
 
@@ -430,21 +464,15 @@ def envoy_container(images: RouterImages) -> Obj:
 
 
 def router_deployment(
-    owner: Owner,
-    namespace: str,
-    routing: api.Routing,
-    images: RouterImages,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    *,
-    lora_affinity: bool = False,
+    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, scoring: PickerScoring
 ) -> Obj:
-    """The router pods: the picker and its Envoy side by side, each finishing what it holds before it stops;
-    ``block_size``: the engines' KV block, the prefix-cache scorer's unit."""
+    """The router pods: the picker (scoring by ``scoring``) and its Envoy side by side, each finishing what it
+    holds before it stops."""
     grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
     picker: Obj = {
         "name": "epp",
         "image": images.picker,
-        "args": picker_args(owner.name, namespace, routing, block_size, lora_affinity=lora_affinity),
+        "args": picker_args(owner.name, namespace, scoring),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "ports": [
             {"name": "grpc", "containerPort": PICKER_PORT},
@@ -544,20 +572,13 @@ def router_disruption_budget(owner: Owner, namespace: str) -> Obj:
 
 
 def router_objects(
-    owner: Owner,
-    namespace: str,
-    routing: api.Routing,
-    images: RouterImages,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    *,
-    lora_affinity: bool = False,
+    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, scoring: PickerScoring = PickerScoring()
 ) -> list[Obj]:
-    """Everything the standalone picker runs with, in apply order (access and config before the pods);
-    ``lora_affinity`` for a service with LoRA slots (:func:`picker_config`)."""
+    """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),
-        router_deployment(owner, namespace, routing, images, block_size, lora_affinity=lora_affinity),
+        router_deployment(owner, namespace, routing, images, scoring),
         router_disruption_budget(owner, namespace),
         *router_services(owner, namespace),
     ]

@@ -44,10 +44,8 @@ class Router:
                 self._delete_router(owner.name, namespace)
             return RoutingState(pool_served=True)
         ready = 0
-        # With LoRA slots the engines export their adapters (none loaded yet, or some): the picker reads them.
-        routed = plan.router_objects(
-            owner, namespace, spec.routing, self.images, spec.engine.block_size, lora_affinity=spec.lora is not None
-        )
+        scoring = plan.PickerScoring.of(spec, self.images)
+        routed = plan.router_objects(owner, namespace, spec.routing, self.images, scoring)
         for obj in routed:
             applied = self.kube.apply(obj)
             if obj["kind"] == DEPLOYMENTS.kind:
