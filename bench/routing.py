@@ -2,22 +2,28 @@
 
 One ``device: sim`` service (Llama 3.1 8B on trn2.48xlarge's calibrated clock, TP 1: a 4,096-token prefill takes
 about 1.26 s, a 20-token one 66 ms) with two replicas on the real node, rolled out by the operator from the chart,
-with ``spec.routing``: GIE v1.5.0's Endpoint Picker and Envoy 1.40 (built here) in front of the same pods. Beside
-the operator's router the bench runs a copy of it whose picker keeps GIE's default scorers (no ``--config-text``),
-so the operator's scoring for Neuron is measured against GIE's as well as against no picker. The
-same load goes through the plain Service (kube-proxy: a random replica) and through each router's Service, in
-windows of ``--window`` seconds (``--rounds`` each, the order rotating every round), every request on a
-connection of its own on every side (so kube-proxy picks a replica per request, as a picker does): two open-loop
-streams at fixed rates, long prompts (``--long-tokens`` words, near the largest bucket) and short chat-sized
-prompts (20 words) asking for one token, so a short request's latency is its time to first token. A replica
-runs one prefill per step: a short request sent to a replica in a long prefill waits it out. Every prompt
-starts with a mark of its own, made of its own words (the load's ``--distinct-prompts``): vLLM's prefix cache is
-on, and would serve a repeated long prompt in about 70 ms instead of prefilling it in 1.26 s.
+with ``spec.routing``: neuronfleet's build of GIE v1.5.0's Endpoint Picker (``tools/gie``: with the in-flight
+tokens scorer) and Envoy 1.40 in front of the same pods. Beside the operator's router the bench runs a copy of
+it whose picker scores by the engines' metrics alone (the operator's scoring without the in-flight tokens
+scorer, as with GIE's own image), so what the picker's own count adds is measured as well as routing against
+no picker. The same load goes through the plain Service (kube-proxy: a random replica) and through each
+router's Service, in windows of ``--window`` seconds (``--rounds`` each, the order rotating every round), every
+request on a connection of its own on every side (so kube-proxy picks a replica per request, as a picker does):
+two open-loop streams of Poisson arrivals (every side of a round gets the same ones, from the same seeds), long
+prompts (near the largest bucket, or shorter) and short chat-sized prompts (20 words) asking for one token, so
+a short request's latency is its time to first token. A replica runs one prefill per step: a short request sent
+to a replica in a long prefill waits it out. Long prompts arrive on average further apart than one takes to
+prefill, so a picker that knows where each went can mostly keep the short ones off it; evenly spaced arrivals
+would meet each other at the same few offsets all window long, and hide or exaggerate what a picker does in
+the moments right after it routes a long prompt. Each of ``--mixes`` (:data:`MIXES`: rates and prompt lengths)
+is run in turn. Every prompt starts with a mark of its own, made of its own words (the load's
+``--distinct-prompts``): vLLM's prefix cache is on, and would serve a repeated long prompt in about 70 ms
+instead of prefilling it in 1.26 s.
 
-Reported, for the short requests on each side: TTFT p50 and p99 (inclusive quantiles) over all windows and
-each window's as median [min-max], goodput (short requests per second whose TTFT met ``--slo-ms``), failures,
-and the ratio of the Service's p99 to each picker's, round by round (the goal: at least 1.5x lower through the
-operator's picker).
+Reported, for the short requests of each mix on each side: TTFT p50 and p99 (inclusive quantiles) over all
+windows and each window's as median [min-max], goodput (short requests per second whose TTFT met ``--slo-ms``),
+failures, and the ratio of the Service's p99 to each picker's, round by round (the goal: at least 1.5x lower
+through the operator's picker on every mix).
 
 Run: ``make bench-routing`` (root: the real node). Prints one table and the commit it ran on; writes
 bench/results/routing.json.
@@ -33,7 +39,9 @@ import os
 import statistics
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,22 +63,43 @@ from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
 from neuronfleet.engine.names import MANAGED_BY_LABEL
 from neuronfleet.operator.plan import RouterImages, routing
+from neuronfleet.operator.plan.routing import PickerScoring
 
 RESULTS = Path(__file__).resolve().parent / "results" / "routing.json"
 Obj = dict[str, Any]
-#: The service's engine: room for prompts up to the long ones, one bucket for them and one for chat.
+#: The service's engine: room for prompts up to the long ones, buckets for them and one for chat.
 ENGINE: Obj = {
     "max_model_len": 4096,
     "max_num_batched_tokens": 4096,
-    "num_batched_tokens_buckets": [128, 4096],
+    "num_batched_tokens_buckets": [128, 2048, 4096],
     "max_num_seqs": 8,
 }
 SHORT_WORDS = 20
 #: Tokens each long request asks for: its prefill is what the short ones would wait behind.
 LONG_MAX_TOKENS = 4
-#: The copy of the operator's router whose picker scores as GIE's defaults do.
-GIE_DEFAULTS = f"{routing.router_name(NAME)}-gie-defaults"
-SIDES = {"service": NAME, "picker": routing.router_name(NAME), "picker-gie-defaults": GIE_DEFAULTS}
+#: The copy of the operator's router whose picker scores by the engines' metrics alone.
+ENGINE_METRICS = f"{routing.router_name(NAME)}-engine-metrics"
+SIDES = {"service": NAME, "picker": routing.router_name(NAME), "picker-engine-metrics": ENGINE_METRICS}
+#: The pickers measured against the Service.
+PICKERS = ("picker", "picker-engine-metrics")
+
+
+@dataclass(frozen=True)
+class Mix:
+    """One load: short requests per second, long ones per second, and a long one's prompt in words (tokens)."""
+
+    short_rate: float
+    long_rate: float
+    long_tokens: int
+
+
+#: Rates and prompt lengths: today's row, longs as long but more often, and more of everything with shorter longs
+#: (a 2,000-token prefill, in the 2,048 bucket, takes about 0.6 s).
+MIXES = {
+    "rare-long": Mix(short_rate=2.0, long_rate=0.3, long_tokens=3900),
+    "frequent-long": Mix(short_rate=3.0, long_rate=0.5, long_tokens=3900),
+    "busy": Mix(short_rate=5.0, long_rate=0.8, long_tokens=2000),
+}
 
 
 def node_image(real_node: RealNode) -> Callable[[Target], BuiltImage]:
@@ -91,7 +120,7 @@ def router_images(real_node: RealNode) -> RouterImages:
     """The picker's and Envoy's images, built (or cached) and imported into the real node."""
     for archive in (node_images.picker_image(), node_images.envoy_image()):
         real_node.import_image(OciImage.read(archive))
-    return RouterImages(picker=node_images.PICKER_IMAGE, envoy=node_images.ENVOY_IMAGE)
+    return RouterImages(node_images.PICKER_IMAGE, node_images.ENVOY_IMAGE, picker_inflight_tokens=True)
 
 
 def start_router_copy(fleet: Fleet, name: str, config: Obj | None) -> None:
@@ -166,26 +195,34 @@ def prompt(words: int) -> str:
     return " ".join(vocabulary[(i * 7) % len(vocabulary)] for i in range(words))
 
 
-def window(fleet: Fleet, side: str, seconds: float, args: argparse.Namespace, index: int) -> tuple[list[Answer], int]:
-    """One window of both streams through ``side``: the short requests' answers, and how many longs failed."""
-    through = SIDES[side]
+def seed(mix: str, index: int, stream: str) -> int:
+    """The seed of a stream's Poisson arrivals in a round: every side of the round gets the same arrivals."""
+    return zlib.crc32(f"{mix}/{index}/{stream}".encode())
+
+
+def window(fleet: Fleet, side: str, seconds: float, mix: str, index: int) -> tuple[list[Answer], int]:
+    """One window of both streams of ``mix`` through ``side``: the short requests' answers, and how many longs
+    failed."""
+    through, load = SIDES[side], MIXES[mix]
     longs = fleet.load(
-        f"{side}-{index}-long",
-        rate=args.long_rate,
+        f"{mix}-{side}-{index}-long",
+        rate=load.long_rate,
         max_tokens=LONG_MAX_TOKENS,
         through=through,
-        prompt=prompt(args.long_tokens),
+        prompt=prompt(load.long_tokens),
         distinct_prompts=True,
         keep_alive=False,
+        poisson_seed=seed(mix, index, "long"),
     )
     shorts = fleet.load(
-        f"{side}-{index}-short",
-        rate=args.short_rate,
+        f"{mix}-{side}-{index}-short",
+        rate=load.short_rate,
         max_tokens=1,
         through=through,
         prompt=prompt(SHORT_WORDS),
         distinct_prompts=True,
         keep_alive=False,
+        poisson_seed=seed(mix, index, "short"),
     )
     longs.start()
     shorts.start()
@@ -216,51 +253,59 @@ def summary(answers: list[Answer], seconds: float, slo_s: float) -> Obj:
 
 
 def main() -> None:
-    """Start the rig, run the windows, print the table and write the results."""
+    """Start the rig, run each mix's windows, print the tables and write the results."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
-    parser.add_argument("--rounds", type=int, default=5, help="windows per side")
-    parser.add_argument("--short-rate", type=float, default=2.0, help="short requests per second")
-    parser.add_argument("--long-rate", type=float, default=0.3, help="long requests per second")
-    parser.add_argument("--long-tokens", type=int, default=3900, help="words (tokens) in a long prompt")
+    parser.add_argument("--window", type=float, default=40.0, help="seconds per window")
+    parser.add_argument("--rounds", type=int, default=3, help="windows per side and mix")
+    parser.add_argument("--mixes", default=",".join(MIXES), help=f"which of {', '.join(MIXES)}, comma-separated")
     parser.add_argument("--slo-ms", type=float, default=300.0, help="TTFT goal of a short request")
     args = parser.parse_args()
+    mixes = args.mixes.split(",")
+    if unknown := set(mixes) - set(MIXES):
+        parser.error(f"no such mix: {', '.join(sorted(unknown))} (known: {', '.join(MIXES)})")
 
     began = time.monotonic()
-    windows: dict[str, list[list[Answer]]] = {side: [] for side in SIDES}
-    long_failures = dict.fromkeys(SIDES, 0)
+    windows: dict[str, dict[str, list[list[Answer]]]] = {mix: {side: [] for side in SIDES} for mix in mixes}
+    long_failures = {mix: dict.fromkeys(SIDES, 0) for mix in mixes}
     with routed_fleet("bench-routing", ENGINE) as fleet:
-        start_router_copy(fleet, GIE_DEFAULTS, None)
+        start_router_copy(fleet, ENGINE_METRICS, routing.picker_config(PickerScoring(inflight_tokens=False)))
         print(f"[{time.monotonic() - began:5.0f} s] service Ready behind both pickers", flush=True)
         sides = list(SIDES)
-        for index in range(args.rounds):
-            # Each side goes first, in the middle and last once every len(SIDES) rounds.
-            order = sides[index % len(sides) :] + sides[: index % len(sides)]
-            for side in order:
-                got, failed_longs = window(fleet, side, args.window, args, index)
-                windows[side].append(got)
-                long_failures[side] += failed_longs
-                print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
-
-    seconds = args.window * args.rounds
-    slo_s = args.slo_ms / 1000
+        for mix in mixes:
+            for index in range(args.rounds):
+                # Each side goes first, in the middle and last once every len(SIDES) rounds.
+                for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
+                    got, failed_longs = window(fleet, side, args.window, mix, index)
+                    windows[mix][side].append(got)
+                    long_failures[mix][side] += failed_longs
+                    elapsed = time.monotonic() - began
+                    print(f"[{elapsed:5.0f} s] {mix}: window {index + 1} through the {side}", flush=True)
     results: Obj = {
         "commit": commit(),
         "args": vars(args),
         "engine": ENGINE,
         "wall_s": time.monotonic() - began,
-        "sides": {
-            side: {
-                **summary([a for got in rounds for a in got], seconds, slo_s),
-                "long_failed": long_failures[side],
-                "window_ttft_p99_s": spread([summary(got, args.window, slo_s)["ttft_p99_s"] for got in rounds]),
-            }
-            for side, rounds in windows.items()
+        "mixes": {
+            mix: {**asdict(MIXES[mix]), "sides": mix_figures(windows[mix], long_failures[mix], args)} for mix in mixes
         },
     }
-    service = results["sides"]["service"]
-    for side in ("picker", "picker-gie-defaults"):
-        picker = results["sides"][side]
+    report(results)
+
+
+def mix_figures(windows: dict[str, list[list[Answer]]], long_failures: dict[str, int], args: argparse.Namespace) -> Obj:
+    """Each side's figures over one mix's windows, and each picker's ratios to the Service, window by window."""
+    seconds, slo_s = args.window * args.rounds, args.slo_ms / 1000
+    sides: Obj = {
+        side: {
+            **summary([a for got in rounds for a in got], seconds, slo_s),
+            "long_failed": long_failures[side],
+            "window_ttft_p99_s": spread([summary(got, args.window, slo_s)["ttft_p99_s"] for got in rounds]),
+        }
+        for side, rounds in windows.items()
+    }
+    service = sides["service"]
+    for side in PICKERS:
+        picker = sides[side]
         picker["p99_ratio"] = service["ttft_p99_s"] / picker["ttft_p99_s"]
         picker["window_p99_ratio"] = spread(
             [
@@ -269,7 +314,7 @@ def main() -> None:
             ]
         )
         picker["goodput_ratio"] = picker["goodput_rps"] / service["goodput_rps"] if service["goodput_rps"] else None
-    report(results)
+    return sides
 
 
 def side_cells(side: str, figures: Obj) -> list[str]:
@@ -285,34 +330,36 @@ def side_cells(side: str, figures: Obj) -> list[str]:
 
 
 def report(results: Obj) -> None:
-    """Print the table and write the JSON."""
+    """Print a table per mix and write the JSON."""
     args = results["args"]
-    title = (
-        f"Short requests ({SHORT_WORDS} tokens, 1 generated) at {args['short_rate']:g}/s beside long ones "
-        f"({args['long_tokens']} tokens) at {args['long_rate']:g}/s, two sim replicas (Llama 3.1 8B, trn2.48xlarge, "
-        f"TP 1), {args['rounds']} windows of {args['window']:g} s per side, alternating, a connection per request; "
-        f"took {results['wall_s'] / 60:.1f} min; commit {results['commit']}"
-    )
-    printed = []
-    for side, figures in results["sides"].items():
-        by_window = {key: 1000 * value for key, value in figures["window_ttft_p99_s"].items()}
-        printed.append(
-            [
-                *side_cells(side, figures),
-                show(by_window, "{:.0f}"),
-                f"{figures['goodput_rps']:.2f} req/s",
-                str(figures["replicas_used"] or "-"),
-            ]
+    for name, mix in results["mixes"].items():
+        title = (
+            f"{name}: short requests ({SHORT_WORDS} tokens, 1 generated) at {mix['short_rate']:g}/s beside long ones "
+            f"({mix['long_tokens']} tokens) at {mix['long_rate']:g}/s, two sim replicas (Llama 3.1 8B, "
+            f"trn2.48xlarge, TP 1), {args['rounds']} windows of {args['window']:g} s per side, alternating, a "
+            f"connection per request; commit {results['commit']}"
         )
-    columns = ["route", "sent", "failed", "TTFT p50", "TTFT p99", "p99 by window, ms", "goodput", "replicas"]
-    print_table(title, columns, printed)
-    for side in ("picker", "picker-gie-defaults"):
-        figures = results["sides"][side]
-        print(
-            f"short-request TTFT p99, Service / {side}: {figures['p99_ratio']:.2f}x over all windows, "
-            f"{show(figures['window_p99_ratio'])} window by window (goal >= 1.5x); goodput at "
-            f"TTFT <= {args['slo_ms']:g} ms, {side} / Service: {figures['goodput_ratio'] or float('nan'):.2f}x"
-        )
+        printed = []
+        for side, figures in mix["sides"].items():
+            by_window = {key: 1000 * value for key, value in figures["window_ttft_p99_s"].items()}
+            printed.append(
+                [
+                    *side_cells(side, figures),
+                    show(by_window, "{:.0f}"),
+                    f"{figures['goodput_rps']:.2f} req/s",
+                    str(figures["replicas_used"] or "-"),
+                ]
+            )
+        columns = ["route", "sent", "failed", "TTFT p50", "TTFT p99", "p99 by window, ms", "goodput", "replicas"]
+        print_table(title, columns, printed)
+        for side in PICKERS:
+            figures = mix["sides"][side]
+            print(
+                f"{name}: short-request TTFT p99, Service / {side}: {figures['p99_ratio']:.2f}x over all windows, "
+                f"{show(figures['window_p99_ratio'])} window by window (goal >= 1.5x); goodput at "
+                f"TTFT <= {args['slo_ms']:g} ms, {side} / Service: {figures['goodput_ratio'] or float('nan'):.2f}x"
+            )
+    print(f"took {results['wall_s'] / 60:.1f} min")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2))
     print(f"wrote {RESULTS}")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import re
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -115,6 +117,22 @@ def test_plan_refuses_what_cannot_run() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         LoadPlan("http://x", rate=0, duration_s=1, body=BODY)
     assert LoadPlan("http://x", rate=2.5, duration_s=3, body=BODY).requests == 8
+
+
+def test_poisson_arrivals_keep_the_rate_come_from_their_seed_and_are_not_evenly_spaced() -> None:
+    plan = LoadPlan("http://x", rate=4, duration_s=500, body=BODY, poisson=True, seed=7)
+    due = plan.schedule()
+    assert due == LoadPlan("http://x", rate=4, duration_s=500, body=BODY, poisson=True, seed=7).schedule()
+    assert due != LoadPlan("http://x", rate=4, duration_s=500, body=BODY, poisson=True, seed=8).schedule()
+    assert due == sorted(due)
+    assert due[0] == 0
+    assert due[-1] < 500
+    assert plan.requests == len(due)
+    # About 2,000 arrivals (Poisson: within 5%); gaps exponential, so their spread is their mean, not 0.
+    assert 1900 < len(due) < 2100
+    gaps = [b - a for a, b in itertools.pairwise(due)]
+    assert 0.9 < statistics.stdev(gaps) / statistics.mean(gaps) < 1.1
+    assert min(gaps) < 0.01 < 1.0 < max(gaps)
 
 
 def test_every_request_is_sent_and_counted_by_status(server: Server) -> None:

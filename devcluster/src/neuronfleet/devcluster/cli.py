@@ -194,6 +194,11 @@ def load(
             help="Reuse connections; without, each request opens its own (a Service then spreads every request).",
         ),
     ] = True,
+    poisson: Annotated[
+        bool,
+        typer.Option("--poisson", help="Arrivals as a Poisson process of --rate (random gaps), not evenly spaced."),
+    ] = False,
+    seed: Annotated[int, typer.Option(help="The seed of --poisson's gaps: the same seed, the same arrivals.")] = 0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each completion asks for.")] = 16,
     exact_tokens: Annotated[
         bool,
@@ -241,6 +246,8 @@ def load(
             distinct_prompts=distinct_prompts,
             keep_alive=keep_alive,
             exact_tokens=exact_tokens,
+            poisson=poisson,
+            seed=seed,
         )
     except ValueError as error:
         fail(str(error))

@@ -1,10 +1,11 @@
 """An open-loop load generator: requests at a fixed rate for a fixed time, every response recorded.
 
-Open loop: request ``i`` is sent at ``i / rate`` seconds whatever the earlier ones are doing, as real
-clients arrive, so a slow or failing server cannot slow the offered load down and hide its own
-failures. Bounded: it runs for ``duration`` seconds, and a request that would exceed ``max_in_flight``
-is not sent but counted as ``dropped``. A run can also be stopped early (``stop``; the CLI's Ctrl-C or
-SIGTERM): nothing more is sent, and every request already sent is waited for and recorded.
+Open loop: request ``i`` is sent at ``i / rate`` seconds (or, for a Poisson plan, at its own random moment)
+whatever the earlier ones are doing, as real clients arrive, so a slow or failing server cannot slow the
+offered load down and hide its own failures. Bounded: it runs for ``duration`` seconds, and a request that
+would exceed ``max_in_flight`` is not sent but counted as ``dropped``. A run can also be stopped early
+(``stop``; the CLI's Ctrl-C or SIGTERM): nothing more is sent, and every request already sent is waited for
+and recorded.
 ``neuronfleet-dev load`` and the tests run this same code.
 """
 
@@ -15,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import random
 import secrets
 import time
 from collections import Counter
@@ -78,6 +80,10 @@ class LoadPlan:
     #: Ask for exactly the body's ``max_tokens`` (vLLM's ``ignore_eos``) and count a 2xx answer with another
     #: count as failed (:data:`SHORT`): a cut-off answer is a lost one to whoever sent it.
     exact_tokens: bool = False
+    #: Arrivals as a Poisson process of the same rate (exponential gaps, drawn from ``seed``), as independent
+    #: clients arrive, instead of one every 1/rate seconds: a fixed schedule meets another at fixed offsets.
+    poisson: bool = False
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.duration_s <= 0 or self.timeout_s <= 0 or self.max_in_flight < 1:
@@ -93,10 +99,21 @@ class LoadPlan:
         prompt = str(body["prompt"])
         return {**body, "prompt": f"{distinct_mark(prompt)} {prompt}"}
 
+    def schedule(self) -> list[float]:
+        """When each request is due, in seconds from the start, within the duration."""
+        if not self.poisson:
+            return [index / self.rate for index in range(math.ceil(self.rate * self.duration_s))]
+        gaps = random.Random(self.seed)
+        due, times = 0.0, []
+        while due < self.duration_s:
+            times.append(due)
+            due += gaps.expovariate(self.rate)
+        return times
+
     @property
     def requests(self) -> int:
-        """How many requests the plan sends: one every 1/rate seconds within the duration."""
-        return math.ceil(self.rate * self.duration_s)
+        """How many requests the plan sends: its :meth:`schedule`'s."""
+        return len(self.schedule())
 
 
 @dataclass(frozen=True)
@@ -246,8 +263,7 @@ async def run_load(
     async with httpx.AsyncClient(timeout=plan.timeout_s, limits=limits) as client:
         start = time.monotonic()
         report.started_at = time.time()
-        for index in range(plan.requests):
-            due = index / plan.rate
+        for index, due in enumerate(plan.schedule()):
             delay = start + due - time.monotonic()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
