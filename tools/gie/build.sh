@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Gateway API Inference Extension's Endpoint Picker into a cache outside the checkout: GIE's
-# cmd/epp runner with our scorer registered (epp/, built as cmd/neuronfleet-epp inside GIE's tree after its
-# tests pass), and copies GIE's CRDs (config/crd/bases: the InferencePool, and the objectives and rewrites the picker also
-# watches) into `crds/` beside the bin dir, for the rig; none of it is checked in. The build runs inside a copy of the module's own tree with
-# GOWORK=off: its zip carries a go.work naming folders the zip lacks.
+# cmd/epp runner with our scorer registered (epp/, vetted, tested and built as cmd/neuronfleet-epp inside GIE's
+# tree), and copies GIE's CRDs (config/crd/bases: the InferencePool, and the objectives and rewrites the picker
+# also watches) into `crds/` beside the bin dir, for the rig; none of it is checked in. The build runs inside a
+# copy of the module's own tree with GOWORK=off: its zip carries a go.work naming folders the zip lacks.
 # The cache directory, its key and --print-bin-dir are ../go-build.sh's.
 #
 #   tools/gie/build.sh                 build once, then reuse; prints the bin dir last
@@ -16,7 +16,7 @@ cache_root="${NEURONFLEET_CACHE:-${HOME}/.cache/neuronfleet}/gie"
 first_time="~7 min cold (longer on busy shared cores), ~1 GB of Go module and build cache; the binary is ~85 MB"
 module="sigs.k8s.io/gateway-api-inference-extension"
 # What go-build.sh's main() checks for a complete bin dir.
-binaries=("epp|./cmd/epp")
+binaries=("epp|./cmd/neuronfleet-epp")
 
 # go-build.sh's build_all compiles packages of the pinning module; this one compiles inside GIE's.
 build_epp() {

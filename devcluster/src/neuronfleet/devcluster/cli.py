@@ -60,6 +60,12 @@ Name = Annotated[
 ]
 
 
+Poisson = Annotated[
+    bool, typer.Option("--poisson", help="Arrivals as a Poisson process of --rate (random gaps), not evenly spaced.")
+]
+Seed = Annotated[int, typer.Option(help="The seed of --poisson's gaps: the same seed, the same arrivals.")]
+
+
 def _find(name: str) -> LocalCluster:
     cluster = LocalCluster.find(name)
     if cluster is None:
@@ -194,11 +200,8 @@ def load(
             help="Reuse connections; without, each request opens its own (a Service then spreads every request).",
         ),
     ] = True,
-    poisson: Annotated[
-        bool,
-        typer.Option("--poisson", help="Arrivals as a Poisson process of --rate (random gaps), not evenly spaced."),
-    ] = False,
-    seed: Annotated[int, typer.Option(help="The seed of --poisson's gaps: the same seed, the same arrivals.")] = 0,
+    poisson: Poisson = False,
+    seed: Seed = 0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each completion asks for.")] = 16,
     exact_tokens: Annotated[
         bool,
@@ -232,13 +235,12 @@ def load(
     from neuronfleet.devcluster.demo.load import LoadPlan
     from neuronfleet.devcluster.demo.load_view import run_with_progress, summary_table
 
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
         plan = LoadPlan(
             url,
             rate,
             duration,
-            body,
+            {"model": model, "prompt": prompt, "max_tokens": max_tokens},
             timeout,
             max_in_flight,
             header,

@@ -315,8 +315,9 @@ DEFAULT_BLOCK_SIZE = EngineConfig().block_size
 PREFIX_SCORER = "prefix-cache-scorer"
 #: GIE's LoRA affinity scorer, and its weight beside load's (the waiting queue weighs 2).
 LORA_SCORER, LORA_AFFINITY_WEIGHT = "lora-affinity-scorer", 1.0
-#: The scorer of neuronfleet's picker build (``tools/gie/epp``): the prompt tokens the picker itself has sent each
-#: replica and not yet seen answered, as GIE's producer counts them; and its weight, the waiting queue's.
+#: The scorer of neuronfleet's picker build (``tools/gie/epp``): the tokens the picker itself has sent each replica
+#: and not yet seen answered (GIE's producer estimates them from each request's size), the producer, and the
+#: scorer's weight, the waiting queue's.
 INFLIGHT_TOKENS_SCORER, INFLIGHT_TOKENS_PRODUCER, INFLIGHT_TOKENS_WEIGHT = (
     "inflight-tokens-scorer",
     "inflight-load-producer",
