@@ -4,6 +4,8 @@ and what an adapter costs the simulated device."""
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -72,6 +74,20 @@ def test_a_local_adapter_is_served_in_place_and_a_declared_digest_is_checked(tmp
     (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
     with pytest.raises(AdapterError, match=r"adapter_config\.json lacks target_modules, which vLLM needs"):
         provision_adapter(LoraAdapter(name="fr", source=str(folder)), tmp_path / "cache")
+
+
+def test_the_digest_command_prints_what_provisioning_checks_and_refuses_what_vllm_could_not_load(
+    tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    folder = write_adapter(tmp_path / "fr")
+    printed = run_cli("neuronfleet-engine", "adapter-digest", str(folder))
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.strip() == adapter_digest(folder)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "target_modules": ["q_proj"]}))
+    refused = run_cli("neuronfleet-engine", "adapter-digest", str(folder))
+    assert refused.returncode != 0
+    assert "adapter_config.json lacks lora_alpha, which vLLM needs" in refused.stderr
+    assert refused.stdout == ""
 
 
 def test_an_s3_adapter_is_copied_whole_checked_and_replaces_the_last_copy(

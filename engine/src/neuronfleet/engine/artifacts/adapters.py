@@ -60,15 +60,20 @@ def provision_adapter(adapter: LoraAdapter, cache: Path) -> ProvisionedAdapter:
     """``adapter`` in a local folder, checked (:class:`AdapterError` when it cannot be served)."""
     where = f"LoRA adapter {adapter.name} ({adapter.source})"
     directory = _download(adapter, cache / ADAPTERS_DIR, where) if is_s3(adapter.source) else Path(adapter.source)
+    check_adapter_folder(directory, where)
+    digest = adapter_digest(directory)
+    if adapter.sha256 is not None and digest != adapter.sha256:
+        raise AdapterError(f"{where} has digest {digest[:12]}…, but {adapter.sha256[:12]}… was declared")
+    return ProvisionedAdapter(adapter, directory, digest)
+
+
+def check_adapter_folder(directory: Path, where: str) -> None:
+    """Refuse, in one line (:class:`AdapterError` naming ``where``), a folder vLLM could not load as an adapter."""
     if not (directory / ADAPTER_CONFIG).is_file():
         raise AdapterError(f"{where} has no {ADAPTER_CONFIG}: not a LoRA adapter folder")
     missing = _missing_config_fields(directory / ADAPTER_CONFIG)
     if missing:
         raise AdapterError(f"{where}: its {ADAPTER_CONFIG} lacks {', '.join(missing)}, which vLLM needs to load it")
-    digest = adapter_digest(directory)
-    if adapter.sha256 is not None and digest != adapter.sha256:
-        raise AdapterError(f"{where} has digest {digest[:12]}…, but {adapter.sha256[:12]}… was declared")
-    return ProvisionedAdapter(adapter, directory, digest)
 
 
 def _missing_config_fields(path: Path) -> list[str]:

@@ -157,10 +157,12 @@ def adapter_digest_command(
     folder: Annotated[Path, typer.Argument(help="A LoRA adapter's folder: adapter_config.json and its weights.")],
 ) -> None:
     """Print a LoRA adapter's digest, for spec.lora.adapters[].sha256 (or --lora-adapter NAME=SOURCE@DIGEST)."""
-    from neuronfleet.engine.artifacts.adapters import ADAPTER_CONFIG, adapter_digest
+    from neuronfleet.engine.artifacts.adapters import AdapterError, adapter_digest, check_adapter_folder
 
-    if not (folder / ADAPTER_CONFIG).is_file():
-        fail(f"{folder} has no {ADAPTER_CONFIG}: not a LoRA adapter folder")
+    try:
+        check_adapter_folder(folder, str(folder))
+    except AdapterError as error:
+        fail(str(error))
     out.print(adapter_digest(folder))
 
 
