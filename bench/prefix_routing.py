@@ -80,7 +80,10 @@ def window(fleet: Fleet, side: str, args: argparse.Namespace, index: int) -> lis
     ran = subprocess.run(argv, capture_output=True, text=True, timeout=args.window + 120, check=False)
     if ran.returncode != 0:
         raise RuntimeError(f"the conversations driver failed: {ran.stderr[-2000:]}")
-    return [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    outcomes = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    for failed in [t for t in outcomes if t["status"] != 200]:
+        print(f"    failed through the {side}, window {index + 1}: {json.dumps(failed, sort_keys=True)}", flush=True)
+    return outcomes
 
 
 def summary(outcomes: list[Obj], seconds: float) -> Obj:
