@@ -276,10 +276,13 @@ def test_neuronfleets_picker_build_also_scores_the_tokens_each_picker_has_in_fli
     """GIE's image has no in-flight tokens scorer, and refuses a config naming it: only ours gets it."""
     assert "inflight-tokens-scorer" not in json.dumps(routed_config(spec(routing={})))
     ours = plan.RouterImages("localhost/neuronfleet/epp:test", IMAGES.envoy, picker_inflight_tokens=True)
-    config = routed_config(spec(routing={}), ours)
+    config = routed_config(spec(routing={}, engine={"max_num_batched_tokens": 2048}), ours)
     plugins = [p["type"] for p in config["plugins"]]
     # The scorer reads what GIE's producer counts as the picker routes and as answers end.
     assert {"inflight-load-producer", "inflight-tokens-scorer"} <= set(plugins)
+    # A full prefill step, in the producer's count: 2.5 for each prompt token (1 for it, 1.5 for the output).
+    (scorer,) = [p for p in config["plugins"] if p["type"] == "inflight-tokens-scorer"]
+    assert scorer["parameters"] == {"stepTokens": 5120}
     (profile,) = config["schedulingProfiles"]
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
     assert weights["inflight-tokens-scorer"] == weights["queue-scorer"] == 2.0

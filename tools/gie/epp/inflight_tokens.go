@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	framework "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
@@ -18,17 +19,41 @@ const InFlightTokensScorerType = "inflight-tokens-scorer"
 // A Neuron replica runs one prefill per step, so a short request sent to one that is prefilling a long prompt
 // waits out the whole prefill. The engines' metrics show that prefill only once the picker next scrapes them;
 // a request routed in between would go by stale figures. The picker's own count changes the moment it routes.
-// Scores are spread between the least and the most loaded endpoint (1 and 0), as GIE's queue scorers do, so
-// a few thousand tokens tell two replicas apart however large the pool's capacity.
+//
+// Scores fall from 1 (the least loaded endpoint) by what an endpoint holds beyond it, over the candidates'
+// spread or over one full prefill step (stepTokens), whichever is larger. Over the spread alone, one short
+// request in flight would weigh as much as a full step and outweigh a replica's cached prefix; over a step,
+// a few short requests barely count, a long prompt counts in full, and endpoints that all hold more than a
+// step are still told apart.
 type InFlightTokensScorer struct {
-	typedName fwkplugin.TypedName
+	typedName  fwkplugin.TypedName
+	stepTokens int64
+}
+
+// InFlightTokensParameters are the scorer's parameters in an EndpointPickerConfig.
+type InFlightTokensParameters struct {
+	// StepTokens is the most prompt tokens one prefill step of the engines takes (their max_num_batched_tokens).
+	StepTokens int64 `json:"stepTokens"`
 }
 
 var _ framework.Scorer = &InFlightTokensScorer{}
 
-// InFlightTokensScorerFactory makes the scorer; it takes no parameters.
-func InFlightTokensScorerFactory(name string, _ json.RawMessage, _ fwkplugin.Handle) (fwkplugin.Plugin, error) {
-	return &InFlightTokensScorer{typedName: fwkplugin.TypedName{Type: InFlightTokensScorerType, Name: name}}, nil
+// InFlightTokensScorerFactory makes the scorer from its parameters; stepTokens must be positive.
+func InFlightTokensScorerFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplugin.Plugin, error) {
+	parameters := InFlightTokensParameters{}
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &parameters); err != nil {
+			return nil, fmt.Errorf("%s %q: parameters: %w", InFlightTokensScorerType, name, err)
+		}
+	}
+	if parameters.StepTokens <= 0 {
+		return nil, fmt.Errorf("%s %q: stepTokens must be a positive number of tokens, got %d",
+			InFlightTokensScorerType, name, parameters.StepTokens)
+	}
+	return &InFlightTokensScorer{
+		typedName:  fwkplugin.TypedName{Type: InFlightTokensScorerType, Name: name},
+		stepTokens: parameters.StepTokens,
+	}, nil
 }
 
 // TypedName is the plugin's type and name.
@@ -43,8 +68,7 @@ func (s *InFlightTokensScorer) Category() framework.ScorerCategory { return fram
 // every request's data before it schedules.
 func (s *InFlightTokensScorer) Consumes() map[string]any { return nil }
 
-// Score gives each endpoint (max - its tokens) / (max - min) of the candidates' in-flight tokens; all 1 when
-// they hold the same.
+// Score gives each endpoint 1 - (its tokens - the least) / max(the most - the least, stepTokens).
 func (s *InFlightTokensScorer) Score(
 	_ context.Context, _ *framework.CycleState, _ *framework.LLMRequest, endpoints []framework.Endpoint,
 ) map[framework.Endpoint]float64 {
@@ -61,13 +85,10 @@ func (s *InFlightTokensScorer) Score(
 			most = tokens[endpoint]
 		}
 	}
+	spread := max(most-least, s.stepTokens)
 	scores := make(map[framework.Endpoint]float64, len(endpoints))
 	for _, endpoint := range endpoints {
-		if most == least {
-			scores[endpoint] = 1
-		} else {
-			scores[endpoint] = float64(most-tokens[endpoint]) / float64(most-least)
-		}
+		scores[endpoint] = 1 - float64(tokens[endpoint]-least)/float64(spread)
 	}
 	return scores
 }

@@ -308,8 +308,8 @@ def engine_metrics(lora_affinity: bool = False) -> Obj:
     }
 
 
-#: The engines' KV block size when a caller names none.
-DEFAULT_BLOCK_SIZE = EngineConfig().block_size
+#: The engines' KV block size and prefill step when a caller names none.
+DEFAULT_BLOCK_SIZE, DEFAULT_STEP_TOKENS = EngineConfig().block_size, EngineConfig().max_num_batched_tokens
 #: The prefix-cache scorer (GIE's approximate one: it learns from what it routes, and its producer plugin comes
 #: with it), and the block size it hashes prompts in until it reads the engines' own (``autoTune``).
 PREFIX_SCORER = "prefix-cache-scorer"
@@ -323,6 +323,9 @@ INFLIGHT_TOKENS_SCORER, INFLIGHT_TOKENS_PRODUCER, INFLIGHT_TOKENS_WEIGHT = (
     "inflight-load-producer",
     2.0,
 )
+#: What GIE's producer counts for each prompt token: the token (it estimates 4 bytes each), and 1.5 more for the
+#: output it expects. The scorer's full step (``stepTokens``) is in the producer's count.
+INFLIGHT_TOKENS_PER_PROMPT_TOKEN = 2.5
 
 
 @dataclass(frozen=True)
@@ -331,13 +334,15 @@ class PickerScoring:
 
     ``prefix_cache_weight``: locality (``spec.routing.prefixCacheWeight``), in ``block_size`` token blocks, the
     engines' KV block. ``lora_affinity``: a service with LoRA slots. ``inflight_tokens``: the picker image has
-    :data:`INFLIGHT_TOKENS_SCORER`.
+    :data:`INFLIGHT_TOKENS_SCORER`, which scores a replica's tokens in flight against a full prefill step of
+    ``step_tokens`` (the engines' ``max_num_batched_tokens``).
     """
 
     prefix_cache_weight: float = 0.0
     block_size: int = DEFAULT_BLOCK_SIZE
     lora_affinity: bool = False
     inflight_tokens: bool = False
+    step_tokens: int = DEFAULT_STEP_TOKENS
 
     @classmethod
     def of(cls, spec: api.NeuronInferenceServiceSpec, images: RouterImages) -> PickerScoring:
@@ -348,6 +353,7 @@ class PickerScoring:
             # With LoRA slots the engines export their adapters (none loaded yet, or some): the picker reads them.
             lora_affinity=spec.lora is not None,
             inflight_tokens=images.picker_inflight_tokens,
+            step_tokens=spec.engine.max_num_batched_tokens,
         )
 
 
@@ -355,6 +361,16 @@ def prefix_scorer(block_size: int) -> Obj:
     """GIE's prefix-cache scorer, hashing prompts in the engines' KV blocks: ``block_size`` tokens until its
     ``autoTune`` reads the block size and the cache's capacity from each engine's ``vllm:cache_config_info``."""
     return {"type": PREFIX_SCORER, "parameters": {"autoTune": True, "blockSizeTokens": block_size}}
+
+
+def inflight_tokens_scorer(step_tokens: int) -> Obj:
+    """Our in-flight tokens scorer: a replica scores 1 less what it holds beyond the least loaded, over the
+    candidates' spread or a full prefill step of ``step_tokens`` prompt tokens, whichever is larger. One short
+    request in flight then does not outweigh a replica's cached prefix, and a long prefill still counts in full."""
+    return {
+        "type": INFLIGHT_TOKENS_SCORER,
+        "parameters": {"stepTokens": round(step_tokens * INFLIGHT_TOKENS_PER_PROMPT_TOKEN)},
+    }
 
 
 def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
@@ -373,24 +389,25 @@ def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
     ``lora_affinity`` (a service with LoRA slots), GIE's LoRA affinity scorer prefers replicas already running
     the adapter a request names, so its requests share decode batches.
     """
+    # Each optional scorer: whether this picker weighs it, its plugins (a producer, then the scorer), its weight.
+    optional = [
+        (
+            scoring.inflight_tokens,
+            [{"type": INFLIGHT_TOKENS_PRODUCER}, inflight_tokens_scorer(scoring.step_tokens)],
+            INFLIGHT_TOKENS_WEIGHT,
+        ),
+        (bool(scoring.prefix_cache_weight), [prefix_scorer(scoring.block_size)], scoring.prefix_cache_weight),
+        (scoring.lora_affinity, [{"type": LORA_SCORER}], LORA_AFFINITY_WEIGHT),
+    ]
+    chosen = [(plugins, weight) for wanted, plugins, weight in optional if wanted]
     scorers = [{"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()]
-    inflight = [{"type": INFLIGHT_TOKENS_PRODUCER}, {"type": INFLIGHT_TOKENS_SCORER}] if scoring.inflight_tokens else []
-    if scoring.inflight_tokens:
-        scorers.append({"pluginRef": INFLIGHT_TOKENS_SCORER, "weight": INFLIGHT_TOKENS_WEIGHT})
-    prefix = [prefix_scorer(scoring.block_size)] if scoring.prefix_cache_weight else []
-    if scoring.prefix_cache_weight:
-        scorers.append({"pluginRef": PREFIX_SCORER, "weight": scoring.prefix_cache_weight})
-    lora = [{"type": LORA_SCORER}] if scoring.lora_affinity else []
-    if scoring.lora_affinity:
-        scorers.append({"pluginRef": LORA_SCORER, "weight": LORA_AFFINITY_WEIGHT})
+    scorers += [{"pluginRef": plugins[-1]["type"], "weight": weight} for plugins, weight in chosen]
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": [
             *({"type": name} for name in PICKER_SCORERS),
-            *inflight,
-            *prefix,
-            *lora,
+            *(plugin for plugins, _ in chosen for plugin in plugins),
             {"type": "max-score-picker"},
             {"type": METRICS_SOURCE},
             {
