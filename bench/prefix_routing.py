@@ -1,25 +1,30 @@
 """Multi-turn conversations' time to first token through a prefix-aware picker, a load-only one and the Service.
 
-One ``device: sim`` service (Llama 3.1 8B on trn2.48xlarge's calibrated clock, TP 1, prefill buckets 128 to
-4,096) with three replicas on the real node, rolled out by the operator from the chart with ``spec.routing``:
-the operator's router scores load alone (its default). Beside it the bench runs a copy of that router whose
-picker adds GIE's prefix-cache scorer at the weight the operator writes for ``prefixCacheWeight``
-(:func:`neuronfleet.operator.plan.routing.picker_config`). The same conversations (``bench/conversations.py``:
-clients on a few long shared system prompts, each conversation growing turn by turn, one token asked per turn)
-go through the plain Service, the load-only router and the prefix-aware one, in windows of ``--window``
-seconds (``--rounds`` each, the order rotating every round), every request on a connection of its own. vLLM's
-prefix cache is on in every replica: a turn sent back to the replica that served the conversation's last turn
-prefills only what is new (the last reply and the new message, one 128-token bucket, about 66 ms); sent elsewhere,
-it prefills the history it misses there (up to 900 tokens: 512- or 1,024-token buckets, 0.2 to 0.35 s) and, on a
+One ``device: sim`` service (Llama 3.1 8B on trn2.48xlarge's calibrated clock, TP 1, the default prefill
+buckets: powers of two from 128 to 4,096) with three replicas on the real node, rolled out by the operator from
+the chart with ``spec.routing``: the operator's router scores load alone (its default). Beside it the bench runs a
+copy of that router whose picker adds GIE's prefix-cache scorer at the weight the operator writes for
+``prefixCacheWeight`` (:func:`neuronfleet.operator.plan.routing.picker_config`). The same conversations
+(``bench/conversations.py``: clients on a few long shared system prompts, each conversation growing turn by
+turn, one token asked per turn) go through the plain Service, the load-only router and the prefix-aware one, in
+windows of ``--window`` seconds (``--rounds`` each, the order rotating every round), every request on a
+connection of its own. Each of :data:`MIXES` is run in turn: replies of 30 tokens, then a chat's 150, then a
+chat whose conversations all share one system prompt.
+
+vLLM's prefix cache is on in every replica: a turn sent back to the replica that served the conversation's last
+turn prefills only what is new (the last reply and the new message: a 128-token bucket with short replies, about
+80 ms after the history, a 256-token one in a chat, about 125 ms); sent elsewhere, it prefills the history it
+misses there (short replies: up to 900 tokens, 0.1 to 0.4 s; a chat: up to 2,000, 0.2 to 0.85 s) and, on a
 replica that never saw its system prompt, that too. Every window draws new system prompts and conversations,
 so none starts with another's cache, and sends each system prompt once before its clients start (a long-lived
 shared prompt is cached somewhere already; where, is the picker's business).
 
-Reported for each side: TTFT p50 and p99 over all windows and each window's median [min-max], turns answered
-per second, failures, and how often a turn went to the replica that served its conversation's previous turn;
-then the load-only picker's p50 and p99 over the prefix-aware one's (the goal: at least 2x lower).
+Reported for each mix and side: TTFT p50 and p99 over all windows and each window's median [min-max], turns
+answered per second, failures, how often a turn went to the replica that served its conversation's previous
+turn, and the p50 of the turns that did and did not; then the load-only picker's p50 and p99 over the
+prefix-aware one's (the goal: at least 2x lower).
 
-Run: ``make bench-prefix`` (root: the real node). Prints one table and the commit it ran on; writes
+Run: ``make bench-prefix`` (root: the real node). Prints a table per mix and the commit it ran on; writes
 bench/results/prefix_routing.json.
 """
 
@@ -30,6 +35,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,20 +53,35 @@ from neuronfleet.operator.plan import routing
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_routing.json"
 DRIVER = Path(__file__).resolve().parent / "conversations.py"
 Obj = dict[str, Any]
+#: The engines' limits, and their prefill buckets: the engine's default ladder, powers of two from 128.
 ENGINE: Obj = {
     "max_model_len": 4096,
     "max_num_batched_tokens": 4096,
-    "num_batched_tokens_buckets": [128, 512, 1024, 2048, 4096],
+    "num_batched_tokens_buckets": [128, 256, 512, 1024, 2048, 4096],
     "max_num_seqs": 8,
 }
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Conversations: the words (tokens) of a reply in the history, and how many system prompts they share."""
+
+    reply_tokens: int
+    prefixes: int = 3
+
+
+#: A chat's replies run to hundreds of tokens; 150 keeps ten turns on a 1,500-token system prompt within
+#: ``max_model_len``. On one prompt every conversation starts where the first went: locality must not pile
+#: them all on one replica.
+MIXES = {"short-replies": Mix(30), "chat": Mix(150), "one-prompt": Mix(150, prefixes=1)}
 REPLICAS = 3
 #: The prefix-aware copy of the operator's router.
 PREFIX_AWARE = f"{routing.router_name(NAME)}-prefix"
 SIDES = {"service": NAME, "picker": routing.router_name(NAME), "picker-prefix": PREFIX_AWARE}
 
 
-def window(fleet: Fleet, side: str, args: argparse.Namespace, index: int) -> list[Obj]:
-    """One window of conversations through ``side``: each turn's outcome."""
+def window(fleet: Fleet, mix: str, side: str, args: argparse.Namespace, index: int) -> list[Obj]:
+    """One window of ``mix``'s conversations through ``side``: each turn's outcome."""
     cluster_ip = fleet.get("service", SIDES[side])["spec"]["clusterIP"]
     argv = [
         "ip", "netns", "exec", fleet.node.netns, sys.executable, str(DRIVER),
@@ -68,21 +89,24 @@ def window(fleet: Fleet, side: str, args: argparse.Namespace, index: int) -> lis
         f"--model={served_name(fleet.manifest['spec']['model']['uri'])}",
         f"--duration={args.window}",
         f"--conversations={args.conversations}",
-        f"--prefixes={args.prefixes}",
+        f"--prefixes={MIXES[mix].prefixes}",
         f"--system-tokens={args.system_tokens}",
         f"--turns={args.turns}",
         f"--user-tokens={args.user_tokens}",
-        f"--reply-tokens={args.reply_tokens}",
+        f"--reply-tokens={MIXES[mix].reply_tokens}",
         f"--think={args.think}",
         # New prompts every window: no side starts with what another left cached.
-        f"--seed={side}-{index}",
+        f"--seed={mix}-{side}-{index}",
     ]  # fmt: skip
     ran = subprocess.run(argv, capture_output=True, text=True, timeout=args.window + 120, check=False)
     if ran.returncode != 0:
         raise RuntimeError(f"the conversations driver failed: {ran.stderr[-2000:]}")
     outcomes = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
     for failed in [t for t in outcomes if t["status"] != 200]:
-        print(f"    failed through the {side}, window {index + 1}: {json.dumps(failed, sort_keys=True)}", flush=True)
+        print(
+            f"    {mix}: failed through the {side}, window {index + 1}: {json.dumps(failed, sort_keys=True)}",
+            flush=True,
+        )
     return outcomes
 
 
@@ -92,36 +116,43 @@ def summary(outcomes: list[Obj], seconds: float) -> Obj:
     ok = [t for t in turns if t["status"] == 200]
     latencies = sorted(t["latency_s"] for t in ok)
     last: dict[tuple[int, int], str] = {}
-    stayed = moved = 0
+    # A later turn's latency by whether it went to the replica that served the conversation's previous turn.
+    later: dict[bool, list[float]] = {True: [], False: []}
     for turn in ok:
         key = (turn["client"], turn["prefix"])
         if turn["turn"] > 0 and key in last:
-            stayed, moved = (stayed + 1, moved) if last[key] == turn["replica"] else (stayed, moved + 1)
+            later[last[key] == turn["replica"]].append(turn["latency_s"])
         last[key] = turn["replica"]
+    stayed, moved = len(later[True]), len(later[False])
     return {
         "sent": len(turns),
         "failed": len(turns) - len(ok),
-        "ttft_p50_s": quantile(latencies, 0.5) if latencies else float("nan"),
-        "ttft_p99_s": quantile(latencies, 0.99) if latencies else float("nan"),
+        "ttft_p50_s": _quantile(latencies, 0.5),
+        "ttft_p99_s": _quantile(latencies, 0.99),
         "turns_per_s": len(ok) / seconds,
         "same_replica_share": stayed / (stayed + moved) if stayed + moved else float("nan"),
+        "stayed_ttft_p50_s": _quantile(sorted(later[True]), 0.5),
+        "moved_ttft_p50_s": _quantile(sorted(later[False]), 0.5),
         "replicas_used": len({t["replica"] for t in ok} - {None}),
     }
+
+
+def _quantile(latencies: list[float], q: float) -> float:
+    return quantile(latencies, q) if latencies else float("nan")
 
 
 def parse() -> argparse.Namespace:
     """The bench's options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
+    parser.add_argument("--window", type=float, default=40.0, help="seconds per window")
     parser.add_argument("--rounds", type=int, default=3, help="windows per side")
     parser.add_argument("--conversations", type=int, default=6, help="clients, each one conversation at a time")
-    parser.add_argument("--prefixes", type=int, default=3, help="shared system prompts")
     parser.add_argument("--system-tokens", type=int, default=1500, help="words (tokens) in a system prompt")
     parser.add_argument("--turns", type=int, default=10, help="turns per conversation")
     parser.add_argument("--user-tokens", type=int, default=60, help="words (tokens) in a user message")
-    parser.add_argument("--reply-tokens", type=int, default=30, help="words (tokens) of a reply in the history")
     parser.add_argument("--think", type=float, default=1.5, help="seconds between an answer and the next turn")
-    parser.add_argument("--prefix-weight", type=float, default=2.0, help="the prefix-aware picker's prefixCacheWeight")
+    parser.add_argument("--prefix-weight", type=float, default=4.0, help="the prefix-aware picker's prefixCacheWeight")
+    parser.add_argument("--mixes", nargs="+", choices=list(MIXES), default=list(MIXES), help="the mixes to run")
     return parser.parse_args()
 
 
@@ -129,7 +160,7 @@ def main() -> None:
     """Start the rig, run the windows, print the table and write the results."""
     args = parse()
     began = time.monotonic()
-    windows: dict[str, list[list[Obj]]] = {side: [] for side in SIDES}
+    windows: dict[str, dict[str, list[list[Obj]]]] = {mix: {side: [] for side in SIDES} for mix in args.mixes}
     with routed_fleet("bench-prefix", ENGINE, REPLICAS) as fleet:
         block_size = int(fleet.manifest["spec"]["engine"].get("block_size", routing.DEFAULT_BLOCK_SIZE))
         # As the operator's own picker here, the prefix-aware copy counts its tokens in flight too.
@@ -137,15 +168,25 @@ def main() -> None:
         start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(scoring))
         print(f"[{time.monotonic() - began:5.0f} s] {REPLICAS} replicas Ready behind both pickers", flush=True)
         sides = list(SIDES)
-        for index in range(args.rounds):
-            for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
-                windows[side].append(window(fleet, side, args, index))
-                print(f"[{time.monotonic() - began:5.0f} s] window {index + 1} through the {side}", flush=True)
-    report(args, windows, time.monotonic() - began)
+        for mix in args.mixes:
+            for index in range(args.rounds):
+                for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
+                    windows[mix][side].append(window(fleet, mix, side, args, index))
+                    print(
+                        f"[{time.monotonic() - began:5.0f} s] {mix}: window {index + 1} through the {side}", flush=True
+                    )
+    results = {"commit": commit(), "args": vars(args), "engine": ENGINE, "wall_s": time.monotonic() - began}
+    results["mixes"] = {mix: {**asdict(MIXES[mix]), **figures(args, windows[mix])} for mix in args.mixes}
+    for mix in args.mixes:
+        print_mix(args, mix, results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2))
+    print(f"wrote {RESULTS}")
 
 
-def report(args: argparse.Namespace, windows: dict[str, list[list[Obj]]], wall_s: float) -> None:
-    """Print the table and write the JSON."""
+def figures(args: argparse.Namespace, windows: dict[str, list[list[Obj]]]) -> Obj:
+    """A mix's figures: each side's over all its windows and window by window, the load-only picker's p50 and p99
+    over the prefix-aware one's, and every turn (to look into a figure afterwards)."""
     seconds = args.window * args.rounds
     sides = {
         side: {
@@ -157,14 +198,19 @@ def report(args: argparse.Namespace, windows: dict[str, list[list[Obj]]], wall_s
     }
     load_only, prefix = sides["picker"], sides["picker-prefix"]
     ratios = {q: load_only[f"ttft_{q}_s"] / prefix[f"ttft_{q}_s"] for q in ("p50", "p99")}
-    results = {"commit": commit(), "args": vars(args), "engine": ENGINE, "wall_s": wall_s, "sides": sides}
-    results["load_only_over_prefix"] = ratios
+    return {"sides": sides, "load_only_over_prefix": ratios, "turns": windows}
+
+
+def print_mix(args: argparse.Namespace, mix: str, results: Obj) -> None:
+    """Print one mix's table and its ratios."""
+    sides, ratios = results["mixes"][mix]["sides"], results["mixes"][mix]["load_only_over_prefix"]
     title = (
-        f"{args.conversations} clients in conversations of {args.turns} turns ({args.user_tokens}-token messages, "
-        f"{args.reply_tokens}-token replies) on {args.prefixes} system prompts of {args.system_tokens} tokens "
+        f"{mix}: {args.conversations} clients in conversations of {args.turns} turns ({args.user_tokens}-token "
+        f"messages, {MIXES[mix].reply_tokens}-token replies) on {MIXES[mix].prefixes} system prompts of "
+        f"{args.system_tokens} tokens "
         f"({args.think:g} s between turns, 1 token asked), {REPLICAS} sim replicas "
         f"(Llama 3.1 8B, trn2.48xlarge, TP 1), {args.rounds} windows of {args.window:g} s per side, rotating, a "
-        f"connection per request; took {wall_s / 60:.1f} min; commit {results['commit']}"
+        f"connection per request; took {results['wall_s'] / 60:.1f} min in all; commit {results['commit']}"
     )
     printed = []
     for side, figures in sides.items():
@@ -178,17 +224,16 @@ def report(args: argparse.Namespace, windows: dict[str, list[list[Obj]]], wall_s
                 show(p99s, "{:.0f}"),
                 f"{figures['turns_per_s']:.2f}",
                 f"{figures['same_replica_share']:.0%}",
+                f"{1000 * figures['stayed_ttft_p50_s']:.0f} / {1000 * figures['moved_ttft_p50_s']:.0f} ms",
             ]
         )
     columns = ["route", "sent", "failed", "TTFT p50", "TTFT p99", "p50 by window, ms", "p99 by window, ms"]
-    print_table(title, [*columns, "turns/s", "same replica"], printed)
+    print_table(title, [*columns, "turns/s", "same replica", "p50 stayed / moved"], printed)
+    turns = sides["picker-prefix"]["turns_per_s"] / sides["picker"]["turns_per_s"]
     print(
-        f"TTFT, load-only picker / prefix-aware picker (weight {args.prefix_weight:g}): p50 {ratios['p50']:.2f}x, "
-        f"p99 {ratios['p99']:.2f}x (goal >= 2x); turns/s {prefix['turns_per_s'] / load_only['turns_per_s']:.2f}x"
+        f"{mix}: TTFT, load-only picker / prefix-aware picker (weight {args.prefix_weight:g}): p50 "
+        f"{ratios['p50']:.2f}x, p99 {ratios['p99']:.2f}x (goal >= 2x); turns/s {turns:.2f}x"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2))
-    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -280,21 +280,25 @@ def routing_rows(data: Obj) -> Iterator[Row]:
 
 
 def prefix_routing_rows(data: Obj) -> Iterator[Row]:
-    """Conversations' TTFT through the prefix-aware picker, against the load-only picker and the plain Service."""
-    prefix = data["sides"]["picker-prefix"]
+    """Conversations' TTFT through the prefix-aware picker on each mix, against the load-only picker and the plain
+    Service."""
     args = data["args"]
-    workload = f"{args['conversations']} conversations on {args['prefixes']} prompts of {args['system_tokens']} tokens"
-    for side, against in (("picker", "load-only picker"), ("service", "Service")):
-        base = data["sides"][side]
-        for key, label in (("ttft_p50_s", "p50"), ("ttft_p99_s", "p99")):
-            yield Row(
-                "routing",
-                f"conversation TTFT {label} through the prefix-aware picker, 3 sim replicas",
-                f"{1000 * prefix[key]:.0f} ms",
-                f"{1000 * base[key]:.0f} ms ({against})",
-                _ratio(prefix[key], base[key]),
-                workload if label == "p50" else f"{prefix['failed']} + {base['failed']} failed",
-            )
+    for name, mix in data["mixes"].items():
+        workload = (
+            f"{args['conversations']} conversations on {mix['prefixes']} prompts of {args['system_tokens']} tokens"
+        )
+        prefix = mix["sides"]["picker-prefix"]
+        for side, against in (("picker", "load-only picker"), ("service", "Service")):
+            base = mix["sides"][side]
+            for key, label in (("ttft_p50_s", "p50"), ("ttft_p99_s", "p99")):
+                yield Row(
+                    "routing",
+                    f"{name}: conversation TTFT {label} through the prefix-aware picker, 3 sim replicas",
+                    f"{1000 * prefix[key]:.0f} ms",
+                    f"{1000 * base[key]:.0f} ms ({against})",
+                    _ratio(prefix[key], base[key]),
+                    workload if label == "p50" else f"{prefix['failed']} + {base['failed']} failed",
+                )
 
 
 def canary_rows(data: Obj) -> Iterator[Row]:
