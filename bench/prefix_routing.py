@@ -8,8 +8,8 @@ copy of that router whose picker adds GIE's prefix-cache scorer at the weight th
 (``bench/conversations.py``: clients on a few long shared system prompts, each conversation growing turn by
 turn, one token asked per turn) go through the plain Service, the load-only router and the prefix-aware one, in
 windows of ``--window`` seconds (``--rounds`` each, the order rotating every round), every request on a
-connection of its own. Each of :data:`MIXES` is run in turn: replies of 30 tokens, then a chat's 150, then a
-chat whose conversations all share one system prompt.
+connection of its own. Each of :data:`MIXES` is run in turn: replies of 30 tokens, then a chat's 150, a chat
+whose conversations all share one system prompt, and a busy chat (twice the clients and the prompts).
 
 vLLM's prefix cache is on in every replica: a turn sent back to the replica that served the conversation's last
 turn prefills only what is new (the last reply and the new message: a 128-token bucket with short replies, about
@@ -64,16 +64,23 @@ ENGINE: Obj = {
 
 @dataclass(frozen=True)
 class Mix:
-    """Conversations: the words (tokens) of a reply in the history, and how many system prompts they share."""
+    """Conversations: the words (tokens) of a reply in the history, how many system prompts they share, and how
+    many clients hold one each."""
 
     reply_tokens: int
     prefixes: int = 3
+    clients: int = 6
 
 
 #: A chat's replies run to hundreds of tokens; 150 keeps ten turns on a 1,500-token system prompt within
 #: ``max_model_len``. On one prompt every conversation starts where the first went: locality must not pile
-#: them all on one replica.
-MIXES = {"short-replies": Mix(30), "chat": Mix(150), "one-prompt": Mix(150, prefixes=1)}
+#: them all on one replica. A busy chat: twice the clients, on twice the prompts.
+MIXES = {
+    "short-replies": Mix(30),
+    "chat": Mix(150),
+    "one-prompt": Mix(150, prefixes=1),
+    "busy-chat": Mix(150, prefixes=6, clients=12),
+}
 REPLICAS = 3
 #: The prefix-aware copy of the operator's router.
 PREFIX_AWARE = f"{routing.router_name(NAME)}-prefix"
@@ -88,7 +95,7 @@ def window(fleet: Fleet, mix: str, side: str, args: argparse.Namespace, index: i
         f"--url=http://{cluster_ip}:{HTTP_PORT}/v1/completions",
         f"--model={served_name(fleet.manifest['spec']['model']['uri'])}",
         f"--duration={args.window}",
-        f"--conversations={args.conversations}",
+        f"--conversations={MIXES[mix].clients}",
         f"--prefixes={MIXES[mix].prefixes}",
         f"--system-tokens={args.system_tokens}",
         f"--turns={args.turns}",
@@ -146,7 +153,6 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=float, default=40.0, help="seconds per window")
     parser.add_argument("--rounds", type=int, default=3, help="windows per side")
-    parser.add_argument("--conversations", type=int, default=6, help="clients, each one conversation at a time")
     parser.add_argument("--system-tokens", type=int, default=1500, help="words (tokens) in a system prompt")
     parser.add_argument("--turns", type=int, default=10, help="turns per conversation")
     parser.add_argument("--user-tokens", type=int, default=60, help="words (tokens) in a user message")
@@ -205,7 +211,7 @@ def print_mix(args: argparse.Namespace, mix: str, results: Obj) -> None:
     """Print one mix's table and its ratios."""
     sides, ratios = results["mixes"][mix]["sides"], results["mixes"][mix]["load_only_over_prefix"]
     title = (
-        f"{mix}: {args.conversations} clients in conversations of {args.turns} turns ({args.user_tokens}-token "
+        f"{mix}: {MIXES[mix].clients} clients in conversations of {args.turns} turns ({args.user_tokens}-token "
         f"messages, {MIXES[mix].reply_tokens}-token replies) on {MIXES[mix].prefixes} system prompts of "
         f"{args.system_tokens} tokens "
         f"({args.think:g} s between turns, 1 token asked), {REPLICAS} sim replicas "

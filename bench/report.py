@@ -284,9 +284,7 @@ def prefix_routing_rows(data: Obj) -> Iterator[Row]:
     Service."""
     args = data["args"]
     for name, mix in data["mixes"].items():
-        workload = (
-            f"{args['conversations']} conversations on {mix['prefixes']} prompts of {args['system_tokens']} tokens"
-        )
+        workload = f"{mix['clients']} conversations on {mix['prefixes']} prompts of {args['system_tokens']} tokens"
         prefix = mix["sides"]["picker-prefix"]
         for side, against in (("picker", "load-only picker"), ("service", "Service")):
             base = mix["sides"][side]

@@ -333,9 +333,10 @@ class Routing(K8sModel):
         description=(
             "How much the picker weighs prefix-cache locality (GIE's prefix-cache scorer: it hashes each prompt in "
             "the engines' KV blocks and remembers which replica it sent them to) beside load (the waiting queue "
-            "weighs 2, running requests 1, the KV cache 1). With it, a conversation or a shared system prompt goes "
-            "back to the replica that holds it cached instead of being prefilled again elsewhere. 0 (the "
-            "default): load alone."
+            "weighs 2, running requests 1, the KV cache 1, and with neuronfleet's picker build the tokens in "
+            "flight 2). With it, a conversation or a shared system prompt goes back to the replica that holds it "
+            "cached instead of being prefilled again elsewhere. make bench-prefix runs it at 4, which kept every "
+            "turn of its conversations on their replica. 0 (the default): load alone."
         ),
     )
     kv_events: bool = Field(
