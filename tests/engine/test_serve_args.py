@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import vllm.envs as vllm_envs
 
 from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.names import HTTP_PORT, KV_EVENTS_PORT
+from neuronfleet.engine.names import HTTP_KEEP_ALIVE_S, HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.engine.serving.serve import (
     CPU_COMPILE_ENVS,
+    KEEP_ALIVE_ENV,
     MULTIPROC_METHOD_ENV,
     SERVED_ARTIFACT_ENV,
     ServeRequest,
@@ -25,6 +27,7 @@ from neuronfleet.engine.serving.serve import (
 )
 from neuronfleet.engine.sim.platform import activate
 from neuronfleet.engine.sim_settings import EXECUTOR_CLS, SimSettings
+from neuronfleet.operator.plan import routing
 
 ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=8192, tensor_parallel_size=8)
 
@@ -120,6 +123,24 @@ def test_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     mine = serve_environment(request(port=8125), {"PROMETHEUS_MULTIPROC_DIR": "/mine", "VLLM_PLUGINS": "a"})
     assert mine["PROMETHEUS_MULTIPROC_DIR"] == "/mine"
     assert mine["VLLM_PLUGINS"] == "a,neuronfleet_ready"
+
+
+def test_the_routers_envoy_closes_an_idle_engine_connection_before_the_engine_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An engine that closes a kept-alive connection as Envoy sends on it makes Envoy answer 503: Envoy must
+    let go first, whatever keep-alive the pod's environment would have given vLLM."""
+    env = serve_environment(request(port=8131), {KEEP_ALIVE_ENV: "1"})
+    assert env[KEEP_ALIVE_ENV] == str(HTTP_KEEP_ALIVE_S)
+    monkeypatch.setenv(KEEP_ALIVE_ENV, env[KEEP_ALIVE_ENV])
+    assert vllm_envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE == HTTP_KEEP_ALIVE_S
+    clusters = {c["name"]: c for c in routing.envoy_config()["static_resources"]["clusters"]}
+    options = clusters["pool"]["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    idle = options["common_http_protocol_options"]["idle_timeout"]
+    assert idle.endswith("s")
+    assert 0 < float(idle[:-1]) < HTTP_KEEP_ALIVE_S
 
 
 def test_the_simulated_engine_core_is_forked_unless_the_user_says_otherwise(

@@ -44,6 +44,10 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 #: serving pods and their Service, which the probes and the scrapes refer to.
 HTTP_PORT = 8000
 HTTP_PORT_NAME = "http"
+#: Seconds the engine keeps an idle HTTP connection open (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, pinned at
+#: its default). A proxy in front must close idle connections sooner: one that sends a request just as the
+#: engine closes the connection gets a reset.
+HTTP_KEEP_ALIVE_S = 5
 #: Where the engine publishes its KV cache events when asked (``serve --kv-events-port``: vLLM's ZMQ
 #: publisher and default port) and replays those it still holds (the next port); apart from the HTTP port.
 KV_EVENTS_PORT = 5557

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.lora import LoraSlots
+from neuronfleet.engine.names import HTTP_KEEP_ALIVE_S
 from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 
@@ -35,6 +36,8 @@ CPU_COMPILE_ENVS = ("VLLM_NEURON_CPU_COMPILE", "NEURON_PLATFORM_TARGET_OVERRIDE"
 SERVED_ARTIFACT_ENV = "NEURONFLEET_SERVED_ARTIFACT"
 #: How vLLM starts its engine core process; ``vllm serve`` chooses spawn unless it is set.
 MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+#: How long vLLM's HTTP server keeps an idle connection (:data:`~neuronfleet.engine.names.HTTP_KEEP_ALIVE_S`).
+KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 
 
 #: The ``GET /ready`` endpoint plugin (``neuronfleet.engine.serving.readiness``), for ``VLLM_PLUGINS``.
@@ -176,6 +179,8 @@ def serve_environment(request: ServeRequest, base: dict[str, str]) -> dict[str, 
     env["DO_NOT_TRACK"] = "1"
     # The engine core writes the neuronfleet: metrics; the API server's /metrics collects them.
     env["VLLM_PLUGINS"] = plugin_allowlist(env.get("VLLM_PLUGINS"))
+    # The router's Envoy closes idle connections before this (HTTP_KEEP_ALIVE_S); a different one would race it.
+    env[KEEP_ALIVE_ENV] = str(HTTP_KEEP_ALIVE_S)
     if "PROMETHEUS_MULTIPROC_DIR" not in env:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(request.port))
     if request.artifact_dir is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.names import (
+    HTTP_KEEP_ALIVE_S,
     HTTP_PORT,
     HTTP_PORT_NAME,
     LABEL_SERVICE,
@@ -258,14 +259,28 @@ def _picker_cluster() -> Obj:
     }
 
 
+#: How long Envoy keeps an idle connection to a serving pod: less than the engine's own keep-alive
+#: (:data:`~neuronfleet.engine.names.HTTP_KEEP_ALIVE_S`). Otherwise the engine may close a connection just as
+#: Envoy sends a request on it, and the client gets Envoy's 503 (one turn of about 2,000 in bench-prefix).
+POOL_IDLE_TIMEOUT_S = HTTP_KEEP_ALIVE_S - 2
+
+
 def _pool_cluster() -> Obj:
-    """The serving pods: whichever address the picker wrote in :data:`DESTINATION_HEADER`."""
+    """The serving pods: whichever address the picker wrote in :data:`DESTINATION_HEADER`, over HTTP/1.1
+    connections Envoy closes first when idle (:data:`POOL_IDLE_TIMEOUT_S`)."""
     return {
         "name": "pool",
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
         "connect_timeout": "5s",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": f"{_ENVOY_TYPES}.upstreams.http.v3.HttpProtocolOptions",
+                "common_http_protocol_options": {"idle_timeout": f"{POOL_IDLE_TIMEOUT_S}s"},
+                "explicit_http_config": {"http_protocol_options": {}},
+            }
+        },
     }
 
 
