@@ -48,6 +48,7 @@ from tables import print_table
 
 from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.engine.serving.serve import served_name
+from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_routing.json"
@@ -168,9 +169,12 @@ def main() -> None:
     began = time.monotonic()
     windows: dict[str, dict[str, list[list[Obj]]]] = {mix: {side: [] for side in SIDES} for mix in args.mixes}
     with routed_fleet("bench-prefix", ENGINE, REPLICAS) as fleet:
-        block_size = int(fleet.manifest["spec"]["engine"].get("block_size", routing.DEFAULT_BLOCK_SIZE))
-        # As the operator's own picker here, the prefix-aware copy counts its tokens in flight too.
-        scoring = routing.PickerScoring(args.prefix_weight, block_size, inflight_tokens=True)
+        engine = api.parse_service_spec(fleet.manifest["spec"]).engine
+        # As the operator's own picker here, the prefix-aware copy counts its tokens in flight too, against the
+        # same prefill step.
+        scoring = routing.PickerScoring(
+            args.prefix_weight, engine.block_size, inflight_tokens=True, step_tokens=engine.max_num_batched_tokens
+        )
         start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(scoring))
         print(f"[{time.monotonic() - began:5.0f} s] {REPLICAS} replicas Ready behind both pickers", flush=True)
         sides = list(SIDES)
