@@ -89,7 +89,7 @@ lint: setup  ## ruff, the import layers of docs/architecture.md (import-linter),
 # mypy's cache lives outside the checkout: it checks each file by its hash, so a fresh clone reuses it (1 min -> 3 s).
 typecheck: setup  ## mypy, strict.
 	$(STAGE) typecheck - bash -c '$(BIN)/mypy --cache-dir $(CACHE)/mypy/packages \
-		-p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
+		-p neuronfleet.contract -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
 		&& $(BIN)/mypy --cache-dir $(CACHE)/mypy/tests tests bench'
 
 # The tools and the images are built side by side: most of each is one busy core. tests/engine needs no

@@ -35,8 +35,8 @@ from provenance import commit, show, spread
 from routing import routed_fleet
 from tables import print_table
 
+from neuronfleet.contract.names import LABEL_ARTIFACT
 from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.engine.names import LABEL_ARTIFACT
 
 RESULTS = Path(__file__).resolve().parent / "results" / "canary.json"
 Obj = dict[str, Any]

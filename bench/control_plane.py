@@ -79,6 +79,7 @@ import psutil
 from provenance import commit
 from tables import print_table
 
+from neuronfleet.contract.names import LABEL_SERVICE
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.credentials import service_account_kubeconfig
@@ -87,7 +88,6 @@ from neuronfleet.devcluster.controlplane.fleet import M7I_8XLARGE, TRN2_48XLARGE
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.engine.names import LABEL_SERVICE
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import (
     ARTIFACTS,

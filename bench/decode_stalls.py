@@ -28,7 +28,7 @@ from deployments import DEPLOYMENTS, Deployment, prefill_cap, scheduler_fields, 
 from provenance import commit, ratio_spread, show, spread
 from tables import print_table
 
-from neuronfleet.engine.config import AUTO, REFERENCE_SCHEDULER
+from neuronfleet.contract.config import AUTO, REFERENCE_SCHEDULER
 from neuronfleet.engine.offline.driver import run_scenario
 from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Timeline, percentile

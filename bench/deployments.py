@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from neuronfleet.engine.config import EngineConfig, SchedulerOptions
-from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.contract.config import EngineConfig, SchedulerOptions
+from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.engine.sim.calibration import Calibration
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape

@@ -28,7 +28,7 @@ from deployments import DEPLOYMENTS, Deployment, num_kv_blocks, prefill_cap, sch
 from provenance import commit, ratio_spread, show, spread
 from tables import print_table
 
-from neuronfleet.engine.config import AUTO, REFERENCE_SCHEDULER
+from neuronfleet.contract.config import AUTO, REFERENCE_SCHEDULER
 from neuronfleet.engine.offline.driver import run_scenario
 from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Timeline

@@ -28,7 +28,7 @@ from typing import Any
 from provenance import commit
 from tables import print_table
 
-from neuronfleet.engine.buckets import effective_max_num_batched_tokens, get_default_num_batched_tokens_buckets
+from neuronfleet.contract.buckets import effective_max_num_batched_tokens, get_default_num_batched_tokens_buckets
 from neuronfleet.engine.tuning.recommend import (
     Histogram,
     bucket_set,

@@ -46,7 +46,7 @@ from provenance import commit, show, spread
 from routing import quantile, routed_fleet, side_cells, start_router_copy
 from tables import print_table
 
-from neuronfleet.engine.names import HTTP_PORT
+from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing

@@ -52,6 +52,7 @@ from harness.node_load import Answer
 from provenance import commit, show, spread
 from tables import print_table
 
+from neuronfleet.contract.names import MANAGED_BY_LABEL
 from neuronfleet.devcluster.addons.routing import install_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.images import node_images
@@ -61,7 +62,6 @@ from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.realnode import node
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
-from neuronfleet.engine.names import MANAGED_BY_LABEL
 from neuronfleet.operator.plan import RouterImages, routing
 from neuronfleet.operator.plan.routing import PickerScoring
 

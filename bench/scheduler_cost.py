@@ -25,7 +25,7 @@ from provenance import commit
 from tables import print_table
 from vllm.sampling_params import SamplingParams
 
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
 from neuronfleet.engine.offline.driver import build_vllm_config, construct_scheduler, stand_in_device_output
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler

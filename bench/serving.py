@@ -40,7 +40,7 @@ from deployments import DEPLOYMENTS, Deployment, num_kv_blocks, prefill_cap
 from provenance import commit, show, spread
 from tables import print_table
 
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, SchedulerOptions
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, SchedulerOptions
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
 from neuronfleet.engine.offline.scenarios import ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Arrival, Timeline, percentile, serve_arrivals

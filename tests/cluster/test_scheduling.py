@@ -8,10 +8,10 @@ from typing import Any
 
 from kubernetes.client import AppsV1Api, CoreV1Api, V1Deployment
 
+from neuronfleet.contract.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.devcluster.controlplane.fleet import POOL_LABEL
 from neuronfleet.devcluster.controlplane.kwok import FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 NEURON_TOLERATION = {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 

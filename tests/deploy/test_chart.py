@@ -16,8 +16,8 @@ import pytest
 import typer
 from prometheus_client import generate_latest
 
+from neuronfleet.contract.names import LABEL_SERVICE, SERVICE_METRIC_LABEL
 from neuronfleet.devcluster.addons.metrics import parse_samples
-from neuronfleet.engine.names import LABEL_SERVICE, SERVICE_METRIC_LABEL
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.main import app

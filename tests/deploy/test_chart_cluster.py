@@ -22,6 +22,7 @@ import yaml
 from harness.cluster_fixtures import NodeImage
 from harness.services import Services
 
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.devcluster.cluster.credentials import service_account_kubeconfig
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
@@ -29,7 +30,6 @@ from neuronfleet.devcluster.controlplane.storage import artifact_volume
 from neuronfleet.devcluster.demo import operator_release
 from neuronfleet.devcluster.images.dockerfile import BuiltImage
 from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.engine.config import EngineConfig
 from neuronfleet.operator.api import parse_service_spec
 from neuronfleet.operator.kube import ARTIFACTS, Kube
 

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("where", [".", "operator", "engine", "devcluster"])
+@pytest.mark.parametrize("where", [".", "contract", "operator", "engine", "devcluster"])
 def test_python_started_in_the_checkout_imports_the_standard_library(where: str) -> None:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
     # typer imports the standard library's operator too: the line from the issue that used to fail.
@@ -36,11 +36,13 @@ def test_no_top_level_folder_is_a_python_package() -> None:
 
 
 def test_the_import_names_are_served_from_the_src_layouts() -> None:
+    import neuronfleet.contract
     import neuronfleet.devcluster
     import neuronfleet.engine
     import neuronfleet.operator
 
     for module, folder in [
+        (neuronfleet.contract, "contract"),
         (neuronfleet.engine, "engine"),
         (neuronfleet.operator, "operator"),
         (neuronfleet.devcluster, "devcluster"),

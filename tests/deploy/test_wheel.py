@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Everything the build reads (pyproject.toml's package-dir and readme).
-SOURCES = ("pyproject.toml", "README.md", "engine", "operator")
+SOURCES = ("pyproject.toml", "README.md", "contract", "engine", "operator")
 TEST_MODULES = frozenset({"conftest.py", "testing.py", "pytest_plugin.py"})
 
 
@@ -55,7 +55,8 @@ def test_the_wheel_holds_no_test_code(tmp_path: Path) -> None:
     # A real build of every package the images install; the dev harness is not one of them.
     assert not [name for name in modules if name.startswith("neuronfleet/devcluster/")]
     assert "neuronfleet/operator/main.py" in modules
-    assert "neuronfleet/engine/config.py" in modules
+    assert "neuronfleet/engine/cli/main.py" in modules
+    assert "neuronfleet/contract/config.py" in modules
     named_as_tests = [
         name for name in modules if Path(name).name in TEST_MODULES or Path(name).name.startswith("test_")
     ]
@@ -73,4 +74,4 @@ def test_the_dev_harness_wheel_holds_its_package_data_and_command(tmp_path: Path
     assert {"neuronfleet/devcluster/images/pause.c", "neuronfleet/devcluster/controlplane/stages.yaml"} <= files
     assert "neuronfleet/devcluster/cli.py" in files
     assert "neuronfleet-dev = neuronfleet.devcluster.cli:app" in entry_points
-    assert not [name for name in files if name.startswith(("neuronfleet/engine/", "neuronfleet/operator/"))]
+    assert not [name for name in files if name.startswith(("neuronfleet/contract/", "neuronfleet/engine/", "neuronfleet/operator/"))]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from neuronfleet.contract import dra
+from neuronfleet.contract.hardware import INSTANCE_TYPES, NEURON_CORE_RESOURCE, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.fleet import (
     DEFAULT_FLEET,
@@ -14,8 +16,6 @@ from neuronfleet.devcluster.controlplane.fleet import (
     NodePool,
     fleet_nodes,
 )
-from neuronfleet.engine import dra
-from neuronfleet.engine.hardware import INSTANCE_TYPES, NEURON_CORE_RESOURCE, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 
 def test_trn2_node_has_sixteen_devices_sixty_four_cores_and_the_neuron_taint() -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from harness.damage import flip_bytes
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.identity import CompileIdentity, ModelSource
 from neuronfleet.engine.artifacts.store import (
     MANIFEST,
     ArtifactError,
@@ -21,8 +23,6 @@ from neuronfleet.engine.artifacts.store import (
     load_for_serving,
     read_manifest,
 )
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import CompileIdentity, ModelSource
 
 ENGINE = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
 IDENTITY = CompileIdentity.of(ModelSource(uri="hf://org/model"), ENGINE, "trn2", "neuronfleet/engine:test", "sim")

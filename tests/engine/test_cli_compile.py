@@ -11,9 +11,9 @@ from pathlib import Path
 from harness.damage import flip_bytes
 from harness.engine_server import write_engine_config
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.identity import CompileIdentity, ModelSource
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import CompileIdentity, ModelSource
 
 RunCli = Callable[..., subprocess.CompletedProcess[str]]
 SETTINGS = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "max_model_len": 512}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronfleet.engine.config import EngineConfig
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.tuning.recommend import chunk_histogram, optimal_buckets, padding_waste, prompt_histogram
 from neuronfleet.engine.tuning.workloads import WORKLOADS
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuronfleet.engine.hardware import GIB, INSTANCE_TYPES, get_instance_type
+from neuronfleet.contract.hardware import GIB, INSTANCE_TYPES, get_instance_type
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 

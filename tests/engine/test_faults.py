@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from neuronfleet.engine.faults import (
+from neuronfleet.contract.faults import (
     DEVICE_FAULT_PREFIX,
     RUNTIME_ERROR_PREFIX,
     NeuronRuntimeError,

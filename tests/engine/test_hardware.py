@@ -9,8 +9,7 @@ from typing import get_args
 import pytest
 import yaml
 
-from neuronfleet.engine.cli.serve import sim_settings
-from neuronfleet.engine.hardware import (
+from neuronfleet.contract.hardware import (
     DEFAULT_INSTANCE_TYPE,
     GIB,
     INSTANCE_TYPES,
@@ -18,6 +17,7 @@ from neuronfleet.engine.hardware import (
     get_instance_type,
     largest_instance_type,
 )
+from neuronfleet.engine.cli.serve import sim_settings
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 

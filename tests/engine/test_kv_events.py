@@ -12,9 +12,9 @@ from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.devcluster.process.managed import free_ports
 from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.offline.driver import OfflineEngine, build_vllm_config, construct_scheduler
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler
 from neuronfleet.engine.serving.serve import kv_events_config

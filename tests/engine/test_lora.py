@@ -13,9 +13,9 @@ import pytest
 from harness.s3_fixtures import Bucket
 from pydantic import ValidationError
 
+from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.lora import LoraAdapter, LoraSlots
 from neuronfleet.engine.artifacts.adapters import AdapterError, adapter_digest, provision_adapter
-from neuronfleet.engine.hardware import get_instance_type
-from neuronfleet.engine.lora import LoraAdapter, LoraSlots
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from neuronfleet.contract.config import EngineConfig, SchedulerOptions
+from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.engine.cli.serve import resolve_on_neuron
-from neuronfleet.engine.config import EngineConfig, SchedulerOptions
-from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.tuning.prefill_cap import KNEE, derive_prefill_cap, resolve_prefill_cap

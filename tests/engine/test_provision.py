@@ -14,6 +14,9 @@ import pytest
 from harness.damage import flip_bytes
 from harness.s3_fixtures import Bucket
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.identity import CompileIdentity, ModelSource
+from neuronfleet.contract.sim_settings import SimSettings
 from neuronfleet.engine.artifacts.compiler import CompileError
 from neuronfleet.engine.artifacts.provision import (
     CompileOutcome,
@@ -32,9 +35,6 @@ from neuronfleet.engine.artifacts.store import (
     artifact_files,
     load_for_serving,
 )
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import CompileIdentity, ModelSource
-from neuronfleet.engine.sim_settings import SimSettings
 
 #: Prefill buckets 128 and 256, decode buckets 1 and 2: four graphs.
 ENGINE = EngineConfig(max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512)

@@ -7,10 +7,10 @@ from importlib.metadata import entry_points
 import pytest
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
-from neuronfleet.engine.config import ASYNC_SCHEDULER_CLS, SYNC_SCHEDULER_CLS
+from neuronfleet.contract.config import ASYNC_SCHEDULER_CLS, SYNC_SCHEDULER_CLS
+from neuronfleet.contract.sim_settings import EXECUTOR_CLS
 from neuronfleet.engine.scheduler import neuron
 from neuronfleet.engine.sim import executor
-from neuronfleet.engine.sim_settings import EXECUTOR_CLS
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuronfleet.engine.buckets import get_default_num_batched_tokens_buckets, validate_num_batched_tokens_buckets
+from neuronfleet.contract.buckets import get_default_num_batched_tokens_buckets, validate_num_batched_tokens_buckets
 from neuronfleet.engine.tuning.exposition import CHUNK_METRIC, PROMPT_METRIC, ExpositionError, Kind, observed_lengths
 from neuronfleet.engine.tuning.recommend import (
     RecommendError,

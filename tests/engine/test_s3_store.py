@@ -21,11 +21,11 @@ from harness.engine_server import SCRIPTS, EngineServer, ServerPool, engine_env,
 from harness.programs import run_program
 from harness.s3_fixtures import Bucket
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.identity import CompileIdentity, ModelSource
 from neuronfleet.engine.artifacts.neuron_compile import compile_command
 from neuronfleet.engine.artifacts.s3 import S3Location, download, upload
 from neuronfleet.engine.artifacts.store import ArtifactError, ArtifactFile, StoreError, artifact_files, read_manifest
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import CompileIdentity, ModelSource
 
 SETTINGS = {"max_num_seqs": 2, "max_num_batched_tokens": 256, "max_model_len": 512}
 #: More and bigger graphs (13 files, 3 MiB), so an upload is still under way when it is killed.

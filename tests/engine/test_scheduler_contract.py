@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from neuronfleet.engine.buckets import get_bucket_for_count, get_default_num_batched_tokens_buckets
-from neuronfleet.engine.config import EngineConfig
+from neuronfleet.contract.buckets import get_bucket_for_count, get_default_num_batched_tokens_buckets
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.offline.driver import OfflineEngine, build_vllm_config, construct_scheduler
 from neuronfleet.engine.scheduler import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
 from neuronfleet.engine.scheduler.vllm_compat import Request, SchedulerOutput

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from vllm.lora.request import LoRARequest
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.lora import LoraSlots
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.lora import LoraSlots
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
 
 pytestmark = pytest.mark.vllm_matrix

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, SchedulerOptions
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, SchedulerOptions
 from neuronfleet.engine.offline.driver import OfflineEngine, run_scenario
 from neuronfleet.engine.offline.scenarios import SCENARIOS, Scenario
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
-from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.contract.buckets import get_bucket_for_count
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
+from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, build_scheduler, run_scenario
 from neuronfleet.engine.offline.scenarios import SCENARIOS, Scenario, ScenarioRequest, prompt_token_ids
 from neuronfleet.engine.scheduler import vllm_compat

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
+from neuronfleet.contract.buckets import get_bucket_for_count
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
 from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, run_scenario
 from neuronfleet.engine.offline.scenarios import SCENARIOS, Scenario, ScenarioRequest
 from neuronfleet.engine.scheduler import vllm_compat

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
 from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, run_scenario
 from neuronfleet.engine.offline.scenarios import Scenario, ScenarioRequest
 from neuronfleet.engine.scheduler import vllm_compat

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from neuronfleet.engine.config import EngineConfig
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler, build_vllm_config, construct_scheduler
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler, read_neuron_config

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import vllm.envs as vllm_envs
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.names import HTTP_KEEP_ALIVE_S, HTTP_PORT, KV_EVENTS_PORT
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.names import HTTP_KEEP_ALIVE_S, HTTP_PORT, KV_EVENTS_PORT
+from neuronfleet.contract.sim_settings import EXECUTOR_CLS, SimSettings
 from neuronfleet.engine.serving.serve import (
     CPU_COMPILE_ENVS,
     KEEP_ALIVE_ENV,
@@ -26,7 +27,6 @@ from neuronfleet.engine.serving.serve import (
     vllm_serve_argv,
 )
 from neuronfleet.engine.sim.platform import activate
-from neuronfleet.engine.sim_settings import EXECUTOR_CLS, SimSettings
 from neuronfleet.operator.plan import routing
 
 ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=8192, tensor_parallel_size=8)

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from harness.engine_server import EngineServer, ServerPool, error_lines, write_engine_config
 
-from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 

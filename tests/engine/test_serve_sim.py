@@ -29,12 +29,12 @@ from harness.engine_server import (
 from harness.kv_events import replayed
 from vllm.distributed.kv_events import BlockStored
 
+from neuronfleet.contract import names
+from neuronfleet.contract.buckets import chunk_sizes, get_bucket_for_count
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.process.managed import free_ports
 from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.engine import names
-from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
-from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.serving.drain import CLOSE_CONNECTIONS_S
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words

@@ -12,9 +12,10 @@ import pytest
 from vllm.model_executor.models import ModelRegistry
 from vllm.sampling_params import SamplingParams
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.faults import NeuronRuntimeError
-from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.faults import NeuronRuntimeError
+from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.sim_settings import ClockMode
 from neuronfleet.engine.offline.driver import build_scheduler, construct_scheduler
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.sim.cost_model import CostModel
@@ -29,7 +30,6 @@ from neuronfleet.engine.sim.faults import InjectedFault
 from neuronfleet.engine.sim.model_shapes import ARCHITECTURE, get_shape
 from neuronfleet.engine.sim.platform import SimNeuronPlatform
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
-from neuronfleet.engine.sim_settings import ClockMode
 
 pytestmark = pytest.mark.vllm_matrix
 

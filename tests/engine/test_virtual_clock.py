@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.contract.buckets import get_bucket_for_count
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
 from neuronfleet.engine.offline.scenarios import ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Arrival, Timeline, percentile, serve_arrivals

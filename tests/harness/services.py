@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from neuronfleet.contract.names import LABEL_SERVICE
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine.names import LABEL_SERVICE
 from neuronfleet.operator.api import API_VERSION
 from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Kube
 

@@ -16,10 +16,10 @@ from typing import Any
 from harness.services import Services
 from kubernetes.client import ApiClient
 
+from neuronfleet.contract.names import LABEL_ARTIFACT
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine.names import LABEL_ARTIFACT
 from neuronfleet.operator import plan
 from neuronfleet.operator.cache import APPLIED_ANNOTATION, CachedKube, ObjectCache
 from neuronfleet.operator.kube import ARTIFACTS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube

@@ -12,13 +12,13 @@ import pytest
 from harness.services import Services, is_ready, serving_pods
 from kubernetes.client import ApiClient
 
+from neuronfleet.contract import dra
+from neuronfleet.contract.hardware import NEURON_TAINT_KEY
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.fleet import InstanceShape, NodePool
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine import dra
-from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 from neuronfleet.operator.kube import DEVICE_CLASSES, NOT_FOUND, PODS, ApiError, Kube, Resource
 from neuronfleet.operator.status import Reason
 

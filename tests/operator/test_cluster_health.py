@@ -10,12 +10,12 @@ import pytest
 from harness.services import Services, is_ready, sample, serving_pods
 from kubernetes.client import ApiClient, CoreV1Api
 
+from neuronfleet.contract.faults import NeuronRuntimeError, runtime_status, termination_message
+from neuronfleet.contract.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.controlplane.kwok import FAIL_ANNOTATION, FAIL_MESSAGE_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine.faults import NeuronRuntimeError, runtime_status, termination_message
-from neuronfleet.engine.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import plan
 from neuronfleet.operator.kube import EVENTS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.metrics import QUARANTINED

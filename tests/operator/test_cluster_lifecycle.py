@@ -10,13 +10,13 @@ from typing import Any
 import yaml
 from harness.services import Services, is_ready, sample, serving_pods
 
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION, FAIL_ANNOTATION, READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, observed, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import crdgen, plan
 from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcilers import Manager

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from harness.services import Services
 
+from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.status import condition, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.operator import plan
 from neuronfleet.operator.kube import (
     CONFIGMAPS,

@@ -22,12 +22,12 @@ from harness.programs import run_program
 from harness.services import Services
 from kubernetes.client import ApiException, CoreV1Api, V1Container, V1ObjectMeta, V1Pod, V1PodSpec, V1ServiceAccount
 
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import FAIL_ANNOTATION, FAIL_MESSAGE_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.kube import JOBS, PODS, Kube
 

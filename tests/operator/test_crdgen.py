@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from neuronfleet.operator import crdgen
 from neuronfleet.operator.kube import BY_KIND
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.engine import dra
-from neuronfleet.engine.hardware import INSTANCE_TYPES, NEURON_DEVICE_RESOURCE, get_instance_type
+from neuronfleet.contract import dra
+from neuronfleet.contract.hardware import INSTANCE_TYPES, NEURON_DEVICE_RESOURCE, get_instance_type
 from neuronfleet.operator import api, decide, plan
 from neuronfleet.operator.reconcilers.devices import NeuronDevices
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import typer
 
+from neuronfleet.contract.hardware import INSTANCE_TYPES
+from neuronfleet.contract.invocation import CompileInvocation, ServeInvocation
+from neuronfleet.contract.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.engine.cli.main import app
-from neuronfleet.engine.hardware import INSTANCE_TYPES
-from neuronfleet.engine.invocation import CompileInvocation, ServeInvocation
-from neuronfleet.engine.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.operator import api, plan
 
 ENGINE = typer.main.get_command(app)

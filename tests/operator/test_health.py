@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from neuronfleet.engine.faults import NeuronRuntimeError, runtime_status, termination_message
-from neuronfleet.engine.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
+from neuronfleet.contract.faults import NeuronRuntimeError, runtime_status, termination_message
+from neuronfleet.contract.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api, canary, health, plan
 from neuronfleet.operator.health import Fault, FaultKind
 from neuronfleet.operator.status import ConditionType, Reason, transitions

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE, REPLICA_ENV
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE, REPLICA_ENV
 from neuronfleet.operator import api, plan
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.engine.names import HTTP_PORT, LABEL_SERVICE, PICKER_LORA_INFO, REQUESTS_IN_FLIGHT
+from neuronfleet.contract.names import HTTP_PORT, LABEL_SERVICE, PICKER_LORA_INFO, REQUESTS_IN_FLIGHT
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
 from neuronfleet.operator.plan import routing

@@ -24,10 +24,10 @@ from harness.cluster_fixtures import NodeImage
 from harness.fleet import NAME, POD_TIMEOUT_S, Fleet, identity_hash, pod_ready, report, started
 from harness.node_load import NodeLoad
 
+from neuronfleet.contract.names import LABEL_ARTIFACT
 from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig, AutoscalingRigError
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.realnode.node import RealNode
-from neuronfleet.engine.names import LABEL_ARTIFACT
 from neuronfleet.operator import plan, scaling
 
 Obj = dict[str, Any]

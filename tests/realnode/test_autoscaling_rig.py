@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from neuronfleet.contract.names import LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME, SERVICE_METRIC_LABEL
 from neuronfleet.devcluster.addons.autoscaling_rig import SCRAPED_PORT, AutoscalingRig
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import pinned_here
-from neuronfleet.engine.names import LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME, SERVICE_METRIC_LABEL
 
 Obj = dict[str, Any]
 METRIC = "rig_level"

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from harness.cluster_fixtures import NodeImage
 
+from neuronfleet.contract import dra
+from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode, pinned_here
-from neuronfleet.engine import dra
-from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.operator import api as nis_api
 from neuronfleet.operator import plan
 

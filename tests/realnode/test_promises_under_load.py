@@ -48,20 +48,20 @@ from harness.fleet import (
 )
 from harness.node_load import Answer
 
-from neuronfleet.devcluster.cluster.local import LocalCluster
-from neuronfleet.devcluster.controlplane.components import REAL_NODE
-from neuronfleet.devcluster.controlplane.status import condition
-from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
-from neuronfleet.devcluster.process.waiting import wait_for
-from neuronfleet.devcluster.realnode.node import RealNode
-from neuronfleet.engine.faults import DEVICE_FAULT_PREFIX, parse_termination_message
-from neuronfleet.engine.names import (
+from neuronfleet.contract.faults import DEVICE_FAULT_PREFIX, parse_termination_message
+from neuronfleet.contract.names import (
     ANNOTATION_FAULT,
     LABEL_ARTIFACT,
     LABEL_QUARANTINED,
     LABEL_SERVICE,
     REPLICA_HEADER,
 )
+from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
+from neuronfleet.devcluster.controlplane.status import condition
+from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
+from neuronfleet.devcluster.process.waiting import wait_for
+from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.serving.readiness import RUNTIME_ERROR_EXIT
 
 #: The chart's leader election timings, which bound a takeover after a crash.

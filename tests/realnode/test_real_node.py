@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from neuronfleet.contract.hardware import NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
@@ -22,7 +23,6 @@ from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.capacity import neuron_capacity
 from neuronfleet.devcluster.realnode.node import RealNode
-from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 
 Obj = dict[str, Any]
 PODS = "/api/v1/namespaces/default/pods"

@@ -40,13 +40,13 @@ from harness.fleet import (
 )
 from harness.node_load import Answer
 
+from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.artifacts.adapters import adapter_digest
-from neuronfleet.engine.names import HTTP_PORT
 from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator.plan import RouterImages, routing
 

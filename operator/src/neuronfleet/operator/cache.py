@@ -37,7 +37,7 @@ from typing import Any
 
 import kubernetes
 
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL
 from neuronfleet.operator.kube import (
     ARTIFACTS,
     BY_KIND,

@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
-from neuronfleet.engine.names import GROUP
+from neuronfleet.contract.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.contract.names import GROUP
 from neuronfleet.operator import api
 from neuronfleet.operator.api import rules
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from neuronfleet.engine.names import LABEL_ARTIFACT
+from neuronfleet.contract.names import LABEL_ARTIFACT
 from neuronfleet.operator import api, health, plan, scaling
 from neuronfleet.operator.status import (
     ConditionType,

@@ -27,7 +27,7 @@ from typing import Any
 
 import kopf
 
-from neuronfleet.engine.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
+from neuronfleet.contract.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api, health, plan
 from neuronfleet.operator.cache import WATCHED, ObjectCache
 from neuronfleet.operator.drive import Drive

@@ -4,7 +4,7 @@ what the service's ``Degraded`` condition says.
 The signals:
 
 - a device fault the engine reported: a serving container's termination message (its current or its last
-  state) names a Neuron runtime status that marks the device suspect (``neuronfleet.engine.faults``);
+  state) names a Neuron runtime status that marks the device suspect (``neuronfleet.contract.faults``);
 - a fault the node carries: the Neuron node problem detector's ``NeuronHealth=True`` (reasons such as
   ``NeuronHasError_DMA_ERROR``), the EKS node monitoring agent's ``AcceleratedHardwareReady=False``.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from neuronfleet.engine.faults import DEVICE_FAULT_PREFIX, parse_termination_message, status_in_text
-from neuronfleet.engine.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
+from neuronfleet.contract.faults import DEVICE_FAULT_PREFIX, parse_termination_message, status_in_text
+from neuronfleet.contract.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api
 from neuronfleet.operator.status import ConditionType, Reason, condition
 

@@ -17,7 +17,7 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from neuronfleet.engine.names import FIELD_MANAGER, GROUP
+from neuronfleet.contract.names import FIELD_MANAGER, GROUP
 from neuronfleet.operator import api
 from neuronfleet.operator.status import Event
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from neuronfleet.engine.names import SERVICE_METRIC_LABEL
+from neuronfleet.contract.names import SERVICE_METRIC_LABEL
 from neuronfleet.operator import api, plan
 
 Obj = dict[str, Any]

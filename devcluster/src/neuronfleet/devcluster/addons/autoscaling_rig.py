@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from neuronfleet.contract.names import HTTP_PORT_NAME, MANAGED_BY_LABEL, OPERATOR_NAME, SERVICE_METRIC_LABEL
 from neuronfleet.devcluster.addons.s3_server import answers_in_netns
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane import pki
@@ -45,7 +46,6 @@ from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotRea
 from neuronfleet.devcluster.process.state import save
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode
-from neuronfleet.engine.names import HTTP_PORT_NAME, MANAGED_BY_LABEL, OPERATOR_NAME, SERVICE_METRIC_LABEL
 
 KEDA_NAMESPACE = "keda"
 ADAPTER_SERVICE = "keda-metrics-apiserver"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from neuronfleet.contract.hardware import NEURON_DEVICE_RESOURCE
 from neuronfleet.devcluster.controlplane.api import Api, ApiError
 from neuronfleet.devcluster.controlplane.components import COMPONENTS, REAL_NODE, Layout, argv
 from neuronfleet.devcluster.controlplane.fleet import DEFAULT_FLEET, NodePool, fleet_nodes
@@ -35,7 +36,6 @@ from neuronfleet.devcluster.process.state import ClusterState, list_states, load
 from neuronfleet.devcluster.process.tools import KubeTools, helm_env
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode import node
-from neuronfleet.engine.hardware import NEURON_DEVICE_RESOURCE
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

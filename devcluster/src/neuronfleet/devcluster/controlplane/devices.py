@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from neuronfleet.engine import dra
-from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.contract import dra
+from neuronfleet.contract.hardware import get_instance_type
 
 Obj = dict[str, Any]
 

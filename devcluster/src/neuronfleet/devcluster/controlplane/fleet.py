@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from neuronfleet.engine.hardware import (
+from neuronfleet.contract.hardware import (
     INSTANCE_TYPE_LABEL,
     NEURON_CORE_RESOURCE,
     NEURON_DEVICE_RESOURCE,

@@ -11,9 +11,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from neuronfleet.contract.hardware import NEURON_TAINT_KEY
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
-from neuronfleet.engine.hardware import NEURON_TAINT_KEY
 
 #: The Helm release name; the chart names its ServiceAccount and Deployment after it.
 RELEASE = "neuronfleet"

@@ -33,6 +33,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from neuronfleet.contract.names import ARTIFACT_KIND, GROUP, HTTP_PORT, SERVICE_KIND
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
 from neuronfleet.devcluster.controlplane.api import Api
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
@@ -44,7 +45,6 @@ from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.process.waiting import WaitTimeoutError, wait_for
 from neuronfleet.devcluster.realnode import node
 from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage, StoreError
-from neuronfleet.engine.names import ARTIFACT_KIND, GROUP, HTTP_PORT, SERVICE_KIND
 
 Obj = dict[str, Any]
 

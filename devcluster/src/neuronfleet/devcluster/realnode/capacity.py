@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
+from neuronfleet.contract.hardware import NEURON_CORE_RESOURCE, NEURON_DEVICE_RESOURCE, get_instance_type
 from neuronfleet.devcluster.controlplane.api import Api, ApiError
-from neuronfleet.engine.hardware import NEURON_CORE_RESOURCE, NEURON_DEVICE_RESOURCE, get_instance_type
 
 #: Seconds between checks.
 INTERVAL = 2.0

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import yaml
 
+from neuronfleet.contract.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.controlplane.fleet import (
@@ -44,7 +45,6 @@ from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessRecord
 from neuronfleet.devcluster.process.state import ClusterState
 from neuronfleet.devcluster.process.tools import KubeTools, NodeTools, ToolsMissingError
 from neuronfleet.devcluster.realnode.store import UNPACK_CONFIG, Containerd, NodeImageStore, OciImage, StoreError
-from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 
 #: The node's address: inside the fleet's node network, far above the KWOK nodes counting up from .1.
 NODE_IP = "10.240.255.254"

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from neuronfleet.contract.lora import LoraAdapter
 from neuronfleet.engine.artifacts import s3
 from neuronfleet.engine.artifacts.store import ArtifactError, file_digest, is_s3
-from neuronfleet.engine.lora import LoraAdapter
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

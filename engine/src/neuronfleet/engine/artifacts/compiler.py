@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.identity import CompileIdentity
+from neuronfleet.contract.sim_settings import SimSettings
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR, ArtifactError, BucketEntry, artifact_dir
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import get_instance_type
-from neuronfleet.engine.identity import CompileIdentity
 from neuronfleet.engine.sim.compiler import simulated_compiler
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
-from neuronfleet.engine.sim_settings import SimSettings
 
 #: Compiles one graph of the artifact and returns the seconds it took.
 CompileBucket = Callable[[BucketEntry], float]

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.identity import CompileIdentity
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR, BucketEntry, artifact_dir
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import CompileIdentity
 
 
 def compile_command(model: str, engine: EngineConfig, target: str, neff_dir: Path) -> tuple[list[str], dict[str, str]]:

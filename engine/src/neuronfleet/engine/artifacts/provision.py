@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.identity import CompileIdentity
+from neuronfleet.contract.sim_settings import SimSettings
 from neuronfleet.engine.artifacts.compiler import CompileError, choose_compiler
 from neuronfleet.engine.artifacts.store import (
     MANIFEST,
@@ -40,10 +43,7 @@ from neuronfleet.engine.artifacts.store import (
     is_s3,
     load_for_serving,
 )
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import CompileIdentity
 from neuronfleet.engine.paths import user_cache
-from neuronfleet.engine.sim_settings import SimSettings
 
 
 class Progress(Protocol):

@@ -33,6 +33,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from neuronfleet.contract.identity import hash_document
 from neuronfleet.engine.artifacts.store import (
     MANIFEST,
     S3_SCHEME,
@@ -44,7 +45,6 @@ from neuronfleet.engine.artifacts.store import (
     mismatch,
     write_manifest,
 )
-from neuronfleet.engine.identity import hash_document
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -1,6 +1,6 @@
 """Compiled artifacts in a store: where they live, their manifest, and compiling them.
 
-An artifact is named by its identity hash (``neuronfleet.engine.identity``, the
+An artifact is named by its identity hash (``neuronfleet.contract.identity``, the
 same function the operator uses) and lives in ``STORE/HASH/``. Its
 ``manifest.json`` lists one entry per compiled graph (each prefill token bucket,
 each decode batch bucket) with its shape, status and compile time, says
@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from neuronfleet.engine.identity import CompileIdentity
-from neuronfleet.engine.sim_settings import Device
+from neuronfleet.contract.identity import CompileIdentity
+from neuronfleet.contract.sim_settings import Device
 
 MANIFEST = "manifest.json"
 LOCK = ".compile.lock"

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from typer.core import TyperGroup
 
-from neuronfleet.engine.config import EngineConfig
+from neuronfleet.contract.config import EngineConfig
 
 #: Exit status for input that is unreadable or breaks a rule.
 EXIT_INVALID = 2

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from neuronfleet.engine.buckets import chunk_sizes, get_bucket_for_count
+from neuronfleet.contract.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.engine.cli.common import (
     AsyncSchedulingOption,
     ConfigOption,

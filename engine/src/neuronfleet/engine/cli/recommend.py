@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.cli.common import (
     ConfigOption,
     MaxModelLen,
@@ -21,7 +22,6 @@ from neuronfleet.engine.cli.common import (
     load_config,
     out,
 )
-from neuronfleet.engine.config import EngineConfig
 from neuronfleet.engine.tuning.exposition import ExpositionError, Kind, observed_lengths
 from neuronfleet.engine.tuning.recommend import (
     DEFAULT_GRANULARITY,

@@ -10,6 +10,18 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.hardware import (
+    INSTANCE_TYPES,
+    InstanceTypeName,
+    NeuronTarget,
+    get_instance_type,
+    largest_instance_type,
+)
+from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
+from neuronfleet.contract.lora import LoraAdapter, LoraSlots
+from neuronfleet.contract.names import HTTP_PORT, KV_EVENTS_PORT
+from neuronfleet.contract.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
 from neuronfleet.engine.artifacts.adapters import provision_adapter
 from neuronfleet.engine.artifacts.provision import cache_root, compile_into_store, serving_artifact
 from neuronfleet.engine.artifacts.store import ArtifactError
@@ -23,21 +35,9 @@ from neuronfleet.engine.cli.common import (
     load_config,
     out,
 )
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import (
-    INSTANCE_TYPES,
-    InstanceTypeName,
-    NeuronTarget,
-    get_instance_type,
-    largest_instance_type,
-)
-from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
-from neuronfleet.engine.lora import LoraAdapter, LoraSlots
-from neuronfleet.engine.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
-from neuronfleet.engine.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
 from neuronfleet.engine.tuning.prefill_cap import resolve_prefill_cap
 
 DEFAULT_MODEL = "hf://neuronfleet/tiny"

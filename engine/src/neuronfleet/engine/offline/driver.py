@@ -28,8 +28,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.lora import LoraSlots
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.lora import LoraSlots
 from neuronfleet.engine.offline.scenarios import Scenario, prompt_token_ids
 from neuronfleet.engine.paths import user_cache
 from neuronfleet.engine.scheduler import vllm_compat

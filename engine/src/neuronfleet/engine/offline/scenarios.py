@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig
 from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.contract.buckets import get_bucket_for_count
 from neuronfleet.engine.offline.driver import StepRecord
 
 

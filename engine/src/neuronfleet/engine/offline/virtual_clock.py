@@ -13,8 +13,8 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.config import EngineConfig
+from neuronfleet.contract.buckets import get_bucket_for_count
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord
 from neuronfleet.engine.offline.scenarios import ScenarioRequest, prompt_token_ids
 from neuronfleet.engine.sim.cost_model import CostModel

@@ -21,8 +21,8 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
 
-from neuronfleet.engine.buckets import get_bucket_for_count
-from neuronfleet.engine.faults import RuntimeStatus
+from neuronfleet.contract.buckets import get_bucket_for_count
+from neuronfleet.contract.faults import RuntimeStatus
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler, SchedulerState
 from neuronfleet.engine.tuning.exposition import CHUNK_METRIC

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from vllm.logger import init_logger
 
-from neuronfleet.engine.buckets import (
+from neuronfleet.contract.buckets import (
     NUM_BATCHED_TOKENS_BUCKETS,
     NUM_SEQS_BUCKETS,
     effective_max_num_batched_tokens,
@@ -34,7 +34,7 @@ from neuronfleet.engine.buckets import (
     validate_num_batched_tokens_buckets,
     validate_num_seqs_buckets,
 )
-from neuronfleet.engine.config import AUTO, SchedulerOptions
+from neuronfleet.contract.config import AUTO, SchedulerOptions
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.packing import Pack, buckets_while_decoding, fits, pack_padding
 from neuronfleet.engine.scheduler.vllm_compat import AsyncScheduler, Request, Scheduler, SchedulerOutput

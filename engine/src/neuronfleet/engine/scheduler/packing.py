@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.contract.buckets import get_bucket_for_count
 
 
 @dataclass

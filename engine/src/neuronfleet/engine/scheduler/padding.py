@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.contract.buckets import get_bucket_for_count
 
 #: Token id of padding positions.
 PAD_TOKEN_ID = 0

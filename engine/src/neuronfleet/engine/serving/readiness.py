@@ -10,7 +10,7 @@ HTTP response carries the artifact's hash too, in ``X-Neuronfleet-Artifact``,
 and the replica's pod name, in ``X-Neuronfleet-Replica``, so a client or gateway
 sees which revision and which replica answered each request.
 
-When a step fails on the device (``neuronfleet.engine.faults``) the engine core stops, and vLLM's
+When a step fails on the device (``neuronfleet.contract.faults``) the engine core stops, and vLLM's
 server follows it within seconds. Until then every POST, and every request the engine held, is
 answered 503 with the fault's own message (which the engine core left as the container's
 termination message), and ``/ready`` says the same.
@@ -43,8 +43,9 @@ from prometheus_client import Gauge
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from neuronfleet.engine.faults import read_termination_message
-from neuronfleet.engine.names import REPLICA_ENV, REPLICA_HEADER, REQUESTS_IN_FLIGHT
+from neuronfleet.contract.faults import read_termination_message
+from neuronfleet.contract.names import REPLICA_ENV, REPLICA_HEADER, REQUESTS_IN_FLIGHT
+from neuronfleet.contract.sim_settings import DEVICE_ENV, SETTINGS_KEY
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.serving.drain import (
     ACCEPT_QUEUE_WAIT_S,
@@ -56,7 +57,6 @@ from neuronfleet.engine.serving.drain import (
 )
 from neuronfleet.engine.serving.serve import READY_PLUGIN, SERVED_ARTIFACT_ENV
 from neuronfleet.engine.sim.faults import FAULTS_PATH, InjectedFault
-from neuronfleet.engine.sim_settings import DEVICE_ENV, SETTINGS_KEY
 
 logger = logging.getLogger(__name__)
 

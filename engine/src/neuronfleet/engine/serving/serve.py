@@ -19,12 +19,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.lora import LoraSlots
+from neuronfleet.contract.names import HTTP_KEEP_ALIVE_S
+from neuronfleet.contract.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.lora import LoraSlots
-from neuronfleet.engine.names import HTTP_KEEP_ALIVE_S
 from neuronfleet.engine.sim.model_shapes import SHAPES
-from neuronfleet.engine.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
 NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
@@ -36,7 +36,7 @@ CPU_COMPILE_ENVS = ("VLLM_NEURON_CPU_COMPILE", "NEURON_PLATFORM_TARGET_OVERRIDE"
 SERVED_ARTIFACT_ENV = "NEURONFLEET_SERVED_ARTIFACT"
 #: How vLLM starts its engine core process; ``vllm serve`` chooses spawn unless it is set.
 MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
-#: How long vLLM's HTTP server keeps an idle connection (:data:`~neuronfleet.engine.names.HTTP_KEEP_ALIVE_S`).
+#: How long vLLM's HTTP server keeps an idle connection (:data:`~neuronfleet.contract.names.HTTP_KEEP_ALIVE_S`).
 KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from neuronfleet.engine.hardware import InstanceType
+from neuronfleet.contract.hardware import InstanceType
 from neuronfleet.engine.sim.calibration import Calibration, calibration_for
 from neuronfleet.engine.sim.model_shapes import ModelShape
 

@@ -20,13 +20,13 @@ from typing import Literal
 
 from vllm.v1.outputs import ModelRunnerOutput
 
-from neuronfleet.engine.buckets import get_bucket_for_count
+from neuronfleet.contract.buckets import get_bucket_for_count
+from neuronfleet.contract.sim_settings import ClockMode
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.padding import PrefillSequence, kv_slot, pad_decode, pad_packed_prefill
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.faults import FaultInjector, step_failure
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
-from neuronfleet.engine.sim_settings import ClockMode
 
 
 class ShapeNotCompiledError(RuntimeError):

@@ -27,16 +27,16 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.serial_utils import run_method
 from vllm.v1.worker.worker_base import CompilationTimes
 
+from neuronfleet.contract.faults import NeuronRuntimeError, write_termination_message
+from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.sim_settings import SimSettings, read_settings
 from neuronfleet.engine.artifacts import store as artifacts
-from neuronfleet.engine.faults import NeuronRuntimeError, write_termination_message
-from neuronfleet.engine.hardware import get_instance_type
 from neuronfleet.engine.scheduler import metrics, vllm_compat
 from neuronfleet.engine.scheduler.neuron import read_neuron_config
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
 from neuronfleet.engine.sim.faults import FaultInjector, InjectedFault
 from neuronfleet.engine.sim.model_shapes import get_shape
-from neuronfleet.engine.sim_settings import SimSettings, read_settings
 
 logger = init_logger(__name__)
 

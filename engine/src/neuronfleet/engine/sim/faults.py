@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from neuronfleet.engine.faults import NeuronRuntimeError, RuntimeStatus, runtime_status
+from neuronfleet.contract.faults import NeuronRuntimeError, RuntimeStatus, runtime_status
 
 #: The path the simulated device's fault endpoint is served at (only with ``device: sim``).
 FAULTS_PATH = "/neuronfleet/sim/faults"

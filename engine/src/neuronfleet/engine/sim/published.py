@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from neuronfleet.engine.hardware import get_instance_type
+from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.engine.sim.calibration import FITTED_CONSTANTS, HOST_DISPATCH_S, Calibration
 from neuronfleet.engine.sim.cost_model import CostModel, PrefillWork
 from neuronfleet.engine.sim.model_shapes import get_shape

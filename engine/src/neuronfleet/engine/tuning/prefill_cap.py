@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from neuronfleet.engine.config import AUTO, EngineConfig
+from neuronfleet.contract.config import AUTO, EngineConfig
 
 #: Without an ITL target: a prefill step while decoding costs at most this many times the smallest bucket's.
 KNEE = 2.0

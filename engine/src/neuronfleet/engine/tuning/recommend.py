@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from neuronfleet.engine.buckets import (
+from neuronfleet.contract.buckets import (
     chunk_sizes,
     effective_max_num_batched_tokens,
     get_bucket_for_count,

@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
-from neuronfleet.engine.identity import CompileIdentity
+from neuronfleet.contract.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.contract.identity import CompileIdentity
 from neuronfleet.operator.api import rules
 from neuronfleet.operator.api.common import CompileSettings
 from neuronfleet.operator.api.k8s import K8sModel

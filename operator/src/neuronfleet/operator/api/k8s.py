@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from neuronfleet.engine import names
+from neuronfleet.contract import names
 from neuronfleet.operator.api.rules import Rule, add_cel
 
 VERSION = "v1alpha1"

@@ -10,7 +10,7 @@ in its status.
 A message is a ``printf`` template: CEL fills it with ``'...'.format([...])``
 from the rule's ``args`` (concatenating ``string(int)`` exceeds the API server's
 cost estimate), Python with ``%`` from what the check returns. The bucket rules'
-messages are the engine's own (:mod:`neuronfleet.engine.buckets`), and so is
+messages are the engine's own (:mod:`neuronfleet.contract.buckets`), and so is
 their check: ``spec.engine`` is the engine's ``EngineConfig``.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from neuronfleet.engine.buckets import (
+from neuronfleet.contract.buckets import (
     ASCENDING_MESSAGE,
     CONTEXT_BELOW_MAX_MESSAGE,
     CONTEXT_TILE_MESSAGE,
@@ -33,10 +33,10 @@ from neuronfleet.engine.buckets import (
     NUM_BATCHED_TOKENS_BUCKETS,
     NUM_SEQS_BUCKETS,
 )
-from neuronfleet.engine.hardware import INSTANCE_TYPES
+from neuronfleet.contract.hardware import INSTANCE_TYPES
 
 if TYPE_CHECKING:
-    from neuronfleet.engine.config import EngineConfig
+    from neuronfleet.contract.config import EngineConfig
     from neuronfleet.operator.api.artifact import NeuronCompiledArtifactSpec
     from neuronfleet.operator.api.service import (
         Autoscaling,
@@ -152,7 +152,7 @@ _PHYSICAL_CORES = _cel_map({name: t.chip.physical_cores for name, t in INSTANCE_
 _MOST_LNC = _cel_map({name: max(t.chip.lnc_settings) for name, t in INSTANCE_TYPES.items()})
 _DEVICES = _cel_map({name: t.devices for name, t in INSTANCE_TYPES.items()})
 
-# The engine's bucket rules 1-6 (see neuronfleet.engine.buckets): strictly ascending is isSorted() plus
+# The engine's bucket rules 1-6 (see neuronfleet.contract.buckets): strictly ascending is isSorted() plus
 # the list type set (no duplicates), positive is the items' minimum (both in ENGINE_SCHEMA).
 
 

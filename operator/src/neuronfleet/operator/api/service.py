@@ -14,11 +14,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
-from neuronfleet.engine.identity import CompileIdentity, LogicalNeuronCores, ModelSource
-from neuronfleet.engine.lora import LoraAdapter, LoraRank, LoraSlots
-from neuronfleet.engine.sim_settings import Device
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
+from neuronfleet.contract.identity import CompileIdentity, LogicalNeuronCores, ModelSource
+from neuronfleet.contract.lora import LoraAdapter, LoraRank, LoraSlots
+from neuronfleet.contract.sim_settings import Device
 from neuronfleet.operator import __version__
 from neuronfleet.operator.api import rules
 from neuronfleet.operator.api.artifact import ArtifactPhase

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from neuronfleet.engine.identity import CompileIdentity
-from neuronfleet.engine.invocation import CompileInvocation
+from neuronfleet.contract.identity import CompileIdentity
+from neuronfleet.contract.invocation import CompileInvocation
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
     CONFIG_DIR,

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.names import (
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.names import (
     HTTP_KEEP_ALIVE_S,
     HTTP_PORT,
     HTTP_PORT_NAME,
@@ -260,7 +260,7 @@ def _picker_cluster() -> Obj:
 
 
 #: How long Envoy keeps an idle connection to a serving pod: less than the engine's own keep-alive
-#: (:data:`~neuronfleet.engine.names.HTTP_KEEP_ALIVE_S`). Otherwise the engine may close a connection just as
+#: (:data:`~neuronfleet.contract.names.HTTP_KEEP_ALIVE_S`). Otherwise the engine may close a connection just as
 #: Envoy sends a request on it, and the client gets Envoy's 503 (one turn of about 2,000 in bench-prefix).
 POOL_IDLE_TIMEOUT_S = HTTP_KEEP_ALIVE_S - 2
 

@@ -7,10 +7,10 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from neuronfleet.engine import dra
-from neuronfleet.engine.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
-from neuronfleet.engine.invocation import ServeInvocation
-from neuronfleet.engine.names import (
+from neuronfleet.contract import dra
+from neuronfleet.contract.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
+from neuronfleet.contract.invocation import ServeInvocation
+from neuronfleet.contract.names import (
     HTTP_PORT,
     HTTP_PORT_NAME,
     KV_EVENTS_PORT,
@@ -21,7 +21,7 @@ from neuronfleet.engine.names import (
     REPLICA_ENV,
     TRACK_CANARY,
 )
-from neuronfleet.engine.sim_settings import Device
+from neuronfleet.contract.sim_settings import Device
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
     CONFIG_DIR,
@@ -293,7 +293,7 @@ def deployment(
         "resources": _resources(spec, claim),
         **_probes(spec),
         "securityContext": container_security(),
-        # A device fault is the engine's own last line (neuronfleet.engine.faults); any other crash, its log's tail.
+        # A device fault is the engine's own last line (neuronfleet.contract.faults); any other crash, its log's tail.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [config_mount, *access.mounts, {"name": "tmp", "mountPath": "/tmp"}, *adapter_mounts],
     }

@@ -8,10 +8,10 @@ from typing import Any
 
 import yaml
 
-from neuronfleet.engine.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.identity import ARTIFACT_CACHE_ENV
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME
+from neuronfleet.contract.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME
 from neuronfleet.operator import api
 
 Obj = dict[str, Any]

@@ -15,7 +15,7 @@ import logging
 import urllib.request
 from collections.abc import Callable
 
-from neuronfleet.engine.names import HTTP_PORT, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_TRACK, TRACK_CANARY
+from neuronfleet.contract.names import HTTP_PORT, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_TRACK, TRACK_CANARY
 from neuronfleet.operator import api, canary, decide, health, plan
 from neuronfleet.operator.kube import DEPLOYMENTS, PODS, Kube
 from neuronfleet.operator.reconcilers.common import Obj

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
-from neuronfleet.engine.names import LABEL_ARTIFACT, LABEL_SERVICE
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE
 from neuronfleet.operator.kube import (
     ARTIFACTS,
     CONFIGMAPS,

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-from neuronfleet.engine import dra
+from neuronfleet.contract import dra
 from neuronfleet.operator import api
 from neuronfleet.operator.kube import DEVICE_CLASSES, FORBIDDEN, NOT_FOUND, ApiError, Kube
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from neuronfleet.engine.buckets import (
+from neuronfleet.contract.buckets import (
     DECODE_CONTEXT_LENGTH_BUCKETS,
     NUM_BATCHED_TOKENS_BUCKETS,
     NUM_SEQS_BUCKETS,

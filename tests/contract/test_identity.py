@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
-from neuronfleet.engine.config import REFERENCE_SCHEDULER, EngineConfig
-from neuronfleet.engine.identity import (
+from neuronfleet.contract.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig
+from neuronfleet.contract.identity import (
     BUCKET_FIELDS,
     COMPILE_FIELDS,
     IDENTITY_HASH_LENGTH,
@@ -18,7 +18,7 @@ from neuronfleet.engine.identity import (
     CompileIdentity,
     ModelSource,
 )
-from neuronfleet.engine.lora import LoraSlots
+from neuronfleet.contract.lora import LoraSlots
 
 MODEL = ModelSource(uri="hf://meta-llama/Llama-3.1-8B", revision="0e9e39f")
 

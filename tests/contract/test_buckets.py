@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuronfleet.engine.buckets import (
+from neuronfleet.contract.buckets import (
     BucketError,
     chunk_sizes,
     get_bucket_for_count,

@@ -115,7 +115,7 @@ class InstanceType:
     vcpus: int
     memory_gib: int
     source: str
-    #: Sizes of the NeuronLink-connected device groups the Neuron DRA driver names (``neuronfleet.engine.dra``).
+    #: Sizes of the NeuronLink-connected device groups the Neuron DRA driver names (``neuronfleet.contract.dra``).
     connected_groups: tuple[int, ...] = ()
 
     @property

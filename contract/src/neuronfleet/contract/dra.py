@@ -10,7 +10,7 @@ devices with them, so both stay in step. Source: the Neuron documentation's "Neu
 
 from __future__ import annotations
 
-from neuronfleet.engine.hardware import InstanceType
+from neuronfleet.contract.hardware import InstanceType
 
 #: The driver's name in ResourceSlices and opaque configs, and the DeviceClass the Neuron Helm chart installs.
 DRIVER = "neuron.aws.com"

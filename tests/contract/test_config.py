@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from neuronfleet.engine.config import ASYNC_SCHEDULER_CLS, SYNC_SCHEDULER_CLS, EngineConfig
+from neuronfleet.contract.config import ASYNC_SCHEDULER_CLS, SYNC_SCHEDULER_CLS, EngineConfig
 
 
 def messages(error: ValidationError) -> dict[str, str]:

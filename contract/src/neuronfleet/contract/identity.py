@@ -23,11 +23,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from neuronfleet.engine.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
-from neuronfleet.engine.config import EngineConfig
-from neuronfleet.engine.hardware import NeuronTarget, chip_of
-from neuronfleet.engine.lora import LoraSlots
-from neuronfleet.engine.sim_settings import Device
+from neuronfleet.contract.buckets import DECODE_CONTEXT_LENGTH_BUCKETS, NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.hardware import NeuronTarget, chip_of
+from neuronfleet.contract.lora import LoraSlots
+from neuronfleet.contract.sim_settings import Device
 
 #: Bumped when the hashed document changes shape, so old and new hashes never collide.
 IDENTITY_SCHEMA = 1

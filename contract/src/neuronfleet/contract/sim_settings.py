@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from neuronfleet.engine.hardware import DEFAULT_INSTANCE_TYPE
+from neuronfleet.contract.hardware import DEFAULT_INSTANCE_TYPE
 
 #: The ``additional_config`` key holding :class:`SimSettings`.
 SETTINGS_KEY = "neuronfleet_sim"
