@@ -11,7 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuronfleet.devcluster.images.dockerfile import KEPT_STAGES, build_args, stale_temporaries
+from neuronfleet.devcluster.images.dockerfile import (
+    KEPT_STAGES,
+    NEEDED_BYTES,
+    NEEDED_BYTES_CACHED,
+    build_args,
+    prune_before_build,
+    stale_temporaries,
+)
 from neuronfleet.devcluster.images.inputs import (
     INPUT_FILES,
     LOCK_DIGEST_ARG,
@@ -313,3 +320,13 @@ def test_podman_run_root_stays_short_for_a_deep_store(tmp_path: Path) -> None:
     assert len(str(podman.run_root)) <= 50
     assert podman.argv()[podman.argv().index("--runroot") + 1] == str(podman.run_root)
     assert Podman(tmp_path / "other", tmp_path / "runc").run_root != podman.run_root
+
+
+def test_a_build_short_of_room_prunes_older_images_only_when_it_reinstalls_the_dependencies() -> None:
+    gb = 10**9
+    # Reinstalling: the older image's layers are about to be replaced anyway.
+    assert prune_before_build(20 * gb, NEEDED_BYTES["engine"], cached=False)
+    # Cached: the older image holds the very layer the build reuses; pruning it meant a 10 GB reinstall.
+    assert not prune_before_build(14 * gb, NEEDED_BYTES_CACHED, cached=True)
+    # Room enough: nothing is pruned before the build.
+    assert not prune_before_build(NEEDED_BYTES["engine"], NEEDED_BYTES["engine"], cached=False)
