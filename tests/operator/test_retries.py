@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import kopf
 import pytest
 
 from neuronfleet.operator.kube import NO_RESPONSE, TIMEOUT, ApiError
@@ -13,7 +12,6 @@ from neuronfleet.operator.retries import (
     API_ERROR_SECONDS,
     RETRY_LATER_SECONDS,
     Retries,
-    or_temporary_error,
     retry_delay,
 )
 
@@ -95,14 +93,3 @@ def test_cancel_drops_pending_retries() -> None:
         return flaky
 
     assert asyncio.run(scenario()).calls == 1
-
-
-@pytest.mark.parametrize(
-    ("error", "delay"),
-    [(RetryLater("mid-change"), RETRY_LATER_SECONDS), (ApiError(NO_RESPONSE, TIMEOUT, "no answer"), API_ERROR_SECONDS)],
-)
-def test_change_handlers_hand_the_delay_to_kopf(error: Exception, delay: float) -> None:
-    with pytest.raises(kopf.TemporaryError) as caught:
-        asyncio.run(or_temporary_error(Flaky(error)()))
-    assert caught.value.delay == delay
-    assert str(error) in str(caught.value)

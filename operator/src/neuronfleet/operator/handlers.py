@@ -1,7 +1,9 @@
 """Kopf wiring: which changes wake which reconciler (``neuronfleet.operator.reconcilers``). No logic lives here.
 
-- A service's spec (create, update, resume after a restart) -> the service reconciler.
-- An artifact's creation or resume -> the artifact reconciler (its compile Job); its deletion -> its services.
+- A service's spec its status has not observed yet (a new generation), and every service on the first listing
+  (a start, a new leader) -> the service reconciler.
+- An artifact's creation, and every artifact on the first listing -> the artifact reconciler (its compile Job);
+  its deletion -> its services.
 - A compile Job's events -> its artifact, then its services when the artifact's status changed.
 - A serving Deployment's events, a serving pod the scheduler cannot place, whose engine reported a device
   fault, or Ready while its service holds quarantined pods -> its service.
@@ -11,9 +13,11 @@
 - A periodic resync reconciles everything, behind the watches.
 - Every watched kind feeds the reconcilers' cache (``neuronfleet.operator.cache``), before any handler runs.
 
-Status writes never wake a handler: services and artifacts are reconciled on
-spec changes (``field="spec"``), never on their own status. The handlers need no
-finalizer: children are owned and garbage-collected by Kubernetes. What runs a reconcile
+Status writes never wake a handler: services are reconciled on a generation their status has not
+observed, never on their own status. Every handler is an event handler, so kopf keeps no record of its
+own on the objects (no last-handled spec, no progress annotations: one write less per change), and a
+failed reconcile is retried by the drive. The handlers need no finalizer: children are owned and
+garbage-collected by Kubernetes. What runs a reconcile
 (worker threads, retries, the resync) is ``neuronfleet.operator.drive``.
 """
 
@@ -33,12 +37,9 @@ from neuronfleet.operator.cache import WATCHED, ObjectCache
 from neuronfleet.operator.drive import Drive
 from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
 from neuronfleet.operator.reconcilers import Manager
-from neuronfleet.operator.retries import or_temporary_error
 
 Obj = dict[str, Any]
 
-#: kopf's own bookkeeping (handler progress, last-handled spec) under the operator's prefix, its API group.
-ANNOTATION_PREFIX = GROUP
 #: Seconds between two passes of a progressing canary: its analysis, and the end of its step's pause.
 CANARY_INTERVAL_S = 5.0
 
@@ -93,6 +94,19 @@ def _is_deleted(type: str | None, **_: Any) -> bool:
     return type == "DELETED"
 
 
+def _is_listed_or_added(type: str | None, **_: Any) -> bool:
+    # kopf gives the first listing's objects (a start, a new leader, a watch listed again) type None.
+    return type in (None, "ADDED")
+
+
+def spec_unobserved(body: kopf.Body, type: str | None, **_: Any) -> bool:
+    """Every service on the first listing; after it, a generation the status has not observed yet."""
+    if type is None:
+        return True
+    observed = (body.get("status") or {}).get("observedGeneration")
+    return type != "DELETED" and body.get("metadata", {}).get("generation") != observed
+
+
 def _kopf_names(resource: Resource) -> tuple[str, ...]:
     # kopf names a core resource by version and plural alone.
     return (
@@ -143,10 +157,6 @@ def _on_lifecycle(
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
-        )
         # Only the children the operator made are watched, filtered by the API server.
         for resource, selector in WATCHED.items():
             if selector is not None:
@@ -168,22 +178,18 @@ def _on_kinds(registry: kopf.OperatorRegistry, drive: Drive) -> None:
     """The operator's own kinds: a service's spec, an artifact's creation, and either's deletion."""
     manager = drive.manager
 
-    # Change handlers: kopf retries what they raise, after the delay they name.
+    # Event handlers: kopf only logs what they raise, so they retry through the drive's retries.
 
-    @kopf.on.resume(GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
-    @kopf.on.create(GROUP, api.VERSION, SERVICES_NIS.plural, registry=registry)
-    @kopf.on.update(GROUP, api.VERSION, SERVICES_NIS.plural, field="spec", registry=registry)
+    @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=spec_unobserved, registry=registry)
     async def service_spec(name: str, namespace: str | None, **_: Any) -> None:
-        """A service created, its spec updated, or resumed after a restart -> reconcile the service."""
-        await or_temporary_error(drive.in_worker(manager.reconcile_service, _namespaced(namespace), name))
+        """A service created, its spec changed, or listed at start -> reconcile the service."""
+        await drive.reconcile_service(_namespaced(namespace), name)
 
-    @kopf.on.resume(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
-    @kopf.on.create(GROUP, api.VERSION, ARTIFACTS.plural, registry=registry)
+    @kopf.on.event(GROUP, api.VERSION, ARTIFACTS.plural, when=_is_listed_or_added, registry=registry)
     async def artifact_created(name: str, namespace: str | None, **_: Any) -> None:
-        """An artifact created or resumed -> reconcile the artifact, then its services if its status changed."""
-        namespace = _namespaced(namespace)
-        services = await or_temporary_error(drive.in_worker(manager.reconcile_artifact, namespace, name))
-        await drive.reconcile_services(namespace, services)
+        """An artifact created or listed at start -> reconcile the artifact, then its services if its status
+        changed."""
+        await drive.reconcile_artifact(_namespaced(namespace), name)
 
     @kopf.timer(
         GROUP,
@@ -196,8 +202,6 @@ def _on_kinds(registry: kopf.OperatorRegistry, drive: Drive) -> None:
     async def canary_progressing(name: str, namespace: str | None, **_: Any) -> None:
         """A canary in progress -> reconcile its service (the engines' metrics change with no event)."""
         await drive.reconcile_service(_namespaced(namespace), name)
-
-    # Event handlers: kopf only logs what they raise, so they retry through the drive's retries.
 
     @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=_is_deleted, registry=registry)
     async def service_deleted(body: kopf.Body, **_: Any) -> None:

@@ -5,9 +5,9 @@
 - :class:`ApiError` (the API server refused a request, gave no answer in time, or could not be
   reached): after :data:`API_ERROR_SECONDS`.
 
-Every handler retries both until the reconcile succeeds (or finds its object gone). Change
-handlers hand the delay to kopf (``kopf.TemporaryError``); event handlers, whose errors kopf only
-logs, schedule the retry here (:class:`Retries`).
+Every handler retries both until the reconcile succeeds (or finds its object gone). The handlers
+are kopf event handlers, whose errors kopf only logs, so the retry is scheduled here
+(:class:`Retries`); any other failure is logged and left to the next full resync.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TypeVar
-
-import kopf
 
 from neuronfleet.operator.kube import ApiError
 from neuronfleet.operator.reconcilers import RetryLater
@@ -37,14 +35,6 @@ log = logging.getLogger(__name__)
 def retry_delay(error: RetryLater | ApiError) -> float:
     """Seconds to wait before retrying after ``error``."""
     return RETRY_LATER_SECONDS if isinstance(error, RetryLater) else API_ERROR_SECONDS
-
-
-async def or_temporary_error(reconcile: Awaitable[T]) -> T:
-    """Await ``reconcile``; a retryable failure becomes kopf's ``TemporaryError`` with its delay (change handlers)."""
-    try:
-        return await reconcile
-    except RETRYABLE as error:
-        raise kopf.TemporaryError(str(error), delay=retry_delay(error)) from None
 
 
 class Retries:
