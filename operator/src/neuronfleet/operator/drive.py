@@ -1,8 +1,10 @@
-"""How kopf's handlers reach the reconcilers: on kopf's worker threads, retried, and the periodic resync.
+"""How kopf's handlers reach the reconcilers: on kopf's worker threads, in order of urgency, retried, and
+the periodic resync.
 
 The handlers (``neuronfleet.operator.handlers``) only say which change wakes which reconcile; this is
-what runs it: each reconcile on a worker thread, a failed one retried alone (``retries``), and every
-``resync_seconds`` a full pass over everything, behind the watches.
+what runs it: each reconcile on a worker thread, a service's spec change ahead of what its children's
+events wake (:class:`WorkerSlots`), a failed one retried alone (``retries``), and every ``resync_seconds``
+a full pass over everything, behind the watches.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import contextlib
 import datetime
 import functools
 import gc
+import heapq
+import itertools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neuronfleet.operator.reconcilers import Manager
@@ -29,6 +34,101 @@ log = logging.getLogger(__name__)
 RESYNC_YIELD_TIMEOUT_S = 1.0
 #: A resync this many periods late fails the operator's liveness probe.
 RESYNC_LATE_PERIODS = 5
+#: Threads that run reconciles (kopf's executor), and as many run at once.
+RECONCILE_WORKERS = 8
+#: The order in which waiting reconciles get a worker: a service's spec change (what moves its
+#: ``observedGeneration``) first, then what the children's events, the artifacts and the deletions wake.
+SPEC_CHANGE, FOLLOW_UP = 0, 1
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """A reconcile waiting for a worker: handed one through ``turn``; ``ended`` once it ran or was cancelled."""
+
+    key: Hashable | None
+    priority: int
+    turn: asyncio.Future[None]
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set once it ran: what it raised, for those who joined it to raise too (their retries are the same).
+    ran: bool = False
+    failure: BaseException | None = None
+
+
+class WorkerSlots:
+    """At most ``slots`` reconciles on the worker threads at once; among those waiting, the most urgent goes first.
+
+    Without it, a spec change would queue behind every reconcile a rollout's Deployment events woke, in the
+    executor's first-come order. A reconcile asked for while one of the same object still waits joins it
+    instead of queueing another: the waiting one has read nothing yet, so it sees whatever woke the second
+    (and takes on the more urgent priority of the two). Everything here runs on the event loop.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiting: list[tuple[int, int, _Waiter]] = []
+        self._order = itertools.count()
+        self._by_key: dict[Hashable, _Waiter] = {}
+
+    async def run(self, key: Hashable, priority: int, call: Callable[[], Awaitable[object]]) -> None:
+        """Await ``call()`` once a worker slot is ours; or the run of ``key`` still waiting for one, if any."""
+        while (waiting := self._by_key.get(key)) is not None:
+            if priority < waiting.priority:
+                waiting.priority = priority
+                heapq.heappush(self._waiting, (priority, next(self._order), waiting))
+            await waiting.ended.wait()
+            if waiting.ran:
+                if waiting.failure is not None:
+                    raise waiting.failure
+                return
+        await self.call(key, priority, call)
+
+    async def call(self, key: Hashable | None, priority: int, call: Callable[[], Awaitable[T]]) -> T:
+        """``await call()`` once a worker slot is ours, and its result."""
+        waiter = _Waiter(key, priority, asyncio.get_running_loop().create_future())
+        try:
+            if self._free > 0:
+                # A free slot means nobody waits: a released slot goes to a waiter first.
+                self._free -= 1
+            else:
+                await self._wait_for_turn(waiter)
+            waiter.ran = True
+            try:
+                return await call()
+            except BaseException as error:
+                waiter.failure = error
+                raise
+            finally:
+                self._release()
+        finally:
+            waiter.ended.set()
+
+    async def _wait_for_turn(self, waiter: _Waiter) -> None:
+        if waiter.key is not None:
+            self._by_key[waiter.key] = waiter
+        heapq.heappush(self._waiting, (waiter.priority, next(self._order), waiter))
+        try:
+            await waiter.turn
+        except asyncio.CancelledError:
+            if self._by_key.get(waiter.key) is waiter:
+                del self._by_key[waiter.key]
+            if waiter.turn.done() and not waiter.turn.cancelled():
+                self._release()  # handed a slot as it was cancelled: the next one takes it
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            _, _, waiter = heapq.heappop(self._waiting)
+            if waiter.turn.done():
+                continue  # cancelled, or an earlier entry of a waiter whose priority was raised
+            if self._by_key.get(waiter.key) is waiter:
+                del self._by_key[waiter.key]  # it reads the cluster from here on: nothing joins it now
+            waiter.turn.set_result(None)
+            return
+        self._free += 1
+
+    def __len__(self) -> int:
+        """How many reconciles wait for a slot."""
+        return sum(1 for _, _, waiter in self._waiting if not waiter.turn.done())
 
 
 class ResyncStopped(Exception):
@@ -43,19 +143,24 @@ class Drive:
         self.namespaces = namespaces
         self.resync_seconds = resync_seconds
         self.retries = Retries()
+        self.slots = WorkerSlots(RECONCILE_WORKERS)
         self.executor: concurrent.futures.Executor | None = None
         self.last_resync: datetime.datetime | None = None
         self._resync: asyncio.Task[None] | None = None
         self._stopping = threading.Event()
 
     async def in_worker(self, call: Callable[..., T], *args: Any) -> T:
-        """``call(*args)`` on kopf's worker threads (its ``settings.execution.executor``), as its sync handlers."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(call, *args))
+        """``call(*args)`` on kopf's worker threads (its ``settings.execution.executor``), once a slot is free."""
+        return await self.slots.call(None, FOLLOW_UP, functools.partial(self._on_thread, call, *args))
 
-    async def reconcile_service(self, namespace: str, name: str) -> None:
-        """Reconcile a service, retried until it succeeds."""
-        reconcile = functools.partial(self.in_worker, self.manager.reconcile_service, namespace, name)
-        await self.retries.run(("service", namespace, name), reconcile)
+    async def reconcile_service(self, namespace: str, name: str, priority: int = FOLLOW_UP) -> None:
+        """Reconcile a service (or join its reconcile still waiting for a worker), retried until it succeeds."""
+        key = ("service", namespace, name)
+        reconcile = functools.partial(self._on_thread, self.manager.reconcile_service, namespace, name)
+        await self.retries.run(key, functools.partial(self.slots.run, key, priority, reconcile))
+
+    def _on_thread(self, call: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(call, *args))
 
     async def reconcile_services(self, namespace: str, names: Sequence[str]) -> None:
         """Reconcile each service on its own: one that fails is retried alone."""

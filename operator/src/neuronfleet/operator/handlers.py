@@ -34,7 +34,7 @@ import kopf
 from neuronfleet.contract.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api, health, plan
 from neuronfleet.operator.cache import WATCHED, ObjectCache
-from neuronfleet.operator.drive import Drive
+from neuronfleet.operator.drive import FOLLOW_UP, SPEC_CHANGE, Drive
 from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
 from neuronfleet.operator.reconcilers import Manager
 
@@ -181,9 +181,10 @@ def _on_kinds(registry: kopf.OperatorRegistry, drive: Drive) -> None:
     # Event handlers: kopf only logs what they raise, so they retry through the drive's retries.
 
     @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=spec_unobserved, registry=registry)
-    async def service_spec(name: str, namespace: str | None, **_: Any) -> None:
-        """A service created, its spec changed, or listed at start -> reconcile the service."""
-        await drive.reconcile_service(_namespaced(namespace), name)
+    async def service_spec(name: str, namespace: str | None, type: str | None, **_: Any) -> None:
+        """A service created, its spec changed, or listed at start -> reconcile the service (a change first)."""
+        priority = FOLLOW_UP if type is None else SPEC_CHANGE
+        await drive.reconcile_service(_namespaced(namespace), name, priority)
 
     @kopf.on.event(GROUP, api.VERSION, ARTIFACTS.plural, when=_is_listed_or_added, registry=registry)
     async def artifact_created(name: str, namespace: str | None, **_: Any) -> None:

@@ -19,6 +19,7 @@ from rich.console import Console
 from neuronfleet.operator import crdgen
 from neuronfleet.operator.api.service import MAX_ARTIFACT_HISTORY
 from neuronfleet.operator.cache import CachedKube, ObjectCache
+from neuronfleet.operator.drive import RECONCILE_WORKERS
 from neuronfleet.operator.handlers import build_registry
 from neuronfleet.operator.kube import EventRecorder
 from neuronfleet.operator.leadership import Election, Leadership, LeaseUnavailable, answering_liveness
@@ -28,8 +29,6 @@ from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.reconcilers.devices import NeuronDevices, NeuronDevicesSetting
 from neuronfleet.operator.reconcilers.service import DEFAULT_ARTIFACT_HISTORY_LIMIT
 
-#: Threads that run reconciles (kopf's executor).
-RECONCILE_WORKERS = 8
 #: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
 EXIT_INVALID = 2
 
