@@ -98,10 +98,7 @@ class Manager:
         Returns how many objects it reconciled.
         """
         with self.metrics.resyncing():
-            count = self._resync(namespaces, between)
-            # Inside: a reader that sees the pass counted sees its objects too.
-            self.metrics.resync_objects.inc(count)
-        return count
+            return self._resync(namespaces, between)
 
     @contextlib.contextmanager
     def _event(self) -> Iterator[None]:
@@ -131,22 +128,23 @@ class Manager:
                 meta = artifact["metadata"]
                 listed[ARTIFACTS.kind].add((meta["namespace"], meta["name"]))
                 self._events_first(between)
-                count += _safely(self.artifacts.reconcile, meta["namespace"], meta["name"])
+                count += self._resynced(self.artifacts.reconcile, meta["namespace"], meta["name"])
             for service in self.kube.list(SERVICES_NIS, namespace):
                 meta = service["metadata"]
                 listed[SERVICES_NIS.kind].add((meta["namespace"], meta["name"]))
                 self._events_first(between)
-                count += _safely(self.services.reconcile, meta["namespace"], meta["name"])
+                count += self._resynced(self.services.reconcile, meta["namespace"], meta["name"])
         for kind, keys in counted.items():
             for namespace, name in keys - listed[kind]:
                 self.metrics.forget(kind, namespace, name)
         return count
 
-
-def _safely(reconcile: Callable[[str, str], object], namespace: str, name: str) -> int:
-    try:
-        reconcile(namespace, name)
-    except (ApiError, RetryLater) as error:
-        log.warning("resync of %s/%s failed, retried next pass: %s", namespace, name, error)
-        return 0
-    return 1
+    def _resynced(self, reconcile: Callable[[str, str], object], namespace: str, name: str) -> int:
+        """1 once ``reconcile`` succeeded, counted as it happens (as event-driven reconciles are); 0 if it failed."""
+        try:
+            reconcile(namespace, name)
+        except (ApiError, RetryLater) as error:
+            log.warning("resync of %s/%s failed, retried next pass: %s", namespace, name, error)
+            return 0
+        self.metrics.resync_objects.inc()
+        return 1
