@@ -261,7 +261,7 @@ def _picker_cluster() -> Obj:
 
 #: How long Envoy keeps an idle connection to a serving pod: less than the engine's own keep-alive
 #: (:data:`~neuronfleet.contract.names.HTTP_KEEP_ALIVE_S`). Otherwise the engine may close a connection just as
-#: Envoy sends a request on it, and the client gets Envoy's 503 (one turn of about 2,000 in bench-prefix).
+#: Envoy sends a request on it, and the client gets Envoy's 503 (one busy-chat turn of 868 in a bench-prefix run).
 POOL_IDLE_TIMEOUT_S = HTTP_KEEP_ALIVE_S - 2
 
 
