@@ -74,4 +74,5 @@ def test_the_dev_harness_wheel_holds_its_package_data_and_command(tmp_path: Path
     assert {"neuronfleet/devcluster/images/pause.c", "neuronfleet/devcluster/controlplane/stages.yaml"} <= files
     assert "neuronfleet/devcluster/cli.py" in files
     assert "neuronfleet-dev = neuronfleet.devcluster.cli:app" in entry_points
-    assert not [name for name in files if name.startswith(("neuronfleet/contract/", "neuronfleet/engine/", "neuronfleet/operator/"))]
+    shipped = ("neuronfleet/contract/", "neuronfleet/engine/", "neuronfleet/operator/")
+    assert not [name for name in files if name.startswith(shipped)]
