@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TypeVar
 
 from neuronfleet.operator.kube import ApiError
 from neuronfleet.operator.reconcilers import RetryLater
@@ -26,8 +25,6 @@ RETRY_LATER_SECONDS = 2.0
 API_ERROR_SECONDS = 10.0
 #: The failures that are retried.
 RETRYABLE = (RetryLater, ApiError)
-
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
