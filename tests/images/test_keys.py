@@ -182,27 +182,6 @@ def test_the_dependencies_key_ignores_the_sources(tmp_path: Path) -> None:
     assert dependencies_key("engine", read_inputs(root), "base") != before
 
 
-def test_a_new_source_folder_in_the_dockerfile_keeps_the_dependencies_key(tmp_path: Path) -> None:
-    root = fake_checkout(tmp_path / "checkout")
-    dockerfile = (checkout() / "Dockerfile").read_text()
-    (root / "Dockerfile").write_text(dockerfile)
-    before = dependencies_key("engine", read_inputs(root), "base")
-    # The sources stage feeds the project's install alone: the dependencies' layer is still cached, and a
-    # build short of room must not prune the image holding it (it did when the contract's folder was added).
-    copied = "COPY engine /src/engine\n"
-    assert copied in dockerfile
-    (root / "Dockerfile").write_text(dockerfile.replace(copied, copied + "COPY extra /src/extra\n"))
-    assert dependencies_key("engine", read_inputs(root), "base") == before
-    # What a dependency install reads is still keyed: the lock stage, and the engine's own stage.
-    for edited in (
-        dockerfile.replace("COPY pyproject.toml uv.lock /src/\n", "COPY pyproject.toml uv.lock other /src/\n"),
-        dockerfile.replace("--extra engine --no-install-project", "--extra engine --no-install-project -v"),
-    ):
-        assert edited != dockerfile
-        (root / "Dockerfile").write_text(edited)
-        assert dependencies_key("engine", read_inputs(root), "base") != before
-
-
 class Layout:
     """A hand-made OCI image layout: JSON and byte blobs, images named in ``index.json``."""
 

@@ -35,9 +35,6 @@ LOCK_FILES = ("pyproject.toml", "uv.lock", "devcluster/pyproject.toml")
 #: What its ``sources`` stage adds, the input of each project install (beside the lock's files).
 SOURCE_FILES = ("README.md",)
 
-#: The Dockerfile's stage of the project's sources: only the project's install reads it, never a dependency install.
-SOURCES_STAGE = "sources"
-
 #: The build arguments that key the Dockerfile's two installs (its header says why they exist).
 LOCK_DIGEST_ARG = "NEURONFLEET_LOCK_DIGEST"
 SOURCES_DIGEST_ARG = "NEURONFLEET_SOURCES_DIGEST"
@@ -166,28 +163,16 @@ def dependencies_key(target: str, inputs: Mapping[str, bytes], base_key: str) ->
     """What a target's dependencies' layer is built from: the lock, the base image and the Dockerfile.
 
     An image in the layout with the same key means the next build finds that layer in the cache (the free
-    space it needs is small, and the build keeps the older image that holds it). An edit to any Dockerfile
-    instruction counts as a change, to err on the side of space, except in the sources stage, which no
-    dependency install reads (a new source folder would otherwise prune and reinstall the engine's 10 GB);
-    an edit to its comments does not count.
+    space it needs is small); an edit to any Dockerfile instruction counts as a change, to err on the side
+    of space, and an edit to its comments does not.
     """
-    instructions = dockerfile_instructions(inputs["Dockerfile"], without_stage=SOURCES_STAGE)
-    return image_key(target, [*_dependency_files(inputs), ("Dockerfile", instructions)], base_key)
+    return image_key(
+        target, [*_dependency_files(inputs), ("Dockerfile", dockerfile_instructions(inputs["Dockerfile"]))], base_key
+    )
 
 
-#: A ``FROM`` instruction, and the stage it names.
-_FROM = re.compile(r"^\s*FROM\s+\S+(?:\s+AS\s+(\S+))?", re.IGNORECASE)
-
-
-def dockerfile_instructions(data: bytes, without_stage: str | None = None) -> bytes:
-    """A Dockerfile without its comment lines (parser directives kept): what a builder's layer cache sees;
-    without the instructions of the stage named ``without_stage``, if given."""
-    kept, stage = [], None
-    for line in data.decode(errors="replace").splitlines():
-        if line.lstrip().startswith("#") and not _DIRECTIVE.match(line):
-            continue
-        if started := _FROM.match(line):
-            stage = started.group(1)
-        if stage is None or stage != without_stage:
-            kept.append(line)
+def dockerfile_instructions(data: bytes) -> bytes:
+    """A Dockerfile without its comment lines (parser directives kept): what a builder's layer cache sees."""
+    lines = data.decode(errors="replace").splitlines()
+    kept = [line for line in lines if not line.lstrip().startswith("#") or _DIRECTIVE.match(line)]
     return "\n".join(kept).encode()
