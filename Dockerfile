@@ -49,7 +49,6 @@ COPY devcluster/pyproject.toml /src/devcluster/
 FROM lock AS sources
 # Only building the project reads the readme (its metadata): an edit leaves the dependencies' layer.
 COPY README.md /src/
-COPY contract /src/contract
 COPY engine /src/engine
 COPY operator /src/operator
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 MAX_LINES = 80
-ROOTS = ("contract/src", "operator/src", "engine/src", "devcluster/src")
+ROOTS = ("operator/src", "engine/src", "devcluster/src")
 #: ``path:function`` -> why it stays longer than MAX_LINES.
 EXCEPTIONS: dict[str, str] = {}
 

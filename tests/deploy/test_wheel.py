@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Everything the build reads (pyproject.toml's package-dir and readme).
-SOURCES = ("pyproject.toml", "README.md", "contract", "engine", "operator")
+SOURCES = ("pyproject.toml", "README.md", "engine", "operator")
 TEST_MODULES = frozenset({"conftest.py", "testing.py", "pytest_plugin.py"})
 
 

@@ -70,7 +70,7 @@ def test_inputs_are_what_the_build_context_sends(tmp_path: Path) -> None:
     found = {str(p) for p in input_files(root)}
     assert set(INPUT_FILES) <= found
     assert "engine/src/neuronfleet/engine/cli/main.py" in found
-    assert "contract/src/neuronfleet/contract/config.py" in found
+    assert "engine/src/neuronfleet/contract/config.py" in found
     # The dev harness is no input: only its metadata, which uv reads to check the workspace's lock.
     assert [p for p in found if p.startswith("devcluster/")] == ["devcluster/pyproject.toml"]
     assert not {p for p in found if p.startswith(("tests/", "bench/", ".venv/")) or "__pycache__" in p}

@@ -29,7 +29,7 @@ TARGETS: tuple[Target, ...] = ("operator", "engine")
 
 #: Files and folders the build context sends (what .dockerignore lets through), relative to the checkout.
 INPUT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "uv.lock", "README.md", "devcluster/pyproject.toml")
-INPUT_DIRS = ("contract", "engine", "operator")
+INPUT_DIRS = ("engine", "operator")
 #: What the Dockerfile's ``lock`` stage holds, the one input of each dependency install.
 LOCK_FILES = ("pyproject.toml", "uv.lock", "devcluster/pyproject.toml")
 #: What its ``sources`` stage adds, the input of each project install (beside the lock's files).
@@ -119,7 +119,7 @@ class BuildDigests:
 
     #: The lock stage's files as a dependency install reads them (:func:`dependency_view`).
     lock: str
-    #: The sources stage's files (README.md, contract/, engine/, operator/) and every byte of the lock's: the project
+    #: The sources stage's files (README.md, engine/, operator/) and every byte of the lock's: the project
     #: installs.
     sources: str
 
