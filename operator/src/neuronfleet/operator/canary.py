@@ -18,7 +18,7 @@ from enum import Enum
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from neuronfleet.operator import api, plan
+from neuronfleet.operator import api
 from neuronfleet.operator.status import Event, Reason
 
 #: The engine's completion endpoints, as vLLM's HTTP metrics name their handler.
@@ -221,33 +221,6 @@ def replicas_in_play(trial: api.CanaryStatus | None) -> int:
     return trial.canary_replicas if trial is not None and trial.phase == "Progressing" else 0
 
 
-def routed_weight(spec: api.Canary, state: api.CanaryStatus, replicas_ready: bool) -> int:
-    """The canary's share for the routers to send it: its step's once the step's replicas are all Ready, the
-    step before's until then (0 before the first step's: no request for a canary with no replica to take it)."""
-    if state.phase != "Progressing":
-        return 0
-    if replicas_ready:
-        return state.weight
-    return spec.steps[state.step - 1].weight if state.step > 0 else 0
-
-
-def revision_split(stable_revision: str | None, weight: int, routed: bool) -> plan.RevisionSplit | None:
-    """What the router splits requests by: behind a router (``routed``), ``weight`` percent to the canary's pool
-    and the rest to the stable revision's; ``None``, one pool, with no weight for a canary."""
-    if not routed or not weight or stable_revision is None:
-        return None
-    return plan.RevisionSplit(stable_revision, weight)
-
-
-def stable_pool_revision(trial: api.CanaryStatus | None, stable_revision: str | None, routed: bool) -> str | None:
-    """The revision the service's own pool holds to: the stable one while a canary behind the router is in
-    progress or was aborted (its replicas, in their own pool, may still be draining); else ``None``, every
-    revision (a promoted canary's revision rolls out through it)."""
-    if not routed or trial is None or trial.phase == "Promoted":
-        return None
-    return stable_revision
-
-
 def start(canary: api.Canary, revision: str, stable: int) -> api.CanaryStatus:
     """A canary of ``revision`` at its first step, waiting for its replicas."""
     weight = canary.steps[0].weight
@@ -268,8 +241,7 @@ class CanaryInput:
     state: api.CanaryStatus
     #: The stable revision's replicas now (the spec's).
     stable: int
-    #: Whether every canary replica of the step is Ready, and behind a router, every router pod routes by the
-    #: step's split.
+    #: Whether every canary replica of the step is Ready.
     ready: bool
     analysis: Analysis | None
     now: datetime.datetime
