@@ -197,6 +197,11 @@ def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tm
     # validate does check the filter: a type Envoy lacks is refused.
     missing = validate("envoy.filters.http.no_such_filter", "no_such_filter.v3")
     assert missing.returncode != 0
+    # A canary's split, given inline as the router pods give it.
+    split = json.dumps(routing.envoy_config(routing.RevisionSplit("rev-a", 10)))
+    argv = [str(binary), "--mode", "validate", "--config-yaml", split, "--log-level", "error"]
+    inline = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert inline.returncode == 0, inline.stdout[-2000:] + inline.stderr[-2000:]
 
 
 def test_keys_hash_the_binaries(tmp_path: Path) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from neuronfleet.operator import api, canary
+from neuronfleet.operator import api, canary, decide, plan
 from neuronfleet.operator.canary import CanaryInput, Figures, Verdict
 from neuronfleet.operator.status import Reason
 
@@ -179,3 +180,59 @@ def test_a_canary_is_aborted_at_the_first_failed_analysis_even_within_a_pause() 
     # The Ready condition's move to CanaryAborted is the event (decide.service_status).
     assert events == []
     assert step(aborted, analysis=PASS, at=60) == (aborted, [])
+
+
+def test_behind_a_router_a_progressing_canary_splits_by_its_weight_and_the_stable_pool_holds_to_its_revision() -> None:
+    state = canary.start(CANARY, "new", 2)
+    assert canary.revision_split(state, "old", routed=True) == plan.RevisionSplit("old", 10)
+    assert canary.stable_pool_revision(state, "old", routed=True) == "old"
+    # Without a router the Service splits by replica count: one pool of every revision, no split.
+    assert canary.revision_split(state, "old", routed=False) is None
+    assert canary.stable_pool_revision(state, "old", routed=False) is None
+    # Aborted: every request to the stable revision at once, whose pool still leaves out the canary's draining pods.
+    aborted = canary.replace_state(state, phase="Aborted", canary_replicas=0)
+    assert canary.revision_split(aborted, "old", routed=True) is None
+    assert canary.stable_pool_revision(aborted, "old", routed=True) == "old"
+    # Promoted: its revision rolls out through the one pool.
+    promoted = canary.replace_state(state, phase="Promoted", weight=100)
+    assert canary.revision_split(promoted, "old", routed=True) is None
+    assert canary.stable_pool_revision(promoted, "old", routed=True) is None
+    assert canary.revision_split(None, "old", routed=True) is None
+
+
+def router(split: plan.RevisionSplit | None, **status: int) -> dict[str, Any]:
+    """A router Deployment of 2 replicas made for ``split``, with ``status``."""
+    annotations = {plan.SPLIT_ANNOTATION: split.describe()} if split is not None else {}
+    return {
+        "metadata": {"generation": 3},
+        "spec": {"replicas": 2, "template": {"metadata": {"annotations": annotations}}},
+        "status": status,
+    }
+
+
+ROLLED = {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+
+
+@pytest.mark.parametrize(
+    ("body", "split", "routes"),
+    [
+        (router(plan.RevisionSplit("old", 10), **ROLLED), plan.RevisionSplit("old", 10), True),
+        # Made for another weight, or for none.
+        (router(plan.RevisionSplit("old", 10), **ROLLED), plan.RevisionSplit("old", 50), False),
+        (router(None, **ROLLED), plan.RevisionSplit("old", 10), False),
+        (router(plan.RevisionSplit("old", 10), **ROLLED), None, False),
+        (router(None, **ROLLED), None, True),
+        # Not rolled out yet, a pod not Ready, or an old pod still draining what it routed.
+        (router(None, **{**ROLLED, "observedGeneration": 2}), None, False),
+        (router(None, **{**ROLLED, "updatedReplicas": 1, "replicas": 3}), None, False),
+        (router(None, **{**ROLLED, "readyReplicas": 1}), None, False),
+        (router(None, **ROLLED, terminatingReplicas=1), None, False),
+        # No router at all routes by no split.
+        (None, None, True),
+        (None, plan.RevisionSplit("old", 10), False),
+    ],
+)
+def test_the_router_routes_by_a_split_once_every_pod_was_made_for_it_and_none_other_drains(
+    body: dict[str, Any] | None, split: plan.RevisionSplit | None, routes: bool
+) -> None:
+    assert decide.router_routes_by(body, split) is routes

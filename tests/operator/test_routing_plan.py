@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from neuronfleet.contract.names import HTTP_PORT, LABEL_SERVICE, PICKER_LORA_INFO, REQUESTS_IN_FLIGHT
+from neuronfleet.contract.names import (
+    HTTP_PORT,
+    LABEL_SERVICE,
+    LABEL_TRACK,
+    PICKER_LORA_INFO,
+    REQUESTS_IN_FLIGHT,
+    TRACK_CANARY,
+)
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
 from neuronfleet.operator.plan import routing
@@ -289,3 +296,85 @@ def test_neuronfleets_picker_build_also_scores_the_tokens_each_picker_has_in_fli
     # The producer only counts: it is no scorer of the profile.
     assert "inflight-load-producer" not in weights
     assert (weights["running-requests-size-scorer"], weights["kv-cache-utilization-scorer"]) == (1.0, 1.0)
+
+
+SPLIT = plan.RevisionSplit("rev-a", 10)
+
+
+def test_a_canary_behind_the_router_has_a_pool_of_its_own_and_the_stable_pool_holds_to_its_revision() -> None:
+    stable_pool = plan.inference_pool(OWNER, NS, "rev-a")["spec"]["selector"]["matchLabels"]
+    canary_pool = plan.canary_inference_pool(OWNER, NS)
+    selector = canary_pool["spec"]["selector"]["matchLabels"]
+    stable_pod = plan.serving_labels("llama", "rev-a")
+    canary_pod = {**plan.serving_labels("llama", "rev-b"), LABEL_TRACK: TRACK_CANARY}
+    assert stable_pool.items() <= stable_pod.items()
+    assert not stable_pool.items() <= canary_pod.items()
+    assert selector.items() <= canary_pod.items()
+    assert not selector.items() <= stable_pod.items()
+    assert canary_pool["metadata"]["name"] == plan.canary_pool_name("llama") == "llama-canary"
+    # Its picker is the router pods' second one, on a port of the picker's Service of its own.
+    ref = canary_pool["spec"]["endpointPickerRef"]
+    assert (ref["name"], ref["port"]["number"]) == ("llama-epp", routing.CANARY_PICKER_PORT)
+    services = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES, canary_pool=True))
+    ports = {p["name"]: p["port"] for p in services[("Service", "llama-epp")]["spec"]["ports"]}
+    assert ports == {"grpc": routing.PICKER_PORT, "canary-grpc": routing.CANARY_PICKER_PORT}
+
+
+def test_with_a_split_each_router_pod_runs_a_picker_for_each_pool_and_names_the_split() -> None:
+    objects = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(replicas=2), IMAGES, split=SPLIT))
+    template = objects[("Deployment", "llama-router")]["spec"]["template"]
+    assert template["metadata"]["annotations"] == {plan.SPLIT_ANNOTATION: "stable rev-a 90%, canary 10%"}
+    containers = {c["name"]: c for c in template["spec"]["containers"]}
+    assert set(containers) == {"epp", "epp-canary", "envoy"}
+    canary_args = containers["epp-canary"]["args"]
+    assert "--pool-name=llama-canary" in canary_args
+    assert f"--grpc-port={routing.CANARY_PICKER_PORT}" in canary_args
+    assert "--pool-name=llama" in containers["epp"]["args"]
+    # Every port of the pod is its own, by number and by name (15 characters at most).
+    ports = [p for c in containers.values() for p in c.get("ports", [])]
+    assert len({p["containerPort"] for p in ports}) == len({p["name"] for p in ports}) == len(ports)
+    assert max(len(p["name"]) for p in ports) <= 15
+    assert containers["epp-canary"]["startupProbe"]["tcpSocket"]["port"] == routing.CANARY_PICKER_PORT
+    # The split is the pod's own (inline), so a pod never routes by a split it was not made for.
+    args = containers["envoy"]["args"]
+    assert json.loads(args[args.index("--config-yaml") + 1]) == routing.envoy_config(SPLIT)
+    # Without a split, nothing of it: the pods a router ran before canaries existed stay as they are.
+    plain = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(replicas=2), IMAGES))
+    plain_template = plain[("Deployment", "llama-router")]["spec"]["template"]
+    assert "annotations" not in plain_template["metadata"]
+    assert [c["name"] for c in plain_template["spec"]["containers"]] == ["epp", "envoy"]
+
+
+def test_envoy_sends_each_request_to_one_revisions_listener_by_weight_and_each_asks_its_own_picker() -> None:
+    config = routing.envoy_config(SPLIT)["static_resources"]
+    listeners = {listener["name"]: listener for listener in config["listeners"]}
+    clusters = {cluster["name"]: cluster for cluster in config["clusters"]}
+
+    def manager(listener: Obj) -> Obj:
+        typed: Obj = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        return typed
+
+    def port(cluster: Obj) -> int:
+        endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        return int(endpoint["address"]["socket_address"]["port_value"])
+
+    front = manager(listeners["http"])
+    assert listeners["http"]["address"]["socket_address"]["port_value"] == routing.ENVOY_PORT
+    # The front listener asks no picker: it only splits.
+    assert [f["name"] for f in front["http_filters"]] == ["envoy.filters.http.router"]
+    (route,) = front["route_config"]["virtual_hosts"][0]["routes"]
+    weights = {c["name"]: c["weight"] for c in route["route"]["weighted_clusters"]["clusters"]}
+    assert weights == {"stable": 90, "canary": 10}
+    pickers = {"stable": routing.PICKER_PORT, "canary": routing.CANARY_PICKER_PORT}
+    for track, picker_port in pickers.items():
+        listener = listeners[track]
+        # Each revision's listener is on loopback, reached through its cluster, and asks its picker.
+        assert listener["address"]["socket_address"]["address"] == "127.0.0.1"
+        assert port(clusters[track]) == listener["address"]["socket_address"]["port_value"]
+        ext_proc = manager(listener)["http_filters"][0]["typed_config"]
+        assert port(clusters[ext_proc["grpc_service"]["envoy_grpc"]["cluster_name"]]) == picker_port
+        host = manager(listener)["route_config"]["virtual_hosts"][0]
+        assert host["routes"][0]["route"]["cluster"] == "pool"
+        headers = {h["header"]["key"]: h["header"]["value"] for h in host["response_headers_to_add"]}
+        assert headers[routing.TRACK_HEADER] == track
+        assert headers[routing.UPSTREAM_HEADER] == "%UPSTREAM_HOST%"

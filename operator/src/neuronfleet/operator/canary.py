@@ -18,7 +18,7 @@ from enum import Enum
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from neuronfleet.operator import api
+from neuronfleet.operator import api, plan
 from neuronfleet.operator.status import Event, Reason
 
 #: The engine's completion endpoints, as vLLM's HTTP metrics name their handler.
@@ -221,6 +221,25 @@ def replicas_in_play(trial: api.CanaryStatus | None) -> int:
     return trial.canary_replicas if trial is not None and trial.phase == "Progressing" else 0
 
 
+def revision_split(
+    trial: api.CanaryStatus | None, stable_revision: str | None, routed: bool
+) -> plan.RevisionSplit | None:
+    """What the router splits requests by: with a canary progressing behind it (``routed``), its step's
+    weight to the canary's pool and the rest to the stable revision's; else ``None``, one pool."""
+    if not routed or trial is None or trial.phase != "Progressing" or stable_revision is None:
+        return None
+    return plan.RevisionSplit(stable_revision, trial.weight)
+
+
+def stable_pool_revision(trial: api.CanaryStatus | None, stable_revision: str | None, routed: bool) -> str | None:
+    """The revision the service's own pool holds to: the stable one while a canary behind the router is in
+    progress or was aborted (its replicas, in their own pool, may still be draining); else ``None``, every
+    revision (a promoted canary's revision rolls out through it)."""
+    if not routed or trial is None or trial.phase == "Promoted":
+        return None
+    return stable_revision
+
+
 def start(canary: api.Canary, revision: str, stable: int) -> api.CanaryStatus:
     """A canary of ``revision`` at its first step, waiting for its replicas."""
     weight = canary.steps[0].weight
@@ -241,7 +260,8 @@ class CanaryInput:
     state: api.CanaryStatus
     #: The stable revision's replicas now (the spec's).
     stable: int
-    #: Whether every canary replica of the step is Ready.
+    #: Whether every canary replica of the step is Ready, and behind a router, every router pod routes by the
+    #: step's split.
     ready: bool
     analysis: Analysis | None
     now: datetime.datetime

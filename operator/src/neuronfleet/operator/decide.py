@@ -168,6 +168,25 @@ def decide(
     return Decision(serve, None, in_use, current_revision, kept)
 
 
+def router_routes_by(router: Obj | None, split: plan.RevisionSplit | None) -> bool:
+    """Whether every router pod routes by ``split`` (``None``: no canary): the router Deployment's pods were
+    made for it, every one rolled out and Ready, and none made for another split is still draining."""
+    if router is None:
+        return split is None
+    annotations = router["spec"]["template"]["metadata"].get("annotations") or {}
+    if annotations.get(plan.SPLIT_ANNOTATION) != (split.describe() if split is not None else None):
+        return False
+    status = router.get("status") or {}
+    replicas = int(router["spec"].get("replicas", 1))
+    return (
+        int(status.get("observedGeneration", 0)) >= int(router["metadata"].get("generation", 0))
+        and int(status.get("updatedReplicas") or 0) == replicas
+        and int(status.get("readyReplicas") or 0) >= replicas
+        and int(status.get("replicas") or 0) == replicas
+        and not status.get("terminatingReplicas")
+    )
+
+
 @dataclass(frozen=True)
 class RoutingState:
     """What became of a service's routing this pass."""

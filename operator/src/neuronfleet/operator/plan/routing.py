@@ -9,6 +9,12 @@ over ext_proc (on localhost, in the same pod) which replica takes each request, 
 Names follow GIE's charts: the pool is the service's name, the picker's Service ``<name>-epp``; what users
 send requests to is the Service ``<name>-router``.
 
+A canary behind the router (``spec.rollout.canary`` with ``spec.routing``) splits by revision, as GIE's
+conformance does for weighted splits: each revision has its pool (``<name>`` the stable one's, ``<name>-canary``
+the canary's), each router pod a picker for each, and Envoy sends each request to one revision by weight
+(:class:`RevisionSplit`); within it, that revision's picker chooses the replica. A router pod reads its split
+once, at its start, so a new weight rolls the router pods (they drain what they hold).
+
 The picker scores replicas for Neuron (:func:`picker_config`): by their waiting queue, their *running*
 requests and their KV cache. A Neuron replica runs one prefill per step, so one holding a long prompt is busy
 for its whole prefill while vLLM counts it as one running request, which GIE's default queue scorer (waiting
@@ -25,12 +31,15 @@ from neuronfleet.contract.names import (
     HTTP_KEEP_ALIVE_S,
     HTTP_PORT,
     HTTP_PORT_NAME,
+    LABEL_ARTIFACT,
     LABEL_SERVICE,
+    LABEL_TRACK,
     PICKER_CACHE_CONFIG,
     PICKER_KV_CACHE_USAGE,
     PICKER_LORA_INFO,
     PICKER_WAITING,
     REQUESTS_IN_FLIGHT,
+    TRACK_CANARY,
 )
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
@@ -51,6 +60,18 @@ PICKER_METRICS_PORT = 9090
 #: Envoy's listener, and its admin port (on localhost only).
 ENVOY_PORT = 8081
 ENVOY_ADMIN_PORT = 19000
+#: With a canary behind the router, its own picker's ports, beside the stable picker's in the router pod.
+CANARY_PICKER_PORT = 9012
+CANARY_PICKER_HEALTH_PORT = 9013
+CANARY_PICKER_METRICS_PORT = 9091
+#: With a canary, the loopback listeners, one a revision, that Envoy's listener splits requests between.
+STABLE_LISTENER_PORT = 8091
+CANARY_LISTENER_PORT = 8092
+#: With a canary, the response header naming the revision the router sent the request to: stable or canary.
+TRACK_HEADER = "x-neuronfleet-track"
+TRACK_STABLE = "stable"
+#: The router pods' annotation naming the split they route by (absent: no canary); a new one rolls them.
+SPLIT_ANNOTATION = "neuronfleet.io/revision-split"
 #: The header through which the picker tells Envoy the replica it chose (GIE's protocol).
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 #: The response header naming the replica (``ip:port``) that answered: what a client sees of the choice.
@@ -80,9 +101,28 @@ class RouterImages:
     picker_inflight_tokens: bool = False
 
 
-def serving_pods(service: str) -> dict[str, str]:
-    """The serving pods of a service, of every revision: the pool's selector."""
-    return {LABEL_SERVICE: service, LABEL_COMPONENT: "serving"}
+@dataclass(frozen=True)
+class RevisionSplit:
+    """A canary behind the router: the stable revision's pool takes ``100 - canary_weight`` percent of the
+    requests, the canary's ``canary_weight``."""
+
+    stable_revision: str
+    canary_weight: int
+
+    def describe(self) -> str:
+        """The split in words, as the router pods' :data:`SPLIT_ANNOTATION` carries it."""
+        return f"stable {self.stable_revision} {100 - self.canary_weight}%, canary {self.canary_weight}%"
+
+
+def serving_pods(service: str, revision: str | None = None) -> dict[str, str]:
+    """The serving pods of a service, of every revision or of one: the pool's selector."""
+    pods = {LABEL_SERVICE: service, LABEL_COMPONENT: "serving"}
+    return pods if revision is None else {**pods, LABEL_ARTIFACT: revision}
+
+
+def canary_pool_name(service: str) -> str:
+    """The InferencePool of a service's canary replicas, with a canary behind the router."""
+    return f"{service}-canary"
 
 
 def picker_name(service: str) -> str:
@@ -95,19 +135,30 @@ def router_name(service: str) -> str:
     return f"{service}-router"
 
 
-def inference_pool(owner: Owner, namespace: str) -> Obj:
-    """The service's InferencePool: its serving pods at the engine's port, picked by ``<name>-epp``."""
+def inference_pool(owner: Owner, namespace: str, revision: str | None = None) -> Obj:
+    """The service's InferencePool: its serving pods at the engine's port, picked by ``<name>-epp``. With a
+    ``revision`` (a canary behind the router), that revision's pods alone: the canary's have a pool of their own."""
+    return _pool(owner, namespace, owner.name, serving_pods(owner.name, revision), PICKER_PORT)
+
+
+def canary_inference_pool(owner: Owner, namespace: str) -> Obj:
+    """The pool of the service's canary replicas, picked by the canary's picker (``<name>-epp``, its own port)."""
+    selector = {**serving_pods(owner.name), LABEL_TRACK: TRACK_CANARY}
+    return _pool(owner, namespace, canary_pool_name(owner.name), selector, CANARY_PICKER_PORT)
+
+
+def _pool(owner: Owner, namespace: str, name: str, selector: dict[str, str], picker_port: int) -> Obj:
     return {
         "apiVersion": POOL_API_VERSION,
         "kind": "InferencePool",
-        "metadata": owner.child_metadata(owner.name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
+        "metadata": owner.child_metadata(name, namespace, {**service_labels(owner.name), **MANAGED_BY}),
         "spec": {
-            "selector": {"matchLabels": serving_pods(owner.name)},
+            "selector": {"matchLabels": selector},
             "targetPorts": [{"number": HTTP_PORT}],
             "endpointPickerRef": {
                 "kind": "Service",
                 "name": picker_name(owner.name),
-                "port": {"number": PICKER_PORT},
+                "port": {"number": picker_port},
                 # No picker, no request: a replica is never chosen blind.
                 "failureMode": "FailClose",
             },
@@ -163,49 +214,83 @@ def picker_access(owner: Owner, namespace: str) -> list[Obj]:
 _ENVOY_TYPES = "type.googleapis.com/envoy.extensions"
 
 
-def envoy_config() -> Obj:
+def envoy_config(split: RevisionSplit | None = None) -> Obj:
     """Envoy's bootstrap: every request asks the picker (ext_proc, both bodies streamed) and goes to the
-    replica it names in :data:`DESTINATION_HEADER` (an original-destination cluster)."""
-    listener = {
-        "name": "http",
-        "address": {"socket_address": {"address": "0.0.0.0", "port_value": ENVOY_PORT}},
+    replica it names in :data:`DESTINATION_HEADER` (an original-destination cluster).
+
+    With a ``split``, the listener first sends each request, by weight, to one of two loopback listeners, the
+    stable revision's and the canary's, each of which asks its own picker; the response names the revision
+    (:data:`TRACK_HEADER`)."""
+    admin = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ENVOY_ADMIN_PORT}}}
+    if split is None:
+        listeners = [_listener("http", "0.0.0.0", ENVOY_PORT, _connection_manager("router", _picked_route()))]
+        return {
+            "admin": admin,
+            "static_resources": {"listeners": listeners, "clusters": [_picker_cluster(), _pool_cluster()]},
+        }
+    weights = {TRACK_STABLE: 100 - split.canary_weight, TRACK_CANARY: split.canary_weight}
+    revisions = {
+        TRACK_STABLE: (STABLE_LISTENER_PORT, PICKER_PORT),
+        TRACK_CANARY: (CANARY_LISTENER_PORT, CANARY_PICKER_PORT),
+    }
+    listeners = [
+        _listener("http", "0.0.0.0", ENVOY_PORT, _connection_manager("router", _split_route(weights), picker=None))
+    ]
+    clusters = [_pool_cluster()]
+    for track, (listener_port, picker_port) in revisions.items():
+        picked = _connection_manager(track, _picked_route(track), picker=f"picker-{track}")
+        listeners.append(_listener(track, "127.0.0.1", listener_port, picked))
+        clusters += [_picker_cluster(f"picker-{track}", picker_port), _revision_cluster(track, listener_port)]
+    return {"admin": admin, "static_resources": {"listeners": listeners, "clusters": clusters}}
+
+
+def _listener(name: str, address: str, port: int, connection_manager: Obj) -> Obj:
+    return {
+        "name": name,
+        "address": {"socket_address": {"address": address, "port_value": port}},
         "filter_chains": [
-            {
-                "filters": [
-                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": _connection_manager()}
-                ]
-            }
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": connection_manager}]}
         ],
     }
+
+
+#: Generations stream for minutes: no route timeout, the engine's own limits hold.
+_STREAMING = {"timeout": "0s", "idle_timeout": "3600s"}
+
+
+def _picked_route(track: str | None = None) -> Obj:
+    """Requests to the replica the picker named; the response names it, the router pod and, with a ``track``,
+    the revision."""
+    named = [(UPSTREAM_HEADER, "%UPSTREAM_HOST%"), (ROUTER_HEADER, "%HOSTNAME%")]
+    if track is not None:
+        named.append((TRACK_HEADER, track))
     return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ENVOY_ADMIN_PORT}}},
-        "static_resources": {"listeners": [listener], "clusters": [_picker_cluster(), _pool_cluster()]},
-    }
-
-
-def _connection_manager() -> Obj:
-    """Every request through the picker (:func:`_ask_the_picker`), then to the pool; the replica named back."""
-    pool = {
         "name": "pool",
         "domains": ["*"],
-        "routes": [
-            {
-                "match": {"prefix": "/"},
-                # Generations stream for minutes: no route timeout, the engine's own limits hold.
-                "route": {"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"},
-            }
-        ],
-        "response_headers_to_add": [
-            {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_HOST%"}},
-            {"header": {"key": ROUTER_HEADER, "value": "%HOSTNAME%"}},
-        ],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "pool", **_STREAMING}}],
+        "response_headers_to_add": [{"header": {"key": key, "value": value}} for key, value in named],
     }
+
+
+def _split_route(weights: dict[str, int]) -> Obj:
+    """Each request to one revision's listener, at random by ``weights`` (percent)."""
+    clusters = [{"name": track, "weight": weight} for track, weight in weights.items() if weight]
+    return {
+        "name": "revisions",
+        "domains": ["*"],
+        "routes": [{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"clusters": clusters}, **_STREAMING}}],
+    }
+
+
+def _connection_manager(stat_prefix: str, virtual_host: Obj, picker: str | None = "picker") -> Obj:
+    """Requests routed by ``virtual_host``; with a ``picker``, each asks it first (:func:`_ask_the_picker`)."""
+    filters = [_ask_the_picker(picker)] if picker is not None else []
     return {
         "@type": f"{_ENVOY_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "router",
-        "route_config": {"virtual_hosts": [pool]},
+        "stat_prefix": stat_prefix,
+        "route_config": {"virtual_hosts": [virtual_host]},
         "http_filters": [
-            _ask_the_picker(),
+            *filters,
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": {"@type": f"{_ENVOY_TYPES}.filters.http.router.v3.Router"},
@@ -214,13 +299,13 @@ def _connection_manager() -> Obj:
     }
 
 
-def _ask_the_picker() -> Obj:
-    """The ext_proc filter: headers, bodies (streamed both ways) and trailers go to the picker."""
+def _ask_the_picker(cluster: str) -> Obj:
+    """The ext_proc filter: headers, bodies (streamed both ways) and trailers go to the picker at ``cluster``."""
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": f"{_ENVOY_TYPES}.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": "10s"},
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SEND",
@@ -234,13 +319,13 @@ def _ask_the_picker() -> Obj:
     }
 
 
-def _picker_cluster() -> Obj:
-    """The picker beside Envoy in the pod, over HTTP/2 and TLS."""
+def _picker_cluster(name: str = "picker", port: int = PICKER_PORT) -> Obj:
+    """A picker beside Envoy in the pod, over HTTP/2 and TLS."""
     return {
-        "name": "picker",
+        "name": name,
         "type": "STATIC",
         "connect_timeout": "5s",
-        "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [_endpoint(PICKER_PORT)]}]},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [_endpoint(port)]}]},
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": f"{_ENVOY_TYPES}.upstreams.http.v3.HttpProtocolOptions",
@@ -274,6 +359,23 @@ def _pool_cluster() -> Obj:
         "lb_policy": "CLUSTER_PROVIDED",
         "connect_timeout": "5s",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": f"{_ENVOY_TYPES}.upstreams.http.v3.HttpProtocolOptions",
+                "common_http_protocol_options": {"idle_timeout": f"{POOL_IDLE_TIMEOUT_S}s"},
+                "explicit_http_config": {"http_protocol_options": {}},
+            }
+        },
+    }
+
+
+def _revision_cluster(track: str, port: int) -> Obj:
+    """A revision's loopback listener, over HTTP/1.1 connections closed when idle as the pool's are."""
+    return {
+        "name": track,
+        "type": "STATIC",
+        "connect_timeout": "5s",
+        "load_assignment": {"cluster_name": track, "endpoints": [{"lb_endpoints": [_endpoint(port)]}]},
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": f"{_ENVOY_TYPES}.upstreams.http.v3.HttpProtocolOptions",
@@ -440,14 +542,39 @@ def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
     }
 
 
-def picker_args(service: str, namespace: str, scoring: PickerScoring = PickerScoring()) -> list[str]:
+@dataclass(frozen=True)
+class PickerPorts:
+    """A picker's ports: ext_proc (gRPC), its gRPC health, its metrics."""
+
+    grpc: int = PICKER_PORT
+    health: int = PICKER_HEALTH_PORT
+    metrics: int = PICKER_METRICS_PORT
+    #: Before each port's name: a second picker in the pod names its ports apart (15 characters at most).
+    prefix: str = ""
+
+    def container_ports(self) -> list[Obj]:
+        """The container's ports, named."""
+        health = "health" if self.prefix else "grpc-health"
+        named = (("grpc", self.grpc), (health, self.health), ("metrics", self.metrics))
+        return [{"name": f"{self.prefix}{name}", "containerPort": port} for name, port in named]
+
+
+#: The canary's picker, beside the stable revision's in a router pod.
+CANARY_PICKER_PORTS = PickerPorts(
+    CANARY_PICKER_PORT, CANARY_PICKER_HEALTH_PORT, CANARY_PICKER_METRICS_PORT, prefix="canary-"
+)
+
+
+def picker_args(
+    pool: str, namespace: str, scoring: PickerScoring = PickerScoring(), ports: PickerPorts = PickerPorts()
+) -> list[str]:
     """The picker's command line: its pool and ``scoring``; no tracing exporter; metrics without token review."""
     return [
-        f"--pool-name={service}",
+        f"--pool-name={pool}",
         f"--pool-namespace={namespace}",
-        f"--grpc-port={PICKER_PORT}",
-        f"--grpc-health-port={PICKER_HEALTH_PORT}",
-        f"--metrics-port={PICKER_METRICS_PORT}",
+        f"--grpc-port={ports.grpc}",
+        f"--grpc-health-port={ports.health}",
+        f"--metrics-port={ports.metrics}",
         "--tracing=false",
         "--metrics-endpoint-auth=false",
         "--enable-pprof=false",
@@ -477,13 +604,20 @@ def envoy_drain_command() -> list[str]:
     return ["/bin/bash", "-c", script]
 
 
-def envoy_container(images: RouterImages) -> Obj:
-    """The router pod's Envoy: the bootstrap from its ConfigMap, a drain before it stops."""
+def envoy_container(images: RouterImages, split: RevisionSplit | None = None) -> Obj:
+    """The router pod's Envoy: the bootstrap from its ConfigMap (with a ``split``, inline: the pod's own, fixed
+    for its life), a drain before it stops."""
+    config = (
+        ("-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}")
+        if split is None
+        else ("--config-yaml", json.dumps(envoy_config(split), sort_keys=True))
+    )
     return {
         "name": "envoy",
         "image": images.envoy,
         "args": [
-            *("-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_FILE}", "--log-level", "warn", "--concurrency", "2"),
+            *config,
+            *("--log-level", "warn", "--concurrency", "2"),
             # Once draining, every response closes its connection, and the listener closes before the grace ends.
             *("--drain-strategy", "immediate", "--drain-time-s", str(ROUTER_DRAIN_SECONDS - 5)),
         ],
@@ -496,33 +630,49 @@ def envoy_container(images: RouterImages) -> Obj:
     }
 
 
-def router_deployment(
-    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, scoring: PickerScoring
+def picker_container(
+    name: str, pool: str, namespace: str, images: RouterImages, scoring: PickerScoring, ports: PickerPorts
 ) -> Obj:
-    """The router pods: the picker (scoring by ``scoring``) and its Envoy side by side, each finishing what it
-    holds before it stops."""
-    grpc_probe = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
-    picker: Obj = {
-        "name": "epp",
+    """A picker of the router pod, for ``pool``, ready only once its ext_proc port listens."""
+    grpc_probe = {"grpc": {"port": ports.health, "service": "inference-extension"}}
+    return {
+        "name": name,
         "image": images.picker,
-        "args": picker_args(owner.name, namespace, scoring),
+        "args": picker_args(pool, namespace, scoring, ports),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
-        "ports": [
-            {"name": "grpc", "containerPort": PICKER_PORT},
-            {"name": "grpc-health", "containerPort": PICKER_HEALTH_PORT},
-            {"name": "metrics", "containerPort": PICKER_METRICS_PORT},
-        ],
+        "ports": ports.container_ports(),
         # GIE's health service turns SERVING once the pool has synced, while its ext_proc server may still be
         # making its 4,096-bit TLS key, refusing Envoy (a 500 for each request, seen after a restart): no
         # readiness before ext_proc listens.
-        "startupProbe": {"tcpSocket": {"port": PICKER_PORT}, "periodSeconds": 1, "failureThreshold": 120},
+        "startupProbe": {"tcpSocket": {"port": ports.grpc}, "periodSeconds": 1, "failureThreshold": 120},
         "readinessProbe": {**grpc_probe, "periodSeconds": 2},
         "livenessProbe": {**grpc_probe, "initialDelaySeconds": 5, "periodSeconds": 10},
         "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         "securityContext": {**container_security(), "runAsUser": PICKER_USER, "runAsGroup": PICKER_USER},
     }
-    envoy = envoy_container(images)
+
+
+def router_deployment(
+    owner: Owner,
+    namespace: str,
+    routing: api.Routing,
+    images: RouterImages,
+    scoring: PickerScoring,
+    split: RevisionSplit | None = None,
+) -> Obj:
+    """The router pods: the picker (scoring by ``scoring``) and its Envoy side by side, each finishing what it
+    holds before it stops. With a ``split``, a second picker for the canary's pool, and the split named on
+    the pods (a new one rolls them)."""
+    containers = [picker_container("epp", owner.name, namespace, images, scoring, PickerPorts())]
+    template_metadata: Obj = {"labels": router_pods(owner.name)}
+    if split is not None:
+        canary = picker_container(
+            "epp-canary", canary_pool_name(owner.name), namespace, images, scoring, CANARY_PICKER_PORTS
+        )
+        containers.append(canary)
+        template_metadata["annotations"] = {SPLIT_ANNOTATION: split.describe()}
+    containers.append(envoy_container(images, split))
     pods = router_pods(owner.name)
     return {
         "apiVersion": "apps/v1",
@@ -532,7 +682,7 @@ def router_deployment(
             "replicas": routing.replicas,
             "selector": {"matchLabels": pods},
             "template": {
-                "metadata": {"labels": pods},
+                "metadata": template_metadata,
                 "spec": {
                     **_placement(routing),
                     # Router pods on different nodes where they can be: losing one node loses one router.
@@ -552,7 +702,7 @@ def router_deployment(
                     "serviceAccountName": picker_name(owner.name),
                     "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [picker, envoy],
+                    "containers": containers,
                     "volumes": [{"name": "envoy", "configMap": {"name": router_name(owner.name)}}],
                 },
             },
@@ -569,23 +719,25 @@ def _placement(routing: api.Routing) -> Obj:
     return placement
 
 
-def router_services(owner: Owner, namespace: str) -> list[Obj]:
-    """``<name>-router`` (HTTP, what users send requests to) and ``<name>-epp`` (the pool's picker, for a Gateway)."""
+def router_services(owner: Owner, namespace: str, canary_pool: bool = False) -> list[Obj]:
+    """``<name>-router`` (HTTP, what users send requests to) and ``<name>-epp`` (the pool's picker, for a Gateway;
+    with a ``canary_pool``, the canary pool's picker on a port of its own)."""
     pods = router_pods(owner.name)
 
-    def service(name: str, port: Obj) -> Obj:
+    def service(name: str, *ports: Obj) -> Obj:
         return {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": _metadata(owner, name, namespace),
-            "spec": {"selector": pods, "ports": [{"protocol": "TCP", **port}]},
+            "spec": {"selector": pods, "ports": [{"protocol": "TCP", **port} for port in ports]},
         }
 
+    pickers = [("grpc", PICKER_PORT), *([("canary-grpc", CANARY_PICKER_PORT)] if canary_pool else [])]
     return [
         service(router_name(owner.name), {"name": HTTP_PORT_NAME, "port": HTTP_PORT, "targetPort": ENVOY_PORT}),
         service(
             picker_name(owner.name),
-            {"name": "grpc", "port": PICKER_PORT, "targetPort": PICKER_PORT, "appProtocol": "http2"},
+            *({"name": name, "port": port, "targetPort": port, "appProtocol": "http2"} for name, port in pickers),
         ),
     ]
 
@@ -605,13 +757,20 @@ def router_disruption_budget(owner: Owner, namespace: str) -> Obj:
 
 
 def router_objects(
-    owner: Owner, namespace: str, routing: api.Routing, images: RouterImages, scoring: PickerScoring = PickerScoring()
+    owner: Owner,
+    namespace: str,
+    routing: api.Routing,
+    images: RouterImages,
+    scoring: PickerScoring = PickerScoring(),
+    split: RevisionSplit | None = None,
+    canary_pool: bool = False,
 ) -> list[Obj]:
-    """Everything the standalone picker runs with, in apply order (access and config before the pods)."""
+    """Everything the standalone picker runs with, in apply order (access and config before the pods); with a
+    ``split``, the canary's picker and Envoy's weights; with a ``canary_pool``, its picker's port."""
     return [
         *picker_access(owner, namespace),
         router_configmap(owner, namespace),
-        router_deployment(owner, namespace, routing, images, scoring),
+        router_deployment(owner, namespace, routing, images, scoring, split),
         router_disruption_budget(owner, namespace),
-        *router_services(owner, namespace),
+        *router_services(owner, namespace, canary_pool),
     ]
