@@ -1,5 +1,6 @@
 """Routing on a real control plane with fake nodes: the InferencePool of every service, the optional CRD,
-and the Endpoint Picker's objects that ``spec.routing`` adds and its removal takes away.
+the Endpoint Picker's objects that ``spec.routing`` adds and its removal takes away, and a canary's pool,
+picker and split behind the router.
 
 The picker and Envoy themselves run in ``tests/realnode/test_routing.py``; here the pods are KWOK's.
 """
@@ -13,10 +14,11 @@ from typing import Any
 import pytest
 from harness.services import Services
 
-from neuronfleet.contract.names import HTTP_PORT
+from neuronfleet.contract.names import HTTP_PORT, LABEL_ARTIFACT, LABEL_TRACK, TRACK_CANARY
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.controlplane.kwok import READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import plan
@@ -25,6 +27,7 @@ from neuronfleet.operator.kube import (
     DEPLOYMENTS,
     INFERENCE_POOLS,
     PDBS,
+    PODS,
     ROLE_BINDINGS,
     ROLES,
     SERVICE_ACCOUNTS,
@@ -165,6 +168,96 @@ def test_spec_routing_runs_a_picker_and_its_removal_takes_the_picker_away(
         )
         assert gone == []
         assert api.get(INFERENCE_POOLS, namespace, "llama") is not None
+    finally:
+        running.stop()
+        print(f"--- operator log ---\n{running.tail(60)}")
+
+
+def router_pods(api: Kube, namespace: str) -> list[Obj]:
+    selector = ",".join(f"{key}={value}" for key, value in plan.routing.router_pods("llama").items())
+    return api.list(PODS, namespace, selector)
+
+
+def split_of(body: Obj) -> str | None:
+    template = body["spec"].get("template", body)
+    return (template["metadata"].get("annotations") or {}).get(plan.SPLIT_ANNOTATION)
+
+
+def test_a_canary_behind_the_router_gets_a_pool_and_a_picker_and_its_step_waits_for_the_routers_split(
+    cluster: LocalCluster,
+    services: Services,
+    api: Kube,
+    namespace: str,
+    wait_for: WaitFor,
+    gie_crds: None,
+    tmp_path: Path,
+) -> None:
+    """The wiring (the split itself, measured under load, runs on the real node)."""
+    install_gie_crds(cluster)
+    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0)
+    running.start(wait_for)
+    try:
+        trial = {"steps": [{"weight": 10, "pauseSeconds": 600}, {"weight": 50}]}
+        manifest = {
+            **SPEC,
+            "replicas": 2,
+            "podAnnotations": {READY_AFTER_ANNOTATION: "1s"},
+            "routing": {"replicas": 1},
+            "rollout": {"canary": trial},
+        }
+        services.create("llama", manifest)
+        first = services.wait(
+            "llama", lambda b: phase_of(b) == "Ready" and routing(b)[1] == "PickerReady", "Ready, PickerReady", 90
+        )
+        old = first["status"]["currentRevision"]
+        # No canary yet: one pool of every revision, a router without a split; the canary's pool stands empty.
+        assert (api.get(INFERENCE_POOLS, namespace, "llama") or {})["spec"]["selector"]["matchLabels"] == (
+            plan.routing.serving_pods("llama")
+        )
+        assert split_of(api.get(DEPLOYMENTS, namespace, "llama-router") or {}) is None
+        canary_pool = api.get(INFERENCE_POOLS, namespace, "llama-canary") or {}
+        assert canary_pool["spec"]["selector"]["matchLabels"][LABEL_TRACK] == TRACK_CANARY
+
+        services.patch_spec("llama", {"engine": {"num_seqs_buckets": [2, 8]}})
+        started = services.wait(
+            "llama",
+            lambda b: (b.get("status", {}).get("canary") or {}).get("stepStartedAt") is not None,
+            "the first step started",
+            timeout=90,
+        )
+        new = started["status"]["canary"]["revision"]
+        # The stable pool holds to the stable revision; every router pod routes by the step's split.
+        pool = api.get(INFERENCE_POOLS, namespace, "llama") or {}
+        assert pool["spec"]["selector"]["matchLabels"][LABEL_ARTIFACT] == old
+        router = api.get(DEPLOYMENTS, namespace, "llama-router") or {}
+        assert split_of(router) == f"stable {old} 90%, canary 10%"
+        assert [c["name"] for c in router["spec"]["template"]["spec"]["containers"]] == ["epp", "epp-canary", "envoy"]
+        pods = router_pods(api, namespace)
+        assert [split_of(p) for p in pods] == [f"stable {old} 90%, canary 10%"]
+        # The step's pause began only once the router pod made for its split was Ready.
+        (made_ready,) = [c["lastTransitionTime"] for c in pods[0]["status"]["conditions"] if c["type"] == "Ready"]
+        assert made_ready <= started["status"]["canary"]["stepStartedAt"]
+        canary_replicas = api.get(DEPLOYMENTS, namespace, plan.canary_name("llama")) or {}
+        assert canary_replicas["spec"]["replicas"] == 1
+        assert "0 of the 100 completions the canary needs" in condition(started, "Ready")["message"]
+
+        # Without the canary section the new revision rolls out; the router drops the split first, and the
+        # canary's replicas go only once no router pod made for it is left.
+        services.patch_spec("llama", {"rollout": {"canary": None}})
+        wait_for(
+            lambda: api.get(DEPLOYMENTS, namespace, plan.canary_name("llama")),
+            lambda found: found is None,
+            what="the canary's replicas deleted",
+            timeout=90,
+        )
+        assert [split_of(p) for p in router_pods(api, namespace)] == [None]
+        done = services.wait(
+            "llama", lambda b: phase_of(b) == "Ready" and b["status"]["currentRevision"] == new, "the new revision", 90
+        )
+        assert done["status"].get("canary") is None
+        pool = api.get(INFERENCE_POOLS, namespace, "llama") or {}
+        assert pool["spec"]["selector"]["matchLabels"] == plan.routing.serving_pods("llama")
+        assert api.get(INFERENCE_POOLS, namespace, "llama-canary") is None
     finally:
         running.stop()
         print(f"--- operator log ---\n{running.tail(60)}")

@@ -499,18 +499,6 @@ SERVICE_SPEC: tuple[Rule[NeuronInferenceServiceSpec], ...] = (
         check=lambda spec: () if spec.device == "sim" and spec.placement.devices == "devicePlugin" else None,
         examples=({"device": "sim", "placement": {"devices": "devicePlugin"}},),
     ),
-    Rule(
-        name="canary-with-routing",
-        field=".rollout.canary",
-        cel="!has(self.rollout) || !has(self.rollout.canary) || !has(self.routing)",
-        message=(
-            "rollout.canary splits requests by replica count through the Service, while behind spec.routing the "
-            "Endpoint Picker would choose among both revisions' replicas alike: a canary with routing is not "
-            "supported yet"
-        ),
-        check=lambda spec: () if spec.rollout.canary is not None and spec.routing is not None else None,
-        examples=({"rollout": {"canary": {"steps": [{"weight": 10}]}}, "routing": {}},),
-    ),
     # Only the scaler writes spec.replicas of an autoscaled service (through the scale subresource): a
     # manifest naming both is refused, while the scaler's writes to one already autoscaled pass.
     Rule(

@@ -97,8 +97,10 @@ class CanaryStep(K8sModel):
         le=99,
         description=(
             "Percent of the requests the new revision takes at this step. Its replicas run beside all the "
-            "stable revision's, and the Service splits requests by replica count: the canary gets "
-            "round(replicas * weight / (100 - weight)) of them, at least 1, so its share is that over all."
+            "stable revision's: round(replicas * weight / (100 - weight)) of them, at least 1. Without "
+            "spec.routing the Service splits requests by replica count, so the share is the canary's replicas "
+            "over all. With spec.routing each revision has its InferencePool and picker, and the router sends "
+            "this percent to the canary's (its pods roll to each step's split before the step's pause starts)."
         ),
     )
     pause_seconds: int = Field(

@@ -4,6 +4,9 @@ Observe the canary Deployment and every serving pod's ``/metrics`` (the stable r
 each at its pod IP); decide with :mod:`neuronfleet.operator.canary`; act: apply the canary's replicas, or
 delete them once it was aborted or its revision serves from the service's own Deployment.
 
+Behind a router, the canary's replicas take its step's share only once every router pod routes by the
+step's split, so a step's pause starts then; and they go only once no router pod sends them anything.
+
 What the stable pods had counted when the canary began is held here, in memory: an operator that restarts
 (or a new leader) starts the stable side's count again, while the canary's pods, all new, count from their
 start either way.
@@ -28,6 +31,8 @@ SCRAPE_TIMEOUT_S = 2.0
 
 #: Reads a pod's ``/metrics`` text at an address (host:port); raises ``OSError`` when it cannot.
 Scrape = Callable[[str], str]
+#: Whether every router pod routes by a split (``None``: with no canary); always, for a service without a router.
+RoutesBy = Callable[[plan.RevisionSplit | None], bool]
 
 
 def scrape_http(address: str) -> str:
@@ -55,6 +60,7 @@ class Canaries:
         stable: decide.DeploymentView,
         previous: api.CanaryStatus | None,
         devices: api.DeviceAllocation,
+        routes_by: RoutesBy,
     ) -> tuple[api.CanaryStatus, frozenset[str], list[Event]]:
         """The canary of ``served`` beside the ``stable`` revision, one step on: its state, the objects its pods
         read (to keep), and the events of its decisions."""
@@ -65,16 +71,18 @@ class Canaries:
             state = canary.start(trial, served.hash, spec.desired_replicas)
         key = (namespace, owner.name, served.hash)
         if state.phase != "Progressing":
-            self.settle(namespace, owner.name)
+            self.settle(namespace, owner.name, routes_by(None))
             return state, frozenset(), []
         # Observe: the canary's Deployment, and the figures of both revisions' ready pods.
         body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(owner.name))
         view = decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
+        split = canary.revision_split(state, stable.artifact_hash, spec.routing is not None)
         ready = (
             view is not None
             and view.artifact_hash == served.hash
             and view.rolled_out
             and view.ready >= state.canary_replicas
+            and routes_by(split)
         )
         analysis = self._analyse(namespace, owner.name, trial.analysis, served.hash, stable.artifact_hash, key)
         # Decide.
@@ -83,7 +91,9 @@ class Canaries:
         # Act.
         if state.phase == "Aborted":
             self._stable_start.pop(key, None)
-            self.remove(namespace, owner.name)
+            # Behind a router, its replicas go once the router sends them nothing (its next passes).
+            if routes_by(None):
+                self.remove(namespace, owner.name)
             return state, frozenset(), events
         planned = plan.canary_plan(owner, namespace, spec, served, state.canary_replicas, devices)
         self.kube.apply(planned.configmap)
@@ -96,13 +106,13 @@ class Canaries:
         """Delete the canary's replicas (they drain as any serving pod does)."""
         self.kube.delete(DEPLOYMENTS, namespace, plan.canary_name(service))
 
-    def settle(self, namespace: str, service: str) -> None:
-        """With no canary in play (promoted, aborted, or no longer asked for): its replicas go, if any run, and
-        so do the stable figures held for it (the same revision tried again later counts afresh). A promoted
-        canary's go as the service's Deployment starts rolling its revision out, so a fleet sized for the
-        canary and one surge replica holds the rollout too."""
+    def settle(self, namespace: str, service: str, unrouted: bool = True) -> None:
+        """With no canary in play (promoted, aborted, or no longer asked for): its replicas go, if any run and
+        no router sends them requests (``unrouted``), and so do the stable figures held for it (the same
+        revision tried again later counts afresh). A promoted canary's go as the service's Deployment starts
+        rolling its revision out, so a fleet sized for the canary and one surge replica holds the rollout too."""
         self.forget(namespace, service)
-        if self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(service)) is not None:
+        if unrouted and self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(service)) is not None:
             self.remove(namespace, service)
 
     def _analyse(

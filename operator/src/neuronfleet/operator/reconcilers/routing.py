@@ -1,8 +1,12 @@
-"""The router of a service: its InferencePool, and with ``spec.routing`` the Endpoint Picker in front of it."""
+"""The router of a service: its InferencePool, and with ``spec.routing`` the Endpoint Picker in front of it.
+
+A canary behind the router adds its own pool and picker, and the router splits requests between the
+revisions by the step's weight (:func:`neuronfleet.operator.canary.revision_split`).
+"""
 
 from __future__ import annotations
 
-from neuronfleet.operator import api, plan
+from neuronfleet.operator import api, canary, plan
 from neuronfleet.operator.decide import RoutingState
 from neuronfleet.operator.kube import (
     CONFIGMAPS,
@@ -34,23 +38,38 @@ class Router:
         namespace: str,
         spec: api.NeuronInferenceServiceSpec,
         previous: api.NeuronInferenceServiceStatus,
+        trial: api.CanaryStatus | None = None,
+        stable_revision: str | None = None,
     ) -> RoutingState:
-        """Apply the pool (where the cluster serves the kind) and, with ``spec.routing``, the router."""
+        """Apply the pool (where the cluster serves the kind) and, with ``spec.routing``, the router; with a
+        canary behind it (``trial`` beside ``stable_revision``), a pool for each revision and the step's split."""
         if not self.kube.serves(INFERENCE_POOLS):
             return RoutingState(pool_served=False)
-        self.kube.apply(plan.inference_pool(owner, namespace))
+        behind = spec.routing is not None
+        pool_revision = canary.stable_pool_revision(trial, stable_revision, behind)
+        self.kube.apply(plan.inference_pool(owner, namespace, pool_revision))
+        canary_pool = behind and spec.rollout.canary is not None
+        self._canary_pool(owner, namespace, canary_pool)
         if spec.routing is None:
             if any(c.type == ConditionType.ROUTING and c.reason in _PICKER_REASONS for c in previous.conditions):
                 self._delete_router(owner.name, namespace)
             return RoutingState(pool_served=True)
         ready = 0
         scoring = plan.PickerScoring.of(spec, self.images)
-        routed = plan.router_objects(owner, namespace, spec.routing, self.images, scoring)
+        split = canary.revision_split(trial, stable_revision, behind)
+        routed = plan.router_objects(owner, namespace, spec.routing, self.images, scoring, split, canary_pool)
         for obj in routed:
             applied = self.kube.apply(obj)
             if obj["kind"] == DEPLOYMENTS.kind:
                 ready = int((applied.get("status") or {}).get("readyReplicas") or 0)
         return RoutingState(pool_served=True, ready=ready)
+
+    def _canary_pool(self, owner: plan.Owner, namespace: str, wanted: bool) -> None:
+        """The canary's pool while the service asks for canaries behind its router; gone once not."""
+        if wanted:
+            self.kube.apply(plan.canary_inference_pool(owner, namespace))
+        elif self.kube.get(INFERENCE_POOLS, namespace, plan.canary_pool_name(owner.name)) is not None:
+            self.kube.delete(INFERENCE_POOLS, namespace, plan.canary_pool_name(owner.name))
 
     def _delete_router(self, service: str, namespace: str) -> None:
         # The pods first, then what they used; the pool stays (a Gateway may route through it).

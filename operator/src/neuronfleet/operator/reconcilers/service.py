@@ -10,13 +10,15 @@ Neuron fault takes out of service (``neuronfleet.operator.health``), the status.
 
 from __future__ import annotations
 
+import functools
+
 from pydantic import ValidationError
 
 from neuronfleet.operator import api, canary, decide, health, plan
 from neuronfleet.operator.kube import DEPLOYMENTS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
-from neuronfleet.operator.reconcilers.canary import Canaries
+from neuronfleet.operator.reconcilers.canary import Canaries, RoutesBy
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
 from neuronfleet.operator.reconcilers.common import Obj, RetryLater, previous_status
 from neuronfleet.operator.reconcilers.devices import NeuronDevices
@@ -132,7 +134,8 @@ class ServiceReconciler:
             history_limit=self.artifact_history_limit if history_limit is None else history_limit,
         )
         scaling_state = self.autoscaler.reconcile(owner, namespace, spec, previous, serving=deployment is not None)
-        routing_state = self.router.reconcile(owner, namespace, spec, previous)
+        stable_revision = deployment.artifact_hash if deployment is not None else None
+        routing_state = self.router.reconcile(owner, namespace, spec, previous, trial, stable_revision)
         if decision.keep is not None:
             self.claims.release(
                 body, decision.keep, applied | decision.keep_pod_inputs, claim_templates=devices == "dra"
@@ -189,15 +192,31 @@ class ServiceReconciler:
                 or previous.canary.phase != "Promoted"
             )
         )
+        routes_by = self._router_routes_by(namespace, owner.name, spec)
         if on_trial and deployment is not None:
-            return self.canaries.reconcile(owner, namespace, spec, served, deployment, previous.canary, devices)
+            return self.canaries.reconcile(
+                owner, namespace, spec, served, deployment, previous.canary, devices, routes_by
+            )
         last = previous.canary
-        # Only a service that asks for canaries, or ran one, can have a canary's replicas to let go.
-        if spec.rollout.canary is not None or last is not None:
-            self.canaries.settle(namespace, owner.name)
+        # Only a service that asks for canaries, ran one, or has a router that may still send one requests, can
+        # have a canary's replicas to let go.
+        if spec.rollout.canary is not None or last is not None or spec.routing is not None:
+            self.canaries.settle(namespace, owner.name, routes_by(None))
         # How the target's canary ended stays in the status while the spec still asks for canaries.
         ended = last if spec.rollout.canary is not None and last is not None and last.revision == served.hash else None
         return ended, frozenset(), []
+
+    def _router_routes_by(
+        self,
+        namespace: str,
+        name: str,
+        spec: api.NeuronInferenceServiceSpec,
+    ) -> RoutesBy:
+        """Whether the service's router pods route by a split, read once: always, for a service without a router
+        (the Service splits a canary's requests by replica count)."""
+        if spec.routing is None:
+            return lambda split: True
+        return functools.partial(decide.router_routes_by, self.kube.get(DEPLOYMENTS, namespace, plan.router_name(name)))
 
     def _heal(self, owner: plan.Owner, namespace: str, healing: health.HealthPlan) -> list[Event]:
         """Quarantine the faulty serving pods, delete the quarantined ones no longer needed; the events to post."""
