@@ -3,8 +3,9 @@ the periodic resync.
 
 The handlers (``neuronfleet.operator.handlers``) only say which change wakes which reconcile; this is
 what runs it: each reconcile on a worker thread, a service's spec change ahead of what its children's
-events wake (:class:`WorkerSlots`), a failed one retried alone (``retries``), and every ``resync_seconds``
-a full pass over everything, behind the watches.
+events wake (:class:`WorkerSlots`), a failed one retried alone (``retries``), every ``resync_seconds``
+a full pass over everything, behind the watches, and every :data:`CANARY_INTERVAL_S` a pass over the
+services whose canary is progressing (its analysis reads the engines, whose figures change with no event).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ RECONCILE_WORKERS = 8
 #: The order in which waiting reconciles get a worker: a service's spec change (what moves its
 #: ``observedGeneration``) first, then what the children's events, the artifacts and the deletions wake.
 SPEC_CHANGE, FOLLOW_UP = 0, 1
+#: Seconds between two passes of a progressing canary: its analysis, and the end of its step's pause. Not a
+#: kopf timer: kopf puts a finalizer on each object a timer runs for, and the operator may not patch services.
+CANARY_INTERVAL_S = 5.0
+#: The services whose canary is progressing, as (namespace, name).
+Progressing = Callable[[], Sequence[tuple[str, str]]]
 
 
 @dataclass(eq=False)
@@ -147,6 +153,7 @@ class Drive:
         self.executor: concurrent.futures.Executor | None = None
         self.last_resync: datetime.datetime | None = None
         self._resync: asyncio.Task[None] | None = None
+        self._canaries: asyncio.Task[None] | None = None
         self._stopping = threading.Event()
 
     async def in_worker(self, call: Callable[..., T], *args: Any) -> T:
@@ -176,17 +183,28 @@ class Drive:
 
         await self.retries.run(("artifact", namespace, name), run)
 
-    def start(self, executor: concurrent.futures.Executor) -> None:
-        """Run reconciles on ``executor``, and start the resync."""
+    def start(self, executor: concurrent.futures.Executor, canaries: Progressing = lambda: ()) -> None:
+        """Run reconciles on ``executor``, and start the resync and the passes over the ``canaries`` progressing."""
         self.executor = executor
         self._resync = asyncio.create_task(self._resync_forever())
+        self._canaries = asyncio.create_task(self._canaries_forever(canaries))
 
     def stop(self) -> None:
-        """Stop the resync (a pass in flight ends at its next object) and the retries waiting."""
+        """Stop the resync (a pass in flight ends at its next object), the canaries' passes and the retries waiting."""
         self._stopping.set()
-        if self._resync is not None:
-            self._resync.cancel()
+        for task in (self._resync, self._canaries):
+            if task is not None:
+                task.cancel()
         self.retries.cancel()
+
+    async def _canaries_forever(self, progressing: Progressing) -> None:
+        # Every CANARY_INTERVAL_S -> reconcile each service whose canary is progressing, side by side.
+        while True:
+            await asyncio.sleep(CANARY_INTERVAL_S)
+            passes = [self.reconcile_service(namespace, name) for namespace, name in progressing()]
+            for failure in await asyncio.gather(*passes, return_exceptions=True):
+                if isinstance(failure, Exception):
+                    log.error("a canary's pass failed; the next one tries again: %s", failure)
 
     def probe(self) -> str:
         """When the last resync ended (``pending`` before the first); raises when it is long overdue."""

@@ -9,7 +9,8 @@
   fault, or Ready while its service holds quarantined pods -> its service.
 - A node whose Neuron fault appeared, changed or cleared -> the services with pods on it.
 - A service's deletion -> its claims on artifacts dropped (the garbage collector would, later).
-- A service whose canary is progressing -> the service, every few seconds (its analysis reads the engines).
+- A service whose canary is progressing -> the service, every few seconds (its analysis reads the engines): the
+  drive's canary passes, over the services the cache holds.
 - A periodic resync reconciles everything, behind the watches.
 - Every watched kind feeds the reconcilers' cache (``neuronfleet.operator.cache``), before any handler runs.
 
@@ -34,14 +35,11 @@ import kopf
 from neuronfleet.contract.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api, health, plan
 from neuronfleet.operator.cache import WATCHED, ObjectCache
-from neuronfleet.operator.drive import FOLLOW_UP, SPEC_CHANGE, Drive
+from neuronfleet.operator.drive import FOLLOW_UP, SPEC_CHANGE, Drive, Progressing
 from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
 from neuronfleet.operator.reconcilers import Manager
 
 Obj = dict[str, Any]
-
-#: Seconds between two passes of a progressing canary: its analysis, and the end of its step's pause.
-CANARY_INTERVAL_S = 5.0
 
 
 def _owner_name(body: Obj, kind: str) -> str | None:
@@ -86,8 +84,13 @@ def _services_on(cache: ObjectCache, node: str) -> dict[tuple[str, str], None]:
     return services
 
 
-def _canary_progressing(status: Mapping[str, Any], **_: Any) -> bool:
-    return (status.get("canary") or {}).get("phase") == "Progressing"
+def _canaries_progressing(cache: ObjectCache) -> list[tuple[str, str]]:
+    """The services whose canary is progressing, as the watch last delivered them."""
+    return [
+        (body["metadata"]["namespace"], body["metadata"]["name"])
+        for body in cache.list(SERVICES_NIS, None)
+        if ((body.get("status") or {}).get("canary") or {}).get("phase") == "Progressing"
+    ]
 
 
 def _is_deleted(type: str | None, **_: Any) -> bool:
@@ -143,7 +146,7 @@ def build_registry(
     for resource in WATCHED:
         _feed(registry, cache, resource)
     drive = Drive(manager, namespaces, resync_seconds)
-    _on_lifecycle(registry, drive, executor)
+    _on_lifecycle(registry, drive, executor, functools.partial(_canaries_progressing, cache))
     _on_kinds(registry, drive)
     _on_children(registry, drive, cache)
     _on_nodes(registry, drive, cache)
@@ -151,9 +154,13 @@ def build_registry(
 
 
 def _on_lifecycle(
-    registry: kopf.OperatorRegistry, drive: Drive, executor: concurrent.futures.ThreadPoolExecutor
+    registry: kopf.OperatorRegistry,
+    drive: Drive,
+    executor: concurrent.futures.ThreadPoolExecutor,
+    canaries: Progressing,
 ) -> None:
-    """Settings and the resync at startup, its stop at cleanup, its health in the liveness probe."""
+    """Settings, the resync and the canaries' passes at startup, their stop at cleanup, the resync's health in
+    the liveness probe."""
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -163,7 +170,7 @@ def _on_lifecycle(
                 settings.watching.label_selectors[resource.group or resource.version, resource.plural] = selector
         settings.posting.level = logging.WARNING
         settings.execution.executor = executor
-        drive.start(executor)
+        drive.start(executor, canaries)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(**_: Any) -> None:
@@ -191,18 +198,6 @@ def _on_kinds(registry: kopf.OperatorRegistry, drive: Drive) -> None:
         """An artifact created or listed at start -> reconcile the artifact, then its services if its status
         changed."""
         await drive.reconcile_artifact(_namespaced(namespace), name)
-
-    @kopf.timer(
-        GROUP,
-        api.VERSION,
-        SERVICES_NIS.plural,
-        interval=CANARY_INTERVAL_S,
-        when=_canary_progressing,
-        registry=registry,
-    )
-    async def canary_progressing(name: str, namespace: str | None, **_: Any) -> None:
-        """A canary in progress -> reconcile its service (the engines' metrics change with no event)."""
-        await drive.reconcile_service(_namespaced(namespace), name)
 
     @kopf.on.event(GROUP, api.VERSION, SERVICES_NIS.plural, when=_is_deleted, registry=registry)
     async def service_deleted(body: kopf.Body, **_: Any) -> None:
