@@ -182,22 +182,34 @@ def test_a_canary_is_aborted_at_the_first_failed_analysis_even_within_a_pause() 
     assert step(aborted, analysis=PASS, at=60) == (aborted, [])
 
 
-def test_behind_a_router_a_progressing_canary_splits_by_its_weight_and_the_stable_pool_holds_to_its_revision() -> None:
+def test_behind_a_router_a_canary_gets_a_steps_weight_once_its_replicas_are_ready_and_none_once_it_ends() -> None:
     state = canary.start(CANARY, "new", 2)
-    assert canary.revision_split(state, "old", routed=True) == plan.RevisionSplit("old", 10)
+    # Its replica not Ready yet: no request for it; Ready: the step's weight.
+    assert canary.routed_weight(CANARY, state, replicas_ready=False) == 0
+    assert canary.routed_weight(CANARY, state, replicas_ready=True) == 10
+    stepped = canary.replace_state(state, step=1, weight=50, canary_replicas=2)
+    # The next step's replicas starting: the step before's weight holds meanwhile.
+    assert canary.routed_weight(CANARY, stepped, replicas_ready=False) == 10
+    assert canary.routed_weight(CANARY, stepped, replicas_ready=True) == 50
+    for ended in ("Aborted", "Promoted"):
+        assert canary.routed_weight(CANARY, canary.replace_state(stepped, phase=ended), replicas_ready=True) == 0
+    assert canary.revision_split("old", 10, routed=True) == plan.RevisionSplit("old", 10)
+    # No weight, or no router (the Service splits by replica count): one pool, no split.
+    assert canary.revision_split("old", 0, routed=True) is None
+    assert canary.revision_split("old", 10, routed=False) is None
+
+
+def test_behind_a_router_the_stable_pool_holds_to_its_revision_until_the_canary_is_promoted() -> None:
+    state = canary.start(CANARY, "new", 2)
     assert canary.stable_pool_revision(state, "old", routed=True) == "old"
-    # Without a router the Service splits by replica count: one pool of every revision, no split.
-    assert canary.revision_split(state, "old", routed=False) is None
     assert canary.stable_pool_revision(state, "old", routed=False) is None
-    # Aborted: every request to the stable revision at once, whose pool still leaves out the canary's draining pods.
+    # Aborted: the canary's replicas may still be draining, outside the stable pool.
     aborted = canary.replace_state(state, phase="Aborted", canary_replicas=0)
-    assert canary.revision_split(aborted, "old", routed=True) is None
     assert canary.stable_pool_revision(aborted, "old", routed=True) == "old"
     # Promoted: its revision rolls out through the one pool.
     promoted = canary.replace_state(state, phase="Promoted", weight=100)
-    assert canary.revision_split(promoted, "old", routed=True) is None
     assert canary.stable_pool_revision(promoted, "old", routed=True) is None
-    assert canary.revision_split(None, "old", routed=True) is None
+    assert canary.stable_pool_revision(None, "old", routed=True) is None
 
 
 def router(split: plan.RevisionSplit | None, **status: int) -> dict[str, Any]:

@@ -235,6 +235,14 @@ class CachedKube(Kube):
             return self.cache.get(resource, namespace, name)
         return super().get(resource, namespace, name)
 
+    def delete(self, resource: Resource, namespace: str, name: str) -> bool:
+        """Delete; an object of an unwatched kind leaves the cache at once, since no watch event will say so."""
+        cached = self.cache.get(resource, namespace, name) if resource in LISTED else None
+        deleted = super().delete(resource, namespace, name)
+        if cached is not None:
+            self.cache.forget(cached)
+        return deleted
+
     def fresh(self, resource: Resource, namespace: str, name: str) -> Obj | None:
         """From the API server, into the cache."""
         body = super().get(resource, namespace, name)

@@ -221,14 +221,22 @@ def replicas_in_play(trial: api.CanaryStatus | None) -> int:
     return trial.canary_replicas if trial is not None and trial.phase == "Progressing" else 0
 
 
-def revision_split(
-    trial: api.CanaryStatus | None, stable_revision: str | None, routed: bool
-) -> plan.RevisionSplit | None:
-    """What the router splits requests by: with a canary progressing behind it (``routed``), its step's
-    weight to the canary's pool and the rest to the stable revision's; else ``None``, one pool."""
-    if not routed or trial is None or trial.phase != "Progressing" or stable_revision is None:
+def routed_weight(spec: api.Canary, state: api.CanaryStatus, replicas_ready: bool) -> int:
+    """The canary's share for the routers to send it: its step's once the step's replicas are all Ready, the
+    step before's until then (0 before the first step's: no request for a canary with no replica to take it)."""
+    if state.phase != "Progressing":
+        return 0
+    if replicas_ready:
+        return state.weight
+    return spec.steps[state.step - 1].weight if state.step > 0 else 0
+
+
+def revision_split(stable_revision: str | None, weight: int, routed: bool) -> plan.RevisionSplit | None:
+    """What the router splits requests by: behind a router (``routed``), ``weight`` percent to the canary's pool
+    and the rest to the stable revision's; ``None``, one pool, with no weight for a canary."""
+    if not routed or not weight or stable_revision is None:
         return None
-    return plan.RevisionSplit(stable_revision, trial.weight)
+    return plan.RevisionSplit(stable_revision, weight)
 
 
 def stable_pool_revision(trial: api.CanaryStatus | None, stable_revision: str | None, routed: bool) -> str | None:

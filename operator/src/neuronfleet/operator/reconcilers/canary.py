@@ -61,9 +61,9 @@ class Canaries:
         previous: api.CanaryStatus | None,
         devices: api.DeviceAllocation,
         routes_by: RoutesBy,
-    ) -> tuple[api.CanaryStatus, frozenset[str], list[Event]]:
+    ) -> tuple[api.CanaryStatus, frozenset[str], list[Event], plan.RevisionSplit | None]:
         """The canary of ``served`` beside the ``stable`` revision, one step on: its state, the objects its pods
-        read (to keep), and the events of its decisions."""
+        read (to keep), the events of its decisions, and the split for its router (with ``spec.routing``)."""
         trial = spec.rollout.canary
         assert trial is not None
         state = previous if previous is not None and previous.revision == served.hash else None
@@ -71,18 +71,19 @@ class Canaries:
             state = canary.start(trial, served.hash, spec.desired_replicas)
         key = (namespace, owner.name, served.hash)
         if state.phase != "Progressing":
-            self.settle(namespace, owner.name, routes_by(None))
-            return state, frozenset(), []
+            unrouted = routes_by(None)
+            self.settle(namespace, owner.name, unrouted)
+            return state, self._inputs_kept(owner, namespace, spec, served, devices, unrouted), [], None
         # Observe: the canary's Deployment, and the figures of both revisions' ready pods.
         body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(owner.name))
         view = decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
-        split = canary.revision_split(state, stable.artifact_hash, spec.routing is not None)
+        rolled_out = view is not None and view.artifact_hash == served.hash and view.rolled_out
+        routed = spec.routing is not None
         ready = (
-            view is not None
-            and view.artifact_hash == served.hash
-            and view.rolled_out
+            rolled_out
+            and view is not None
             and view.ready >= state.canary_replicas
-            and routes_by(split)
+            and routes_by(canary.revision_split(stable.artifact_hash, state.weight, routed))
         )
         analysis = self._analyse(namespace, owner.name, trial.analysis, served.hash, stable.artifact_hash, key)
         # Decide.
@@ -92,15 +93,32 @@ class Canaries:
         if state.phase == "Aborted":
             self._stable_start.pop(key, None)
             # Behind a router, its replicas go once the router sends them nothing (its next passes).
-            if routes_by(None):
+            unrouted = routes_by(None)
+            if unrouted:
                 self.remove(namespace, owner.name)
-            return state, frozenset(), events
+            return state, self._inputs_kept(owner, namespace, spec, served, devices, unrouted), events, None
         planned = plan.canary_plan(owner, namespace, spec, served, state.canary_replicas, devices)
         self.kube.apply(planned.configmap)
         if planned.claim_template is not None:
             self.kube.apply(planned.claim_template)
         self.kube.apply(planned.deployment)
-        return state, planned.pod_inputs, events
+        # The routers move to a step's weight only once its replicas are all Ready (as observed before this pass).
+        weight = canary.routed_weight(
+            trial, state, rolled_out and view is not None and view.ready >= state.canary_replicas
+        )
+        return state, planned.pod_inputs, events, canary.revision_split(stable.artifact_hash, weight, routed)
+
+    @staticmethod
+    def _inputs_kept(
+        owner: plan.Owner,
+        namespace: str,
+        spec: api.NeuronInferenceServiceSpec,
+        served: plan.ServedArtifact,
+        devices: api.DeviceAllocation,
+        removed: bool,
+    ) -> frozenset[str]:
+        """What the canary's pods read, while they are kept for the routers to let go of them; nothing once removed."""
+        return frozenset() if removed else plan.canary_plan(owner, namespace, spec, served, 0, devices).pod_inputs
 
     def remove(self, namespace: str, service: str) -> None:
         """Delete the canary's replicas (they drain as any serving pod does)."""

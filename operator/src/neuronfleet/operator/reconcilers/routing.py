@@ -40,9 +40,10 @@ class Router:
         previous: api.NeuronInferenceServiceStatus,
         trial: api.CanaryStatus | None = None,
         stable_revision: str | None = None,
+        split: plan.RevisionSplit | None = None,
     ) -> RoutingState:
         """Apply the pool (where the cluster serves the kind) and, with ``spec.routing``, the router; with a
-        canary behind it (``trial`` beside ``stable_revision``), a pool for each revision and the step's split."""
+        canary behind it (``trial`` beside ``stable_revision``), a pool for each revision, and its ``split``."""
         if not self.kube.serves(INFERENCE_POOLS):
             return RoutingState(pool_served=False)
         behind = spec.routing is not None
@@ -56,7 +57,6 @@ class Router:
             return RoutingState(pool_served=True)
         ready = 0
         scoring = plan.PickerScoring.of(spec, self.images)
-        split = canary.revision_split(trial, stable_revision, behind)
         routed = plan.router_objects(owner, namespace, spec.routing, self.images, scoring, split, canary_pool)
         for obj in routed:
             applied = self.kube.apply(obj)

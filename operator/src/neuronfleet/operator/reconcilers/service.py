@@ -109,7 +109,7 @@ class ServiceReconciler:
         serve = decide.rollout(target, deployment)
         devices = self.devices.allocation(spec)
         served = plan.ServedArtifact(target.name, target.hash, api.parse_artifact_spec(artifact_body["spec"]).compile)
-        trial, applied, canary_events = self._canary(
+        trial, applied, canary_events, split = self._canary(
             owner, namespace, spec, served, deployment, serve, previous, devices
         )
         if trial is not None and trial.phase != "Promoted":
@@ -135,7 +135,7 @@ class ServiceReconciler:
         )
         scaling_state = self.autoscaler.reconcile(owner, namespace, spec, previous, serving=deployment is not None)
         stable_revision = deployment.artifact_hash if deployment is not None else None
-        routing_state = self.router.reconcile(owner, namespace, spec, previous, trial, stable_revision)
+        routing_state = self.router.reconcile(owner, namespace, spec, previous, trial, stable_revision, split)
         if decision.keep is not None:
             self.claims.release(
                 body, decision.keep, applied | decision.keep_pod_inputs, claim_templates=devices == "dra"
@@ -176,10 +176,10 @@ class ServiceReconciler:
         serve: decide.Serve,
         previous: api.NeuronInferenceServiceStatus,
         devices: api.DeviceAllocation,
-    ) -> tuple[api.CanaryStatus | None, frozenset[str], list[Event]]:
+    ) -> tuple[api.CanaryStatus | None, frozenset[str], list[Event], plan.RevisionSplit | None]:
         """The target's canary, one step on, when a Ready target would replace another serving revision and the
         spec asks for a canary; else the last canary of the target (if any) as it ended. With it, the objects
-        the canary's pods read and its events."""
+        the canary's pods read, its events, and the split for the router."""
         on_trial = (
             serve is decide.Serve.TARGET
             and spec.rollout.canary is not None
@@ -204,7 +204,7 @@ class ServiceReconciler:
             self.canaries.settle(namespace, owner.name, routes_by(None))
         # How the target's canary ended stays in the status while the spec still asks for canaries.
         ended = last if spec.rollout.canary is not None and last is not None and last.revision == served.hash else None
-        return ended, frozenset(), []
+        return ended, frozenset(), [], None
 
     def _router_routes_by(
         self,
