@@ -240,7 +240,7 @@ class Fleet:
             max_tokens=max_tokens,
             header=ARTIFACT_HEADER,
             model=model,
-            record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER, routing.ROUTER_HEADER),
+            record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER, routing.ROUTER_HEADER, routing.TRACK_HEADER),
             prompt=prompt,
             distinct_prompts=distinct_prompts,
             keep_alive=keep_alive,
