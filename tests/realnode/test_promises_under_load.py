@@ -136,7 +136,7 @@ def test_a_slow_canary_is_aborted_and_the_stable_revision_never_loses_a_replica(
     stable = fleet.status()["currentRevision"]
     good = copy.deepcopy(fleet.manifest)
     stable_pods = {p["metadata"]["uid"] for p in fleet.pods()}
-    bad = as_canary(fleet.with_buckets([128, 256]))
+    bad = as_canary(fleet.with_buckets([64, 256]))
     with fleet.load("bad-canary", keep_alive=False) as load:
         applied_at = fleet.apply(bad)
         started_at = step_ready(fleet, 0)
