@@ -28,5 +28,6 @@ def install_gie_crds(cluster: LocalCluster) -> Path:
 
 
 def remove_gie_crds(cluster: LocalCluster) -> None:
-    """Delete GIE's CRDs (and with them every InferencePool), without waiting."""
-    cluster.kubectl("delete", "-f", str(gie_crds()), "--wait=false")
+    """Delete GIE's CRDs (and with them every InferencePool), and wait until they are gone: an install right
+    after must not find them still terminating (its apply changes nothing, then they go)."""
+    cluster.kubectl("delete", "-f", str(gie_crds()), "--ignore-not-found", "--wait=true", "--timeout=50s")
