@@ -540,9 +540,10 @@ def test_a_router_pod_deleted_under_load_finishes_what_it_routes_and_none_fails(
     assert {a.header for a in result.answers} == {serving}
 
 
-#: A canary behind the router: each step held long enough for about 200 requests at CANARY_RATE once every
-#: router pod routes by its split.
-CANARY_RATE, SPLIT_PAUSE_S = 8.0, 26
+#: A canary behind the router: each step held long enough for over 200 requests at CANARY_RATE once every
+#: router pod routes by its split. Short generations: two stable replicas (4 sequences each) keep up with 16
+#: a second of 8 tokens, where 24 tokens saturate them at 8 a second.
+CANARY_RATE, CANARY_TOKENS, SPLIT_PAUSE_S = 16.0, 8, 15
 CANARY = {
     "steps": [{"weight": 10, "pauseSeconds": SPLIT_PAUSE_S}, {"weight": 50, "pauseSeconds": SPLIT_PAUSE_S}],
     # Two cores run four engines (one just started, as the router pods roll), the routers and the load: the
@@ -581,8 +582,11 @@ def test_a_canary_behind_the_router_takes_each_steps_weight_and_is_promoted_with
     # Buckets no other test of the module serves: a new revision whatever ran before.
     changed = fleet.with_buckets([64, 128, 256])
     changed["spec"]["rollout"]["canary"] = CANARY
+    # One router pod (the tests before left two): the node's 2 CPUs hold four engines, the operator's two pods
+    # and two router pods (300m each) at most, and a router rolls to each step's split one surge pod at a time.
+    changed["spec"]["routing"]["replicas"] = 1
     new = identity_hash(changed)
-    with fleet.load("routed-canary", through=ROUTER, rate=CANARY_RATE) as load:
+    with fleet.load("routed-canary", through=ROUTER, rate=CANARY_RATE, max_tokens=CANARY_TOKENS) as load:
         applied_at = fleet.apply(changed)
         steps = [step_started(fleet, 0), step_started(fleet, 1)]
         promoted_at = fleet.wait(lambda: canary_state(fleet).get("phase") == "Promoted" and time.time(), "promoted")
