@@ -59,9 +59,8 @@ ROUTER = (
 )
 
 
-@pytest.fixture
-def router_operator(
-    cluster: LocalCluster, namespace: str, crds: Path, wait_for: WaitFor, tmp_path: Path
+def resyncing_operator(
+    cluster: LocalCluster, namespace: str, wait_for: WaitFor, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     """The operator, resyncing every 5 s (the pool's kinds are listed at each resync, not watched)."""
     running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0)
@@ -71,6 +70,23 @@ def router_operator(
     finally:
         running.stop()
         print(f"--- operator log ---\n{running.tail(60)}")
+
+
+@pytest.fixture
+def router_operator(
+    cluster: LocalCluster, namespace: str, crds: Path, wait_for: WaitFor, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator, started before GIE's CRDs are served."""
+    yield from resyncing_operator(cluster, namespace, wait_for, tmp_path)
+
+
+@pytest.fixture
+def pools_operator(
+    cluster: LocalCluster, namespace: str, crds: Path, wait_for: WaitFor, tmp_path: Path, gie_crds: None
+) -> Iterator[OperatorProcess]:
+    """The operator, started once GIE's CRDs are served."""
+    install_gie_crds(cluster)
+    yield from resyncing_operator(cluster, namespace, wait_for, tmp_path)
 
 
 @pytest.fixture
@@ -129,48 +145,39 @@ def test_a_service_serves_without_the_pool_crd_and_gets_its_pool_once_the_cluste
 
 
 def test_spec_routing_runs_a_picker_and_its_removal_takes_the_picker_away(
-    cluster: LocalCluster,
     services: Services,
     api: Kube,
     namespace: str,
     wait_for: WaitFor,
-    gie_crds: None,
-    tmp_path: Path,
+    pools_operator: OperatorProcess,
 ) -> None:
-    install_gie_crds(cluster)
-    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0)
-    running.start(wait_for)
-    try:
-        services.create("llama", {**SPEC, "routing": {"replicas": 1}})
-        picked = services.wait(
-            "llama", lambda b: phase_of(b) == "Ready" and routing(b)[1] == "PickerReady", "Ready, PickerReady", 90
-        )
-        assert routing(picked)[0] == "True"
-        assert "send requests to Service llama-router" in routing(picked)[2]
-        assert existing(api, namespace, ROUTER) == [f"{r.kind}/{n}" for r, n in ROUTER]
-        router = api.get(DEPLOYMENTS, namespace, "llama-router")
-        assert router is not None
-        assert router["status"]["readyReplicas"] == 1
-        assert router["metadata"]["ownerReferences"][0]["name"] == "llama"
-        # The engine's Service still selects the engines only.
-        engine_service = api.get(SERVICES, namespace, "llama")
-        assert engine_service is not None
-        assert engine_service["spec"]["selector"] == plan.service_labels("llama")
+    services.create("llama", {**SPEC, "routing": {"replicas": 1}})
+    picked = services.wait(
+        "llama", lambda b: phase_of(b) == "Ready" and routing(b)[1] == "PickerReady", "Ready, PickerReady", 90
+    )
+    assert routing(picked)[0] == "True"
+    assert "send requests to Service llama-router" in routing(picked)[2]
+    assert existing(api, namespace, ROUTER) == [f"{r.kind}/{n}" for r, n in ROUTER]
+    router = api.get(DEPLOYMENTS, namespace, "llama-router")
+    assert router is not None
+    assert router["status"]["readyReplicas"] == 1
+    assert router["metadata"]["ownerReferences"][0]["name"] == "llama"
+    # The engine's Service still selects the engines only.
+    engine_service = api.get(SERVICES, namespace, "llama")
+    assert engine_service is not None
+    assert engine_service["spec"]["selector"] == plan.service_labels("llama")
 
-        # spec.routing removed: the router goes, the pool stays for a Gateway.
-        api.merge_patch(SERVICES_NIS, namespace, "llama", {"spec": {"routing": None}})
-        services.wait("llama", lambda b: routing(b)[1] == "PoolReady", "Routing=True PoolReady", timeout=60)
-        gone = wait_for(
-            lambda: existing(api, namespace, ROUTER),
-            lambda left: left == [],
-            what="the router's objects deleted",
-            timeout=60,
-        )
-        assert gone == []
-        assert api.get(INFERENCE_POOLS, namespace, "llama") is not None
-    finally:
-        running.stop()
-        print(f"--- operator log ---\n{running.tail(60)}")
+    # spec.routing removed: the router goes, the pool stays for a Gateway.
+    api.merge_patch(SERVICES_NIS, namespace, "llama", {"spec": {"routing": None}})
+    services.wait("llama", lambda b: routing(b)[1] == "PoolReady", "Routing=True PoolReady", timeout=60)
+    gone = wait_for(
+        lambda: existing(api, namespace, ROUTER),
+        lambda left: left == [],
+        what="the router's objects deleted",
+        timeout=60,
+    )
+    assert gone == []
+    assert api.get(INFERENCE_POOLS, namespace, "llama") is not None
 
 
 def router_pods(api: Kube, namespace: str) -> list[Obj]:
@@ -184,80 +191,71 @@ def split_of(body: Obj) -> str | None:
 
 
 def test_a_canary_behind_the_router_gets_a_pool_and_a_picker_and_its_step_waits_for_the_routers_split(
-    cluster: LocalCluster,
     services: Services,
     api: Kube,
     namespace: str,
     wait_for: WaitFor,
-    gie_crds: None,
-    tmp_path: Path,
+    pools_operator: OperatorProcess,
 ) -> None:
     """The wiring (the split itself, measured under load, runs on the real node)."""
-    install_gie_crds(cluster)
-    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0)
-    running.start(wait_for)
-    try:
-        trial = {"steps": [{"weight": 10, "pauseSeconds": 600}, {"weight": 50}]}
-        manifest = {
-            **SPEC,
-            "replicas": 2,
-            "podAnnotations": {READY_AFTER_ANNOTATION: "1s"},
-            "routing": {"replicas": 1},
-            "rollout": {"canary": trial},
-        }
-        services.create("llama", manifest)
-        first = services.wait(
-            "llama", lambda b: phase_of(b) == "Ready" and routing(b)[1] == "PickerReady", "Ready, PickerReady", 90
-        )
-        old = first["status"]["currentRevision"]
-        # No canary yet: one pool of every revision, a router without a split; the canary's pool stands empty.
-        assert (api.get(INFERENCE_POOLS, namespace, "llama") or {})["spec"]["selector"]["matchLabels"] == (
-            plan.routing.serving_pods("llama")
-        )
-        assert split_of(api.get(DEPLOYMENTS, namespace, "llama-router") or {}) is None
-        canary_pool = api.get(INFERENCE_POOLS, namespace, "llama-canary") or {}
-        assert canary_pool["spec"]["selector"]["matchLabels"][LABEL_TRACK] == TRACK_CANARY
+    trial = {"steps": [{"weight": 10, "pauseSeconds": 600}, {"weight": 50}]}
+    manifest = {
+        **SPEC,
+        "replicas": 2,
+        "podAnnotations": {READY_AFTER_ANNOTATION: "1s"},
+        "routing": {"replicas": 1},
+        "rollout": {"canary": trial},
+    }
+    services.create("llama", manifest)
+    first = services.wait(
+        "llama", lambda b: phase_of(b) == "Ready" and routing(b)[1] == "PickerReady", "Ready, PickerReady", 90
+    )
+    old = first["status"]["currentRevision"]
+    # No canary yet: one pool of every revision, a router without a split; the canary's pool stands empty.
+    assert (api.get(INFERENCE_POOLS, namespace, "llama") or {})["spec"]["selector"]["matchLabels"] == (
+        plan.routing.serving_pods("llama")
+    )
+    assert split_of(api.get(DEPLOYMENTS, namespace, "llama-router") or {}) is None
+    canary_pool = api.get(INFERENCE_POOLS, namespace, "llama-canary") or {}
+    assert canary_pool["spec"]["selector"]["matchLabels"][LABEL_TRACK] == TRACK_CANARY
 
-        services.patch_spec("llama", {"engine": {"num_seqs_buckets": [2, 8]}})
-        started = services.wait(
-            "llama",
-            lambda b: (b.get("status", {}).get("canary") or {}).get("stepStartedAt") is not None,
-            "the first step started",
-            timeout=90,
-        )
-        new = started["status"]["canary"]["revision"]
-        # The stable pool holds to the stable revision; every router pod routes by the step's split.
-        pool = api.get(INFERENCE_POOLS, namespace, "llama") or {}
-        assert pool["spec"]["selector"]["matchLabels"][LABEL_ARTIFACT] == old
-        router = api.get(DEPLOYMENTS, namespace, "llama-router") or {}
-        assert split_of(router) == f"stable {old} 90%, canary 10%"
-        assert [c["name"] for c in router["spec"]["template"]["spec"]["containers"]] == ["epp", "epp-canary", "envoy"]
-        pods = router_pods(api, namespace)
-        assert [split_of(p) for p in pods] == [f"stable {old} 90%, canary 10%"]
-        # The step's pause began only once the router pod made for its split was Ready.
-        (made_ready,) = [c["lastTransitionTime"] for c in pods[0]["status"]["conditions"] if c["type"] == "Ready"]
-        assert made_ready <= started["status"]["canary"]["stepStartedAt"]
-        canary_replicas = api.get(DEPLOYMENTS, namespace, plan.canary_name("llama")) or {}
-        assert canary_replicas["spec"]["replicas"] == 1
-        assert "0 of the 100 completions the canary needs" in condition(started, "Ready")["message"]
+    services.patch_spec("llama", {"engine": {"num_seqs_buckets": [2, 8]}})
+    started = services.wait(
+        "llama",
+        lambda b: (b.get("status", {}).get("canary") or {}).get("stepStartedAt") is not None,
+        "the first step started",
+        timeout=90,
+    )
+    new = started["status"]["canary"]["revision"]
+    # The stable pool holds to the stable revision; every router pod routes by the step's split.
+    pool = api.get(INFERENCE_POOLS, namespace, "llama") or {}
+    assert pool["spec"]["selector"]["matchLabels"][LABEL_ARTIFACT] == old
+    router = api.get(DEPLOYMENTS, namespace, "llama-router") or {}
+    assert split_of(router) == f"stable {old} 90%, canary 10%"
+    assert [c["name"] for c in router["spec"]["template"]["spec"]["containers"]] == ["epp", "epp-canary", "envoy"]
+    pods = router_pods(api, namespace)
+    assert [split_of(p) for p in pods] == [f"stable {old} 90%, canary 10%"]
+    # The step's pause began only once the router pod made for its split was Ready.
+    (made_ready,) = [c["lastTransitionTime"] for c in pods[0]["status"]["conditions"] if c["type"] == "Ready"]
+    assert made_ready <= started["status"]["canary"]["stepStartedAt"]
+    canary_replicas = api.get(DEPLOYMENTS, namespace, plan.canary_name("llama")) or {}
+    assert canary_replicas["spec"]["replicas"] == 1
+    assert "0 of the 100 completions the canary needs" in condition(started, "Ready")["message"]
 
-        # Without the canary section the new revision rolls out; the router drops the split first, and the
-        # canary's replicas go only once no router pod made for it is left.
-        services.patch_spec("llama", {"rollout": {"canary": None}})
-        wait_for(
-            lambda: api.get(DEPLOYMENTS, namespace, plan.canary_name("llama")),
-            lambda found: found is None,
-            what="the canary's replicas deleted",
-            timeout=90,
-        )
-        assert [split_of(p) for p in router_pods(api, namespace)] == [None]
-        done = services.wait(
-            "llama", lambda b: phase_of(b) == "Ready" and b["status"]["currentRevision"] == new, "the new revision", 90
-        )
-        assert done["status"].get("canary") is None
-        pool = api.get(INFERENCE_POOLS, namespace, "llama") or {}
-        assert pool["spec"]["selector"]["matchLabels"] == plan.routing.serving_pods("llama")
-        assert api.get(INFERENCE_POOLS, namespace, "llama-canary") is None
-    finally:
-        running.stop()
-        print(f"--- operator log ---\n{running.tail(60)}")
+    # Without the canary section the new revision rolls out; the router drops the split first, and the
+    # canary's replicas go only once no router pod made for it is left.
+    services.patch_spec("llama", {"rollout": {"canary": None}})
+    wait_for(
+        lambda: api.get(DEPLOYMENTS, namespace, plan.canary_name("llama")),
+        lambda found: found is None,
+        what="the canary's replicas deleted",
+        timeout=90,
+    )
+    assert [split_of(p) for p in router_pods(api, namespace)] == [None]
+    done = services.wait(
+        "llama", lambda b: phase_of(b) == "Ready" and b["status"]["currentRevision"] == new, "the new revision", 90
+    )
+    assert done["status"].get("canary") is None
+    pool = api.get(INFERENCE_POOLS, namespace, "llama") or {}
+    assert pool["spec"]["selector"]["matchLabels"] == plan.routing.serving_pods("llama")
+    assert api.get(INFERENCE_POOLS, namespace, "llama-canary") is None
