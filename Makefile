@@ -25,7 +25,7 @@ export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
 # STAGE NAME CACHED_REGEX COMMAND...: run and record one stage ("-": a stage without a cache).
 STAGE := tools/stages.sh run
 
-.PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit compat lock crds clean \
+.PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit engine-suites compat lock crds clean \
 	bench bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing bench-prefix bench-canary
 
 help:  ## List the targets.
@@ -92,16 +92,25 @@ typecheck: setup  ## mypy, strict.
 		-p neuronfleet.contract -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
 		&& $(BIN)/mypy --cache-dir $(CACHE)/mypy/tests tests bench'
 
-# The tools and the images are built side by side: most of each is one busy core. tests/engine needs no
-# cluster and runs on both cores (2:02 here, against 3:44 one test at a time in CI); the rest, timed
-# against real servers, one test at a time. The second runs whatever the first gives.
-unit: setup  ## pytest (the cluster tests start a local control plane; tests/images look inside the images).
+# The tools and the images are built side by side: most of each is one busy core. tests/engine and then
+# its vllm_matrix suites on vLLM 0.29 keep one core busy (no cluster, one test at a time); the cluster
+# suites mostly wait on their local control plane, so the two run side by side (the engine's lines marked
+# [engine]). The real node's suites, timed under load, run alone after both. Each runs whatever the others give.
+unit: setup $(COMPAT_VENV)/.synced  ## pytest (the cluster tests start a local control plane; tests/images look inside the images), and compat's.
 	$(MAKE) --no-print-directory -j3 tools images
-	@rc=0; $(STAGE) "pytest: engine, 2 workers" - $(BIN)/pytest -n 2 --dist loadfile tests/engine || rc=$$?; \
-		$(STAGE) pytest - $(BIN)/pytest --ignore=tests/engine || rc=$$?; exit $$rc
+	@rc=0; NEURONFLEET_STAGE_PREFIX=engine $(MAKE) --no-print-directory engine-suites & engine=$$!; \
+		$(STAGE) "pytest: cluster" - $(BIN)/pytest --ignore=tests/engine --ignore=tests/realnode || rc=$$?; \
+		wait $$engine || rc=$$?; \
+		$(STAGE) "pytest: real node" - $(BIN)/pytest tests/realnode || rc=$$?; exit $$rc
 
-# The suites marked vllm_matrix (pyproject.toml; all in tests/engine, whose imports this venv has) run
-# here; `unit` runs them on 0.34 with everything else.
+engine-suites:
+	@tools/stages.sh note "set-up: compat venv" cache
+	@rc=0; $(STAGE) "pytest: engine" - $(BIN)/pytest tests/engine || rc=$$?; \
+		$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine || rc=$$?; \
+		exit $$rc
+
+# The suites marked vllm_matrix (pyproject.toml; all in tests/engine, whose imports this venv has), on both
+# cores; `unit` runs them too, on one, after tests/engine on 0.34.
 compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated device on vLLM 0.29.0 (pytest -m vllm_matrix).
 	@tools/stages.sh note "set-up: compat venv" cache
 	$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -n 2 --dist loadfile -m vllm_matrix tests/engine
@@ -109,7 +118,7 @@ compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated 
 # The stage table is printed whether the checks pass or not.
 test:  ## Everything CI runs, then the table of stages: wall time and whether each came from a cache.
 	@tools/stages.sh reset
-	@rc=0; $(MAKE) --no-print-directory lint typecheck unit compat || rc=$$?; tools/stages.sh table; exit $$rc
+	@rc=0; $(MAKE) --no-print-directory lint typecheck unit || rc=$$?; tools/stages.sh table; exit $$rc
 
 crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's API models.
 	$(BIN)/neuronfleet-operator crds --output crds
