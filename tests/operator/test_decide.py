@@ -58,11 +58,12 @@ def status_of(
     previous: api.NeuronInferenceServiceStatus | None = None,
     at: datetime.datetime = T0,
     trial: api.CanaryStatus | None = None,
+    spec: api.NeuronInferenceServiceSpec | None = None,
 ) -> tuple[api.NeuronInferenceServiceStatus, list[Any]]:
     given = ServiceStatusInput(
         name="svc",
         generation=4,
-        spec=CANARY_SPEC if trial is not None else SPEC,
+        spec=spec or (CANARY_SPEC if trial is not None else SPEC),
         target=target,
         deployment=dep,
         unschedulable=unschedulable,
@@ -200,7 +201,16 @@ def test_a_canary_is_progressing_beside_the_stable_revision_then_aborted_with_it
     assert starting.phase == "Canary"
     assert condition(starting, "Ready") == ("False", "CanaryProgressing")
     ready = next(c for c in starting.conditions if c.type == "Ready")
-    assert ready.message == "canary new at step 1/2 (10%): 1 replicas beside 2 of revision old, starting"
+    assert ready.message == (
+        "canary new at step 1/2 (10%): 1 replicas beside 2 of revision old, starting: its pause begins with its "
+        "replicas Ready"
+    )
+    # Behind a router, the step waits for the router pods too: one that cannot be scheduled holds it.
+    routed = CANARY_SPEC.model_copy(update={"routing": api.Routing()})
+    behind, _ = status_of(NEW, deployment(OLD), trial=trial, spec=routed)
+    assert next(c for c in behind.conditions if c.type == "Ready").message.endswith(
+        "starting: its pause begins with its replicas Ready and every router pod on its split"
+    )
     assert starting.canary == trial
     assert starting.current_revision == OLD
     broken = "limits broken: TTFT p99 900 ms = 9.00x the stable's 100 ms (over 120 canary and 900 stable completions)"

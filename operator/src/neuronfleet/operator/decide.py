@@ -266,7 +266,9 @@ def _canary_condition(
         f"replicas beside {trial.stable_replicas} of revision {serving}"
     )
     if trial.step_started_at is None:
-        return False, Reason.CANARY_PROGRESSING, f"{where}, starting"
+        # What the step's pause waits for: a router pod that cannot be scheduled holds it (docs/operator.md).
+        waits = "its replicas Ready" + (" and every router pod on its split" if spec.routing is not None else "")
+        return False, Reason.CANARY_PROGRESSING, f"{where}, starting: its pause begins with {waits}"
     return False, Reason.CANARY_PROGRESSING, f"{where}; {trial.analysis or 'no canary replica answered yet'}"
 
 
