@@ -94,13 +94,16 @@ typecheck: setup  ## mypy, strict.
 
 # The tools and the images are built side by side: most of each is one busy core. tests/engine and then
 # its vllm_matrix suites on vLLM 0.29 keep one core busy (no cluster, one test at a time); the cluster
-# suites mostly wait on their local control plane, so the two run side by side (the engine's lines marked
-# [engine]). The real node's suites, timed under load, run alone after both. Each runs whatever the others give.
+# suites mostly wait on their local control plane, so the two run side by side (the engine's output kept in
+# ENGINE_LOG and printed after the cluster suites', so neither cuts the other's lines). The real node's
+# suites, timed under load, run alone after both. Each runs whatever the others give.
+ENGINE_LOG := .engine-suites.log
 unit: setup $(COMPAT_VENV)/.synced  ## pytest (the cluster tests start a local control plane; tests/images look inside the images), and compat's.
 	$(MAKE) --no-print-directory -j3 tools images
-	@rc=0; NEURONFLEET_STAGE_PREFIX=engine $(MAKE) --no-print-directory engine-suites & engine=$$!; \
+	@rc=0; $(MAKE) --no-print-directory engine-suites >$(ENGINE_LOG) 2>&1 & engine=$$!; \
+		echo "==> tests/engine, then compat, run beside the cluster suites; their output follows"; \
 		$(STAGE) "pytest: cluster" - $(BIN)/pytest --ignore=tests/engine --ignore=tests/realnode || rc=$$?; \
-		wait $$engine || rc=$$?; \
+		wait $$engine || rc=$$?; cat $(ENGINE_LOG); \
 		$(STAGE) "pytest: real node" - $(BIN)/pytest tests/realnode || rc=$$?; exit $$rc
 
 engine-suites:
