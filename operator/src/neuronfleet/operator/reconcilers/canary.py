@@ -77,13 +77,11 @@ class Canaries:
         # Observe: the canary's Deployment, and the figures of both revisions' ready pods.
         body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(owner.name))
         view = decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
-        rolled_out = view is not None and view.artifact_hash == served.hash and view.rolled_out
+        # Its Ready replicas once rolled out to this revision (none before): a step wants them all.
+        replicas_ready = view.ready if view is not None and view.artifact_hash == served.hash and view.rolled_out else 0
         routed = spec.routing is not None
-        ready = (
-            rolled_out
-            and view is not None
-            and view.ready >= state.canary_replicas
-            and routes_by(canary.revision_split(stable.artifact_hash, state.weight, routed))
+        ready = replicas_ready >= state.canary_replicas and routes_by(
+            canary.revision_split(stable.artifact_hash, state.weight, routed)
         )
         analysis = self._analyse(namespace, owner.name, trial.analysis, served.hash, stable.artifact_hash, key)
         # Decide.
@@ -103,9 +101,7 @@ class Canaries:
             self.kube.apply(planned.claim_template)
         self.kube.apply(planned.deployment)
         # The routers move to a step's weight only once its replicas are all Ready (as observed before this pass).
-        weight = canary.routed_weight(
-            trial, state, rolled_out and view is not None and view.ready >= state.canary_replicas
-        )
+        weight = canary.routed_weight(trial, state, replicas_ready >= state.canary_replicas)
         return state, planned.pod_inputs, events, canary.revision_split(stable.artifact_hash, weight, routed)
 
     @staticmethod
