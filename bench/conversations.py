@@ -2,9 +2,12 @@
 network namespace, where the Services' cluster IPs answer).
 
 Each of ``--conversations`` clients holds one conversation at a time on one of ``--prefixes`` shared system
-prompts: every turn sends the system prompt, the conversation so far and a new user message, asks for one token
-(so its latency is its time to first token), and after ``--think`` seconds sends the next, the earlier turn's
-prompt a prefix of it; after ``--turns`` turns the client starts a new conversation. Every request goes on a
+prompts: every turn sends the system prompt, the conversation so far and a new user message, and after
+``--think`` seconds sends the next, the earlier turn's prompt a prefix of it; after ``--turns`` turns the client
+starts a new conversation. A turn asks for one token (its latency is its time to first token) and the client
+writes the reply itself, ``--reply-tokens`` words; with ``--generate`` the engine writes it, streamed, and the
+turn's latency is the time to its first token. Only then is the reply's KV cache on the replica that wrote it,
+as in a real chat: a turn sent back there prefills its new message alone. Every request goes on a
 connection of its own, so a Service's kube-proxy picks a replica per request. Before the clients start, each
 system prompt is sent once alone (``warmup``, not a turn): shared system prompts live long in a real fleet, so
 the window measures conversations, not the first prefill of each prompt. Prompts are words of the simulated
@@ -45,8 +48,12 @@ async def converse(client_index: int, http: httpx.AsyncClient, args: argparse.Na
             if time.monotonic() >= deadline:
                 return
             history.append(words(f"{key}/user/{turn}", args.user_tokens))
-            await send(http, " ".join(history), args, {"client": client_index, "prefix": prefix, "turn": turn})
-            history.append(words(f"{key}/reply/{turn}", args.reply_tokens))
+            about = {"client": client_index, "prefix": prefix, "turn": turn}
+            if args.generate:
+                history.append(await generate(http, " ".join(history), args, about))
+            else:
+                await send(http, " ".join(history), args, about)
+                history.append(words(f"{key}/reply/{turn}", args.reply_tokens))
             await asyncio.sleep(args.think)
         conversation += 1
 
@@ -65,6 +72,33 @@ async def send(http: httpx.AsyncClient, prompt: str, args: argparse.Namespace, a
     print(json.dumps(outcome), flush=True)
 
 
+async def generate(http: httpx.AsyncClient, prompt: str, args: argparse.Namespace, about: dict[str, object]) -> str:
+    """One turn whose reply the engine writes, streamed on a connection of its own: its outcome as a JSON line, its
+    latency the time to the first token; returns the reply (empty if the turn failed)."""
+    body = {"model": args.model, "prompt": prompt, "max_tokens": args.reply_tokens, "stream": True}
+    started = time.monotonic()
+    outcome: dict[str, object] = {**about, "prompt_words": len(prompt.split())}
+    pieces: list[str] = []
+    try:
+        async with http.stream("POST", args.url, json=body, headers={"Connection": "close"}) as response:
+            outcome.update(status=response.status_code, replica=response.headers.get(REPLICA_HEADER))
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                if not pieces:
+                    outcome["latency_s"] = time.monotonic() - started
+                pieces.append(json.loads(line.removeprefix("data: "))["choices"][0]["text"])
+    except httpx.HTTPError as error:
+        outcome.update(status=type(error).__name__, replica=None)
+    reply = "".join(pieces)
+    if outcome.get("status") == 200 and len(reply.split()) != args.reply_tokens:
+        outcome["status"] = f"reply of {len(reply.split())} words, not {args.reply_tokens}"
+    outcome.setdefault("latency_s", time.monotonic() - started)
+    outcome["reply_s"] = time.monotonic() - started
+    print(json.dumps(outcome), flush=True)
+    return reply if outcome["status"] == 200 else words(f"{about}/reply", args.reply_tokens)
+
+
 async def main() -> None:
     """Run the clients for ``--duration`` seconds."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -78,6 +112,7 @@ async def main() -> None:
     parser.add_argument("--reply-tokens", type=int, default=30)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--think", type=float, default=1.5)
+    parser.add_argument("--generate", action="store_true", help="the engine writes each reply (streamed)")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--seed", default="0")
     args = parser.parse_args()

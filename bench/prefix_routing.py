@@ -6,10 +6,13 @@ the chart with ``spec.routing``: the operator's router scores load alone (its de
 copy of that router whose picker adds GIE's prefix-cache scorer at the weight the operator writes for
 ``prefixCacheWeight`` (:func:`neuronfleet.operator.plan.routing.picker_config`). The same conversations
 (``bench/conversations.py``: clients on a few long shared system prompts, each conversation growing turn by
-turn, one token asked per turn) go through the plain Service, the load-only router and the prefix-aware one, in
-windows of ``--window`` seconds (``--rounds`` each, the order rotating every round), every request on a
-connection of its own. Each of :data:`MIXES` is run in turn: replies of 30 tokens, then a chat's 150, a chat
-whose conversations all share one system prompt, and a busy chat (twice the clients and the prompts).
+turn, one token asked per turn unless the engine writes the replies) go through the plain Service, the load-only
+router and the prefix-aware one, in windows of ``--window`` seconds (``--rounds`` each, the order rotating every
+round), every request on a connection of its own. Each of :data:`DEFAULT_MIXES` is run in turn: replies of 30
+tokens, then a chat's 150, a chat whose conversations all share one system prompt, and a busy chat (twice the
+clients and the prompts). Two more run when ``--mixes`` names them: a long chat (twenty turns: its history grows
+past 4,096 tokens), and a chat whose replies the engine generates (streamed; TTFT is the first token's), so a
+reply's KV cache is only on the replica that wrote it, as in a real chat.
 
 vLLM's prefix cache is on in every replica: a turn sent back to the replica that served the conversation's last
 turn prefills only what is new (the last reply and the new message: a 128-token bucket with short replies, about
@@ -24,7 +27,8 @@ answered per second, failures, how often a turn went to the replica that served 
 turn, and the p50 of the turns that did and did not; then the load-only picker's p50 and p99 over the
 prefix-aware one's (the goal: at least 2x lower).
 
-Run: ``make bench-prefix`` (root: the real node). Prints a table per mix and the commit it ran on; writes
+Run: ``make bench-prefix`` (root: the real node), or ``.venv/bin/python bench/prefix_routing.py --mixes long-chat
+generated-chat`` for the other two. Prints a table per mix and the commit it ran on; writes
 bench/results/prefix_routing.json.
 """
 
@@ -54,12 +58,16 @@ from neuronfleet.operator.plan import routing
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_routing.json"
 DRIVER = Path(__file__).resolve().parent / "conversations.py"
 Obj = dict[str, Any]
-#: The engines' limits, and their prefill buckets: the engine's default ladder, powers of two from 128.
+#: The engines' limits, and their prefill buckets: the engine's default ladder, powers of two from 128. A long
+#: chat's history runs past 4,096 tokens. (Eight sequences of 8,192 tokens would not fit one replica's cache of
+#: about 43k; the scheduler's default KV admission goes by the requests' own bounds, and these ask one token.)
 ENGINE: Obj = {
-    "max_model_len": 4096,
+    "max_model_len": 8192,
     "max_num_batched_tokens": 4096,
     "num_batched_tokens_buckets": [128, 256, 512, 1024, 2048, 4096],
     "max_num_seqs": 8,
+    # A decode step reads the KV cache of the shortest of these that holds its longest sequence, not 8,192.
+    "decode_context_length_buckets": [2048, 4096],
 }
 
 
@@ -71,17 +79,28 @@ class Mix:
     reply_tokens: int
     prefixes: int = 3
     clients: int = 6
+    #: Turns per conversation; ``--turns`` when None.
+    turns: int | None = None
+    #: The engine writes each reply (streamed; TTFT is its first token), and its KV cache stays where it did.
+    generated: bool = False
+    #: Its windows are this many times ``--window``, to hold as many whole conversations as the first mix's.
+    window_scale: float = 1.0
 
 
-#: A chat's replies run to hundreds of tokens; 150 keeps ten turns on a 1,500-token system prompt within
-#: ``max_model_len``. On one prompt every conversation starts where the first went: locality must not pile
-#: them all on one replica. A busy chat: twice the clients, on twice the prompts.
+#: A chat's replies run to hundreds of tokens; 150 keeps ten turns on a 1,500-token system prompt within 4,096
+#: tokens. On one prompt every conversation starts where the first went: locality must not pile them all on one
+#: replica. A busy chat: twice the clients, on twice the prompts. Two more, run when asked (``--mixes``; they take
+#: 27 minutes): a long chat, twenty turns, its history up to 5,700 tokens; a chat whose replies the engine writes.
 MIXES = {
     "short-replies": Mix(30),
     "chat": Mix(150),
     "one-prompt": Mix(150, prefixes=1),
     "busy-chat": Mix(150, prefixes=6, clients=12),
+    "long-chat": Mix(150, turns=20, window_scale=2.0),
+    "generated-chat": Mix(100, generated=True, window_scale=2.5),
 }
+#: The mixes run unless ``--mixes`` names others (27 minutes).
+DEFAULT_MIXES = ("short-replies", "chat", "one-prompt", "busy-chat")
 REPLICAS = 3
 #: The prefix-aware copy of the operator's router.
 PREFIX_AWARE = f"{routing.router_name(NAME)}-prefix"
@@ -95,18 +114,19 @@ def window(fleet: Fleet, mix: str, side: str, args: argparse.Namespace, index: i
         "ip", "netns", "exec", fleet.node.netns, sys.executable, str(DRIVER),
         f"--url=http://{cluster_ip}:{HTTP_PORT}/v1/completions",
         f"--model={served_name(fleet.manifest['spec']['model']['uri'])}",
-        f"--duration={args.window}",
+        f"--duration={window_seconds(args, mix)}",
         f"--conversations={MIXES[mix].clients}",
         f"--prefixes={MIXES[mix].prefixes}",
         f"--system-tokens={args.system_tokens}",
-        f"--turns={args.turns}",
+        f"--turns={turns_of(args, mix)}",
         f"--user-tokens={args.user_tokens}",
         f"--reply-tokens={MIXES[mix].reply_tokens}",
         f"--think={args.think}",
         # New prompts every window: no side starts with what another left cached.
         f"--seed={mix}-{side}-{index}",
+        *(["--generate"] if MIXES[mix].generated else []),
     ]  # fmt: skip
-    ran = subprocess.run(argv, capture_output=True, text=True, timeout=args.window + 120, check=False)
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=window_seconds(args, mix) + 120, check=False)
     if ran.returncode != 0:
         raise RuntimeError(f"the conversations driver failed: {ran.stderr[-2000:]}")
     outcomes = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
@@ -116,6 +136,16 @@ def window(fleet: Fleet, mix: str, side: str, args: argparse.Namespace, index: i
             flush=True,
         )
     return outcomes
+
+
+def turns_of(args: argparse.Namespace, mix: str) -> int:
+    """Turns per conversation of ``mix``."""
+    return MIXES[mix].turns or args.turns
+
+
+def window_seconds(args: argparse.Namespace, mix: str) -> float:
+    """Seconds per window of ``mix``."""
+    return float(args.window) * MIXES[mix].window_scale
 
 
 def summary(outcomes: list[Obj], seconds: float) -> Obj:
@@ -159,7 +189,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--user-tokens", type=int, default=60, help="words (tokens) in a user message")
     parser.add_argument("--think", type=float, default=1.5, help="seconds between an answer and the next turn")
     parser.add_argument("--prefix-weight", type=float, default=4.0, help="the prefix-aware picker's prefixCacheWeight")
-    parser.add_argument("--mixes", nargs="+", choices=list(MIXES), default=list(MIXES), help="the mixes to run")
+    parser.add_argument("--mixes", nargs="+", choices=list(MIXES), default=list(DEFAULT_MIXES), help="the mixes to run")
     return parser.parse_args()
 
 
@@ -186,7 +216,7 @@ def main() -> None:
                         f"[{time.monotonic() - began:5.0f} s] {mix}: window {index + 1} through the {side}", flush=True
                     )
     results = {"commit": commit(), "args": vars(args), "engine": ENGINE, "wall_s": time.monotonic() - began}
-    results["mixes"] = {mix: {**asdict(MIXES[mix]), **figures(args, windows[mix])} for mix in args.mixes}
+    results["mixes"] = {mix: {**asdict(MIXES[mix]), **figures(args, mix, windows[mix])} for mix in args.mixes}
     for mix in args.mixes:
         print_mix(args, mix, results)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -194,15 +224,15 @@ def main() -> None:
     print(f"wrote {RESULTS}")
 
 
-def figures(args: argparse.Namespace, windows: dict[str, list[list[Obj]]]) -> Obj:
+def figures(args: argparse.Namespace, mix: str, windows: dict[str, list[list[Obj]]]) -> Obj:
     """A mix's figures: each side's over all its windows and window by window, the load-only picker's p50 and p99
     over the prefix-aware one's, and every turn (to look into a figure afterwards)."""
-    seconds = args.window * args.rounds
+    seconds = window_seconds(args, mix)
     sides = {
         side: {
-            **summary([t for got in rounds for t in got], seconds),
-            "window_ttft_p50_s": spread([summary(got, args.window)["ttft_p50_s"] for got in rounds]),
-            "window_ttft_p99_s": spread([summary(got, args.window)["ttft_p99_s"] for got in rounds]),
+            **summary([t for got in rounds for t in got], seconds * args.rounds),
+            "window_ttft_p50_s": spread([summary(got, seconds)["ttft_p50_s"] for got in rounds]),
+            "window_ttft_p99_s": spread([summary(got, seconds)["ttft_p99_s"] for got in rounds]),
         }
         for side, rounds in windows.items()
     }
@@ -215,11 +245,13 @@ def print_mix(args: argparse.Namespace, mix: str, results: Obj) -> None:
     """Print one mix's table and its ratios."""
     sides, ratios = results["mixes"][mix]["sides"], results["mixes"][mix]["load_only_over_prefix"]
     title = (
-        f"{mix}: {MIXES[mix].clients} clients in conversations of {args.turns} turns ({args.user_tokens}-token "
-        f"messages, {MIXES[mix].reply_tokens}-token replies) on {MIXES[mix].prefixes} system prompts of "
-        f"{args.system_tokens} tokens "
-        f"({args.think:g} s between turns, 1 token asked), {REPLICAS} sim replicas "
-        f"(Llama 3.1 8B, trn2.48xlarge, TP 1), {args.rounds} windows of {args.window:g} s per side, rotating, a "
+        f"{mix}: {MIXES[mix].clients} clients in conversations of {turns_of(args, mix)} turns "
+        f"({args.user_tokens}-token messages, {MIXES[mix].reply_tokens}-token replies) on {MIXES[mix].prefixes} "
+        f"system prompts of {args.system_tokens} tokens "
+        f"({args.think:g} s between turns, {'the replies generated' if MIXES[mix].generated else '1 token asked'}), "
+        f"{REPLICAS} sim replicas "
+        f"(Llama 3.1 8B, trn2.48xlarge, TP 1), {args.rounds} windows of {window_seconds(args, mix):g} s per side, "
+        f"rotating, a "
         f"connection per request; took {results['wall_s'] / 60:.1f} min in all; commit {results['commit']}"
     )
     printed = []
@@ -239,10 +271,10 @@ def print_mix(args: argparse.Namespace, mix: str, results: Obj) -> None:
         )
     columns = ["route", "sent", "failed", "TTFT p50", "TTFT p99", "p50 by window, ms", "p99 by window, ms"]
     print_table(title, [*columns, "turns/s", "same replica", "p50 stayed / moved"], printed)
-    turns = sides["picker-prefix"]["turns_per_s"] / sides["picker"]["turns_per_s"]
+    answered = sides["picker-prefix"]["turns_per_s"] / sides["picker"]["turns_per_s"]
     print(
         f"{mix}: TTFT, load-only picker / prefix-aware picker (weight {args.prefix_weight:g}): p50 "
-        f"{ratios['p50']:.2f}x, p99 {ratios['p99']:.2f}x (goal >= 2x); turns/s {turns:.2f}x"
+        f"{ratios['p50']:.2f}x, p99 {ratios['p99']:.2f}x (goal >= 2x); turns/s {answered:.2f}x"
     )
 
 
