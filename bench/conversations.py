@@ -74,7 +74,7 @@ async def send(http: httpx.AsyncClient, prompt: str, args: argparse.Namespace, a
 
 async def generate(http: httpx.AsyncClient, prompt: str, args: argparse.Namespace, about: dict[str, object]) -> str:
     """One turn whose reply the engine writes, streamed on a connection of its own: its outcome as a JSON line, its
-    latency the time to the first token; returns the reply (empty if the turn failed)."""
+    latency the time to the first token; returns the reply (one the client writes, if the turn failed)."""
     body = {"model": args.model, "prompt": prompt, "max_tokens": args.reply_tokens, "stream": True}
     started = time.monotonic()
     outcome: dict[str, object] = {**about, "prompt_words": len(prompt.split())}
