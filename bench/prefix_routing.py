@@ -60,7 +60,7 @@ DRIVER = Path(__file__).resolve().parent / "conversations.py"
 Obj = dict[str, Any]
 #: The engines' limits, and their prefill buckets: the engine's default ladder, powers of two from 128. A long
 #: chat's history runs past 4,096 tokens. (Eight sequences of 8,192 tokens would not fit one replica's cache of
-#: about 43k; the scheduler's default KV admission goes by the requests' own bounds, and these ask one token.)
+#: about 54k; the scheduler's default KV admission goes by the requests' own bounds, and these ask one token.)
 ENGINE: Obj = {
     "max_model_len": 8192,
     "max_num_batched_tokens": 4096,
@@ -249,10 +249,9 @@ def print_mix(args: argparse.Namespace, mix: str, results: Obj) -> None:
         f"({args.user_tokens}-token messages, {MIXES[mix].reply_tokens}-token replies) on {MIXES[mix].prefixes} "
         f"system prompts of {args.system_tokens} tokens "
         f"({args.think:g} s between turns, {'the replies generated' if MIXES[mix].generated else '1 token asked'}), "
-        f"{REPLICAS} sim replicas "
-        f"(Llama 3.1 8B, trn2.48xlarge, TP 1), {args.rounds} windows of {window_seconds(args, mix):g} s per side, "
-        f"rotating, a "
-        f"connection per request; took {results['wall_s'] / 60:.1f} min in all; commit {results['commit']}"
+        f"{REPLICAS} sim replicas (Llama 3.1 8B, trn2.48xlarge, TP 1), {args.rounds} windows of "
+        f"{window_seconds(args, mix):g} s per side, rotating, a connection per request; took "
+        f"{results['wall_s'] / 60:.1f} min in all; commit {results['commit']}"
     )
     printed = []
     for side, figures in sides.items():
