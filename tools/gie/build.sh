@@ -50,8 +50,10 @@ build_epp() {
 # The CRDs of the pinned release, beside the bin dir; staged and renamed, like the binary.
 install_crds() {
   local bin_dir="$1" tree staged
-  tree="$(cd "${here}" && go list -m -f '{{.Dir}}' "${module}")/config/crd/bases"
   [[ -d "${bin_dir}/../crds" ]] && return
+  # The module's tree: downloaded into this run's scratch module cache (tools/go-scratch.sh) when not there.
+  (cd "${here}" && go mod download "${module}")
+  tree="$(cd "${here}" && go list -m -f '{{.Dir}}' "${module}")/config/crd/bases"
   staged="$(mktemp -d "${cache_root}/.crds.XXXXXX")"
   cp "${tree}"/inference.networking.*.yaml "${staged}/"
   chmod 755 "${staged}"

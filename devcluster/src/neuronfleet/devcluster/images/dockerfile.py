@@ -50,14 +50,14 @@ from neuronfleet.devcluster.images.podman import DiskGuard, Podman, PodmanError,
 STORE_DIR = "store"
 LAYOUT_DIR = "layout"
 
-#: Free space a build must find before it starts, the guard's 15 GB included. Installing the dependencies
+#: Free space a build must find before it starts, the guard's 5 GB included. Installing the dependencies
 #: peaks while buildah commits that step to the store: the build container's copy of the environment,
 #: the store's new layer, and a gzip copy of it each for buildah and the store (for the engine: 9.9 GB
 #: twice and 4.6 GB twice, about 29 GB). The store and the layout then keep one plain copy each.
-NEEDED_BYTES: dict[Target, int] = {"operator": 16 * 10**9, "engine": 45 * 10**9}
+NEEDED_BYTES: dict[Target, int] = {"operator": 7 * 10**9, "engine": 35 * 10**9}
 #: The same when the layout's image of that target was built from the same lock, base image and
 #: Dockerfile: the dependencies' layer comes from the cache, and only the project's small layer is new.
-NEEDED_BYTES_CACHED = 16 * 10**9
+NEEDED_BYTES_CACHED = 7 * 10**9
 
 #: The helper stages a target's next build reuses from the store: kept by a tag of their own, since no
 #: kept image descends from them (``uv`` copies from ``uv-install``; the engine mounts ``uv``; the operator

@@ -20,7 +20,7 @@ from pathlib import Path
 from neuronfleet.devcluster.errors import RigError
 
 #: A build is stopped when the disk it writes to falls below this many free bytes (the disk is shared).
-MIN_FREE_BYTES = 15 * 10**9
+MIN_FREE_BYTES = 5 * 10**9
 
 
 class PodmanError(RigError):
