@@ -39,7 +39,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,9 @@ from provenance import commit, show, spread
 from routing import quantile, routed_fleet, side_cells, start_router_copy
 from tables import print_table
 
+from neuronfleet.contract import picker
 from neuronfleet.contract.names import HTTP_PORT
+from neuronfleet.engine.fleet.workloads import PREFIX_MIXES as MIXES
 from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing
@@ -71,34 +73,6 @@ ENGINE: Obj = {
 }
 
 
-@dataclass(frozen=True)
-class Mix:
-    """Conversations: the words (tokens) of a reply in the history, how many system prompts they share, and how
-    many clients hold one each."""
-
-    reply_tokens: int
-    prefixes: int = 3
-    clients: int = 6
-    #: Turns per conversation; ``--turns`` when None.
-    turns: int | None = None
-    #: The engine writes each reply (streamed; TTFT is its first token), and its KV cache stays where it did.
-    generated: bool = False
-    #: Its windows are this many times ``--window``, to hold as many whole conversations as the first mix's.
-    window_scale: float = 1.0
-
-
-#: A chat's replies run to hundreds of tokens; 150 keeps ten turns on a 1,500-token system prompt within 4,096
-#: tokens. On one prompt every conversation starts where the first went: locality must not pile them all on one
-#: replica. A busy chat: twice the clients, on twice the prompts. Two more, run when asked (``--mixes``; they take
-#: 27 minutes): a long chat, twenty turns, its history up to 5,700 tokens; a chat whose replies the engine writes.
-MIXES = {
-    "short-replies": Mix(30),
-    "chat": Mix(150),
-    "one-prompt": Mix(150, prefixes=1),
-    "busy-chat": Mix(150, prefixes=6, clients=12),
-    "long-chat": Mix(150, turns=20, window_scale=2.0),
-    "generated-chat": Mix(100, generated=True, window_scale=2.5),
-}
 #: The mixes run unless ``--mixes`` names others (27 minutes).
 DEFAULT_MIXES = ("short-replies", "chat", "one-prompt", "busy-chat")
 REPLICAS = 3
@@ -202,7 +176,7 @@ def main() -> None:
         engine = api.parse_service_spec(fleet.manifest["spec"]).engine
         # As the operator's own picker here, the prefix-aware copy counts its tokens in flight too, against the
         # same prefill step.
-        scoring = routing.PickerScoring(
+        scoring = picker.PickerScoring(
             args.prefix_weight, engine.block_size, inflight_tokens=True, step_tokens=engine.max_num_batched_tokens
         )
         start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(scoring))

@@ -15,10 +15,10 @@ a short request's latency is its time to first token. A replica runs one prefill
 to a replica in a long prefill waits it out. Long prompts arrive on average further apart than one takes to
 prefill, so a picker that knows where each went can mostly keep the short ones off it; evenly spaced arrivals
 would meet each other at the same few offsets all window long, and hide or exaggerate what a picker does in
-the moments right after it routes a long prompt. Each of ``--mixes`` (:data:`MIXES`: rates and prompt lengths)
-is run in turn. Every prompt starts with a mark of its own, made of its own words (the load's
-``--distinct-prompts``): vLLM's prefix cache is on, and would serve a repeated long prompt in about 70 ms
-instead of prefilling it in 1.26 s.
+the moments right after it routes a long prompt. Each of ``--mixes`` (``fleet.workloads.ROUTING_MIXES``: rates
+and prompt lengths, which the fleet twin replays) is run in turn. Every prompt starts with a mark of its own,
+made of its own words (the load's ``--distinct-prompts``): vLLM's prefix cache is on, and would serve a repeated
+long prompt in about 70 ms instead of prefilling it in 1.26 s.
 
 Reported, for the short requests of each mix on each side: TTFT p50 and p99 (inclusive quantiles) over all
 windows and each window's as median [min-max], goodput (short requests per second whose TTFT met ``--slo-ms``),
@@ -39,9 +39,8 @@ import os
 import statistics
 import sys
 import time
-import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from harness.node_load import Answer
 from provenance import commit, show, spread
 from tables import print_table
 
+from neuronfleet.contract import picker
 from neuronfleet.contract.names import MANAGED_BY_LABEL
 from neuronfleet.devcluster.addons.routing import install_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster, reap_orphans
@@ -62,8 +62,8 @@ from neuronfleet.devcluster.process.tools import NodeTools
 from neuronfleet.devcluster.realnode import node
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
+from neuronfleet.engine.fleet.workloads import LONG_MAX_TOKENS, ROUTING_MIXES, SHORT_TOKENS, stream_seed
 from neuronfleet.operator.plan import RouterImages, routing
-from neuronfleet.operator.plan.routing import PickerScoring
 
 RESULTS = Path(__file__).resolve().parent / "results" / "routing.json"
 Obj = dict[str, Any]
@@ -74,32 +74,11 @@ ENGINE: Obj = {
     "num_batched_tokens_buckets": [128, 2048, 4096],
     "max_num_seqs": 8,
 }
-SHORT_WORDS = 20
-#: Tokens each long request asks for: its prefill is what the short ones would wait behind.
-LONG_MAX_TOKENS = 4
 #: The copy of the operator's router whose picker scores by the engines' metrics alone.
 ENGINE_METRICS = f"{routing.router_name(NAME)}-engine-metrics"
 SIDES = {"service": NAME, "picker": routing.router_name(NAME), "picker-engine-metrics": ENGINE_METRICS}
 #: The pickers measured against the Service.
 PICKERS = ("picker", "picker-engine-metrics")
-
-
-@dataclass(frozen=True)
-class Mix:
-    """One load: short requests per second, long ones per second, and a long one's prompt in words (tokens)."""
-
-    short_rate: float
-    long_rate: float
-    long_tokens: int
-
-
-#: Rates and prompt lengths: today's row, longs as long but more often, and more of everything with shorter longs
-#: (a 2,000-token prefill, in the 2,048 bucket, takes about 0.6 s).
-MIXES = {
-    "rare-long": Mix(short_rate=2.0, long_rate=0.3, long_tokens=3900),
-    "frequent-long": Mix(short_rate=3.0, long_rate=0.5, long_tokens=3900),
-    "busy": Mix(short_rate=5.0, long_rate=0.8, long_tokens=2000),
-}
 
 
 def node_image(real_node: RealNode) -> Callable[[Target], BuiltImage]:
@@ -195,15 +174,10 @@ def prompt(words: int) -> str:
     return " ".join(vocabulary[(i * 7) % len(vocabulary)] for i in range(words))
 
 
-def seed(mix: str, index: int, stream: str) -> int:
-    """The seed of a stream's Poisson arrivals in a round: every side of the round gets the same arrivals."""
-    return zlib.crc32(f"{mix}/{index}/{stream}".encode())
-
-
 def window(fleet: Fleet, side: str, seconds: float, mix: str, index: int) -> tuple[list[Answer], int]:
     """One window of both streams of ``mix`` through ``side``: the short requests' answers, and how many longs
     failed."""
-    through, load = SIDES[side], MIXES[mix]
+    through, load = SIDES[side], ROUTING_MIXES[mix]
     longs = fleet.load(
         f"{mix}-{side}-{index}-long",
         rate=load.long_rate,
@@ -212,17 +186,17 @@ def window(fleet: Fleet, side: str, seconds: float, mix: str, index: int) -> tup
         prompt=prompt(load.long_tokens),
         distinct_prompts=True,
         keep_alive=False,
-        poisson_seed=seed(mix, index, "long"),
+        poisson_seed=stream_seed(mix, index, "long"),
     )
     shorts = fleet.load(
         f"{mix}-{side}-{index}-short",
         rate=load.short_rate,
         max_tokens=1,
         through=through,
-        prompt=prompt(SHORT_WORDS),
+        prompt=prompt(SHORT_TOKENS),
         distinct_prompts=True,
         keep_alive=False,
-        poisson_seed=seed(mix, index, "short"),
+        poisson_seed=stream_seed(mix, index, "short"),
     )
     longs.start()
     shorts.start()
@@ -257,18 +231,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=float, default=40.0, help="seconds per window")
     parser.add_argument("--rounds", type=int, default=3, help="windows per side and mix")
-    parser.add_argument("--mixes", default=",".join(MIXES), help=f"which of {', '.join(MIXES)}, comma-separated")
+    parser.add_argument(
+        "--mixes", default=",".join(ROUTING_MIXES), help=f"which of {', '.join(ROUTING_MIXES)}, comma-separated"
+    )
     parser.add_argument("--slo-ms", type=float, default=300.0, help="TTFT goal of a short request")
     args = parser.parse_args()
     mixes = args.mixes.split(",")
-    if unknown := set(mixes) - set(MIXES):
-        parser.error(f"no such mix: {', '.join(sorted(unknown))} (known: {', '.join(MIXES)})")
+    if unknown := set(mixes) - set(ROUTING_MIXES):
+        parser.error(f"no such mix: {', '.join(sorted(unknown))} (known: {', '.join(ROUTING_MIXES)})")
 
     began = time.monotonic()
     windows: dict[str, dict[str, list[list[Answer]]]] = {mix: {side: [] for side in SIDES} for mix in mixes}
     long_failures = {mix: dict.fromkeys(SIDES, 0) for mix in mixes}
     with routed_fleet("bench-routing", ENGINE) as fleet:
-        start_router_copy(fleet, ENGINE_METRICS, routing.picker_config(PickerScoring(inflight_tokens=False)))
+        start_router_copy(fleet, ENGINE_METRICS, routing.picker_config(picker.PickerScoring(inflight_tokens=False)))
         print(f"[{time.monotonic() - began:5.0f} s] service Ready behind both pickers", flush=True)
         sides = list(SIDES)
         for mix in mixes:
@@ -286,7 +262,8 @@ def main() -> None:
         "engine": ENGINE,
         "wall_s": time.monotonic() - began,
         "mixes": {
-            mix: {**asdict(MIXES[mix]), "sides": mix_figures(windows[mix], long_failures[mix], args)} for mix in mixes
+            mix: {**asdict(ROUTING_MIXES[mix]), "sides": mix_figures(windows[mix], long_failures[mix], args)}
+            for mix in mixes
         },
     }
     report(results)
@@ -334,7 +311,7 @@ def report(results: Obj) -> None:
     args = results["args"]
     for name, mix in results["mixes"].items():
         title = (
-            f"{name}: short requests ({SHORT_WORDS} tokens, 1 generated) at {mix['short_rate']:g}/s beside long ones "
+            f"{name}: short requests ({SHORT_TOKENS} tokens, 1 generated) at {mix['short_rate']:g}/s beside long ones "
             f"({mix['long_tokens']} tokens) at {mix['long_rate']:g}/s, two sim replicas (Llama 3.1 8B, "
             f"trn2.48xlarge, TP 1), {args['rounds']} windows of {args['window']:g} s per side, alternating, a "
             f"connection per request; commit {results['commit']}"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from neuronfleet.contract import picker as scoring_rules
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.images.inputs import checkout
 from neuronfleet.devcluster.realnode.store import OciImage
@@ -121,7 +122,7 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
     Run with a kubeconfig naming a closed port: the config loads before any API call, then the picker stops.
     """
     prefix_cache_weight = 2.0 if everything else 0.0
-    scoring = routing.PickerScoring(prefix_cache_weight, lora_affinity=everything, inflight_tokens=everything)
+    scoring = scoring_rules.PickerScoring(prefix_cache_weight, lora_affinity=everything, inflight_tokens=everything)
     epp = extract(picker, "epp", tmp_path)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -152,18 +153,18 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
     assert "loaded configuration from file/text successfully" in messages, ran.stderr[-3000:]
     assert "Failed to parse configuration" not in messages
     (effective,) = [entry["config"] for entry in logged if entry["msg"].startswith("Instantiated all plugins")]
-    for scorer, weight in routing.PICKER_SCORERS.items():
+    for scorer, weight in scoring_rules.LOAD_SCORER_WEIGHTS.items():
         assert f"{{PluginRef: {scorer}, Weight: {weight:.2f}}}" in effective, effective
     if prefix_cache_weight:
         assert f"{{PluginRef: prefix-cache-scorer, Weight: {prefix_cache_weight:.2f}}}" in effective, effective
         # The scorer reads what its producer writes: GIE's loader adds the producer for it, in the engines' blocks.
         (producer,) = [entry["config"] for entry in logged if entry["msg"] == "Prefix PrepareData initialized"]
-        assert (producer["autoTune"], producer["blockSizeTokens"]) == (True, routing.DEFAULT_BLOCK_SIZE)
+        assert (producer["autoTune"], producer["blockSizeTokens"]) == (True, scoring_rules.DEFAULT_BLOCK_SIZE)
     else:
         assert "prefix-cache-scorer" not in effective
-    lora = f"{{PluginRef: lora-affinity-scorer, Weight: {routing.LORA_AFFINITY_WEIGHT:.2f}}}"
+    lora = f"{{PluginRef: lora-affinity-scorer, Weight: {scoring_rules.LORA_AFFINITY_WEIGHT:.2f}}}"
     assert (lora in effective) == everything, effective
-    inflight = f"{{PluginRef: inflight-tokens-scorer, Weight: {routing.INFLIGHT_TOKENS_WEIGHT:.2f}}}"
+    inflight = f"{{PluginRef: inflight-tokens-scorer, Weight: {scoring_rules.INFLIGHT_TOKENS_WEIGHT:.2f}}}"
     assert (inflight in effective) == everything, effective
     # Pods are read with the engine mapping of ours, the default for pods without an engine-type label.
     engines = [entry.get("engine") for entry in logged if entry["msg"] == "Registered engine mapping"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from neuronfleet.contract import picker
 from neuronfleet.contract.names import (
     HTTP_PORT,
     LABEL_SERVICE,
@@ -157,7 +158,7 @@ def test_a_service_with_lora_slots_is_routed_to_replicas_running_the_adapter_ask
     config = routed_config(spec(routing={}, lora={"maxLoras": 2}))
     (profile,) = config["schedulingProfiles"]
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
-    assert weights["lora-affinity-scorer"] == routing.LORA_AFFINITY_WEIGHT
+    assert weights["lora-affinity-scorer"] == picker.LORA_AFFINITY_WEIGHT
     assert {"type": "lora-affinity-scorer"} in config["plugins"]
     (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
     (engine,) = extractor["parameters"]["engineConfigs"]
@@ -263,7 +264,7 @@ def routed_config(service: api.NeuronInferenceServiceSpec, images: plan.RouterIm
     """The picker config the operator writes for ``service`` (with ``spec.routing``), its pickers run from
     ``images``."""
     assert service.routing is not None
-    scoring = plan.PickerScoring.of(service, images)
+    scoring = plan.scoring_of(service, images)
     return picker_config_of(by_kind_and_name(plan.router_objects(OWNER, NS, service.routing, images, scoring)))
 
 

@@ -184,8 +184,11 @@ class RequestProgress:
 class OfflineEngine:
     """Steps a Neuron scheduler as vLLM's engine core does, with a stand-in device."""
 
-    def __init__(self, scheduler: NeuronScheduler) -> None:
+    def __init__(self, scheduler: NeuronScheduler, *, keep_steps: bool = True) -> None:
         self.scheduler = scheduler
+        #: Without, :attr:`steps` stays empty: a fleet's long runs would hold every step's record.
+        self.keep_steps = keep_steps
+        self.num_steps = 0
         is_async = isinstance(scheduler, vllm_compat.AsyncScheduler)
         # The engine core keeps two steps in flight under async scheduling.
         self.max_in_flight = 2 if is_async else 1
@@ -260,7 +263,7 @@ class OfflineEngine:
             for req_id, num_tokens in output.num_scheduled_tokens.items()
         )
         record = StepRecord(
-            index=len(self.steps),
+            index=self.num_steps,
             state=self.scheduler.state,
             scheduled=scheduled,
             num_hidden_decodes=self.scheduler.last_num_hidden_decodes,
@@ -268,12 +271,15 @@ class OfflineEngine:
             num_running=len(self.scheduler.running),
             preempted=tuple(sorted(output.preempted_req_ids or ())),
         )
-        self.steps.append(record)
+        self.num_steps += 1
+        if self.keep_steps:
+            self.steps.append(record)
         return record
 
     def _complete(self, output: vllm_compat.SchedulerOutput) -> None:
         """Feed the stand-in device's result of ``output`` back to the scheduler."""
-        prompt_lens = {req_id: progress.prompt_len for req_id, progress in self.progress.items()}
+        # The step's own requests: a long run's finished ones would make every step cost more.
+        prompt_lens = {req_id: self.progress[req_id].prompt_len for req_id in output.num_scheduled_tokens}
         runner_output = stand_in_device_output(output, prompt_lens)
         for engine_outputs in self.scheduler.update_from_output(output, runner_output).values():
             for item in engine_outputs.outputs:

@@ -116,6 +116,19 @@ class CostModel:
         """HBM left for the KV cache: the usable share of capacity less the weights (never negative)."""
         return max(0, int(self.hbm_bytes * memory_utilization) - self.weight_bytes)
 
+    def simulated_kv_cache_bytes(
+        self, memory_utilization: float, *, block_size: int, max_num_seqs: int, max_model_len: int
+    ) -> int:
+        """What the simulated device offers vLLM for the KV cache: :meth:`kv_cache_bytes`, capped at twice what
+        ``max_num_seqs`` full-length requests need (and vLLM's null block).
+
+        The block pool lives in host memory there, so a tiny model on a large device would otherwise make millions
+        of blocks; more than the scheduler can ever admit changes nothing but prefix-cache retention.
+        """
+        blocks_per_request = -(-max_model_len // block_size)
+        cap_blocks = 2 * (max_num_seqs * blocks_per_request + 1)
+        return min(self.kv_cache_bytes(memory_utilization), cap_blocks * self.kv_bytes_per_token() * block_size)
+
     def prefill_work(self, sequences: Sequence[tuple[int, int]]) -> PrefillWork:
         """The work of one prefill step over ``sequences``, each ``(padded_tokens, context_tokens)``.
 

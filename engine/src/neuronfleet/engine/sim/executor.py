@@ -103,25 +103,21 @@ class SimNeuronWorker:
         """
 
     def determine_available_memory(self) -> int:
-        """HBM for the KV cache, capped at what ``max_num_seqs`` full-length requests need.
-
-        The block pool lives in host memory here, so a tiny model on a large device
-        would otherwise make millions of blocks; more than the scheduler can ever
-        admit changes nothing but prefix-cache retention.
-        """
-        scheduler_config = self.vllm_config.scheduler_config
-        available = self.cost.kv_cache_bytes(vllm_compat.gpu_memory_utilization(self.vllm_config.cache_config))
-        if available <= 0:
+        """HBM for the KV cache, capped at what ``max_num_seqs`` full-length requests need
+        (:meth:`CostModel.simulated_kv_cache_bytes`)."""
+        memory_utilization = vllm_compat.gpu_memory_utilization(self.vllm_config.cache_config)
+        if self.cost.kv_cache_bytes(memory_utilization) <= 0:
             raise ValueError(
                 f"{self.shape.name} ({self.cost.weight_bytes / 2**30:.1f} GiB of weights) does not fit "
                 f"{self.settings.instance_type} at tensor_parallel_size {self.cost.tensor_parallel_size} "
                 f"({self.cost.hbm_bytes / 2**30:.1f} GiB of HBM)"
             )
-        blocks_per_request = -(-self.vllm_config.model_config.max_model_len // self.block_size)
-        # One block more for vLLM's null block, then twice that for prefix-cache reuse.
-        cap_blocks = 2 * (scheduler_config.max_num_seqs * blocks_per_request + 1)
-        bytes_per_block = self.cost.kv_bytes_per_token() * self.block_size
-        return min(available, cap_blocks * bytes_per_block)
+        return self.cost.simulated_kv_cache_bytes(
+            memory_utilization,
+            block_size=self.block_size,
+            max_num_seqs=self.vllm_config.scheduler_config.max_num_seqs,
+            max_model_len=self.vllm_config.model_config.max_model_len,
+        )
 
     def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         """Load the compiled artifact (or compile now) and make the device."""

@@ -20,7 +20,6 @@ from neuronfleet.operator.plan.compiling import (
 )
 from neuronfleet.operator.plan.routing import (
     SPLIT_ANNOTATION,
-    PickerScoring,
     RevisionSplit,
     RouterImages,
     canary_inference_pool,
@@ -29,6 +28,7 @@ from neuronfleet.operator.plan.routing import (
     picker_name,
     router_name,
     router_objects,
+    scoring_of,
 )
 from neuronfleet.operator.plan.serving import (
     LNC_ENV,
@@ -87,7 +87,6 @@ __all__ = [
     "STARTUP_PROBE_PERIOD_S",
     "STORE_MOUNT",
     "Owner",
-    "PickerScoring",
     "RevisionSplit",
     "RouterImages",
     "ServedArtifact",
@@ -115,6 +114,7 @@ __all__ = [
     "picker_name",
     "router_name",
     "router_objects",
+    "scoring_of",
     "serve_invocation",
     "served_engine",
     "service",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.names import (
     HTTP_KEEP_ALIVE_S,
     HTTP_PORT,
@@ -41,6 +40,7 @@ from neuronfleet.contract.names import (
     REQUESTS_IN_FLIGHT,
     TRACK_CANARY,
 )
+from neuronfleet.contract.picker import PickerScoring
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
     HOSTNAME_LABEL,
@@ -402,8 +402,6 @@ def router_configmap(owner: Owner, namespace: str) -> Obj:
 
 #: GIE's ``EndpointPickerConfig``, the picker's plugins and how it weighs them (:func:`picker_config`).
 PICKER_CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
-#: Each scorer the picker adds up, and its weight.
-PICKER_SCORERS = {"queue-scorer": 2.0, "running-requests-size-scorer": 1.0, "kv-cache-utilization-scorer": 1.0}
 
 
 #: The picker's scrape of each pod's ``/metrics``, and what it reads there for an engine of ours.
@@ -425,76 +423,24 @@ def engine_metrics(lora_affinity: bool = False) -> Obj:
     }
 
 
-#: The engines' KV block size and prefill step when a caller names none.
-DEFAULT_BLOCK_SIZE, DEFAULT_STEP_TOKENS = EngineConfig().block_size, EngineConfig().max_num_batched_tokens
-#: The prefix-cache scorer (GIE's approximate one: it learns from what it routes, and its producer plugin comes
-#: with it), and the block size it hashes prompts in until it reads the engines' own (``autoTune``).
-PREFIX_SCORER = "prefix-cache-scorer"
-#: GIE's LoRA affinity scorer, and its weight beside load's (the waiting queue weighs 2).
-LORA_SCORER, LORA_AFFINITY_WEIGHT = "lora-affinity-scorer", 1.0
-#: The scorer of neuronfleet's picker build (``tools/gie/epp``): the tokens the picker itself has sent each replica
-#: and not yet seen answered (GIE's producer estimates them from each request's size), the producer, and the
-#: scorer's weight, the waiting queue's.
-INFLIGHT_TOKENS_SCORER, INFLIGHT_TOKENS_PRODUCER, INFLIGHT_TOKENS_WEIGHT = (
-    "inflight-tokens-scorer",
-    "inflight-load-producer",
-    2.0,
-)
-#: What GIE's producer counts for each prompt token: the token (it estimates 4 bytes each), and 1.5 more for the
-#: output it expects. The scorer's full step (``stepTokens``) is in the producer's count.
-INFLIGHT_TOKENS_PER_PROMPT_TOKEN = 2.5
-
-
-@dataclass(frozen=True)
-class PickerScoring:
-    """What a service's picker weighs besides its replicas' load figures (:func:`picker_config`).
-
-    ``prefix_cache_weight``: locality (``spec.routing.prefixCacheWeight``), in ``block_size`` token blocks, the
-    engines' KV block. ``lora_affinity``: a service with LoRA slots. ``inflight_tokens``: the picker image has
-    :data:`INFLIGHT_TOKENS_SCORER`, which scores a replica's tokens in flight against a full prefill step of
-    ``step_tokens`` (the engines' ``max_num_batched_tokens``).
-    """
-
-    prefix_cache_weight: float = 0.0
-    block_size: int = DEFAULT_BLOCK_SIZE
-    lora_affinity: bool = False
-    inflight_tokens: bool = False
-    step_tokens: int = DEFAULT_STEP_TOKENS
-
-    @classmethod
-    def of(cls, spec: api.NeuronInferenceServiceSpec, images: RouterImages) -> PickerScoring:
-        """The scoring of a service with ``spec.routing``, for a picker run from ``images``."""
-        return cls(
-            prefix_cache_weight=0.0 if spec.routing is None else spec.routing.prefix_cache_weight,
-            block_size=spec.engine.block_size,
-            # With LoRA slots the engines export their adapters (none loaded yet, or some): the picker reads them.
-            lora_affinity=spec.lora is not None,
-            inflight_tokens=images.picker_inflight_tokens,
-            step_tokens=spec.engine.max_num_batched_tokens,
-        )
-
-
-def prefix_scorer(block_size: int) -> Obj:
-    """GIE's prefix-cache scorer, hashing prompts in the engines' KV blocks: ``block_size`` tokens until its
-    ``autoTune`` reads the block size and the cache's capacity from each engine's ``vllm:cache_config_info``."""
-    return {"type": PREFIX_SCORER, "parameters": {"autoTune": True, "blockSizeTokens": block_size}}
-
-
-def inflight_tokens_scorer(step_tokens: int) -> Obj:
-    """Our in-flight tokens scorer: a replica scores 1 less what it holds beyond the least loaded, over the
-    candidates' spread or a full prefill step of ``step_tokens`` prompt tokens, whichever is larger. One short
-    request in flight then does not outweigh a replica's cached prefix, and a long prefill still counts in full."""
-    return {
-        "type": INFLIGHT_TOKENS_SCORER,
-        "parameters": {"stepTokens": round(step_tokens * INFLIGHT_TOKENS_PER_PROMPT_TOKEN)},
-    }
+def scoring_of(spec: api.NeuronInferenceServiceSpec, images: RouterImages) -> PickerScoring:
+    """The scoring of a service with ``spec.routing``, for a picker run from ``images``."""
+    return PickerScoring(
+        prefix_cache_weight=0.0 if spec.routing is None else spec.routing.prefix_cache_weight,
+        block_size=spec.engine.block_size,
+        # With LoRA slots the engines export their adapters (none loaded yet, or some): the picker reads them.
+        lora_affinity=spec.lora is not None,
+        inflight_tokens=images.picker_inflight_tokens,
+        step_tokens=spec.engine.max_num_batched_tokens,
+    )
 
 
 def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
     """The picker's scoring for Neuron replicas: the waiting queue, the running requests, the KV cache.
 
-    GIE's default weighs the waiting queue and KV usage (and prefix-cache locality, which here is a service's
-    choice: ``spec.routing.prefixCacheWeight``). A
+    The scorers and their weights are the contract's (:meth:`PickerScoring.scorers`); this renders them as GIE's
+    config. GIE's default weighs the waiting queue and KV usage (and prefix-cache locality, which here is a
+    service's choice: ``spec.routing.prefixCacheWeight``). A
     Neuron replica in a long prefill shows none waiting: the running-requests scorer sees it busy, reading
     the engine's live :data:`REQUESTS_IN_FLIGHT` (:func:`engine_metrics`), since vLLM's gauges change only
     as each step ends and a long prefill is one long step. GIE's in-flight token scorer would do as well from
@@ -502,29 +448,21 @@ def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
     types never compare equal); neuronfleet's picker build scores the same count with a scorer of its own
     (``inflight_tokens``). It matters most within a scrape: a long prompt just sent shows in the engine's
     figures only when the picker next reads them, and a short request routed in between would land behind it.
-    With a ``prefix_cache_weight``, locality is weighed beside load (:func:`prefix_scorer`). With
+    With a ``prefix_cache_weight``, locality is weighed beside load. With
     ``lora_affinity`` (a service with LoRA slots), GIE's LoRA affinity scorer prefers replicas already running
     the adapter a request names, so its requests share decode batches.
     """
-    # Each optional scorer: whether this picker weighs it, its plugins (a producer, then the scorer), its weight.
-    optional = [
-        (
-            scoring.inflight_tokens,
-            [{"type": INFLIGHT_TOKENS_PRODUCER}, inflight_tokens_scorer(scoring.step_tokens)],
-            INFLIGHT_TOKENS_WEIGHT,
-        ),
-        (bool(scoring.prefix_cache_weight), [prefix_scorer(scoring.block_size)], scoring.prefix_cache_weight),
-        (scoring.lora_affinity, [{"type": LORA_SCORER}], LORA_AFFINITY_WEIGHT),
-    ]
-    chosen = [(plugins, weight) for wanted, plugins, weight in optional if wanted]
-    scorers = [{"pluginRef": name, "weight": weight} for name, weight in PICKER_SCORERS.items()]
-    scorers += [{"pluginRef": plugins[-1]["type"], "weight": weight} for plugins, weight in chosen]
+    scorers = scoring.scorers()
+    plugins: list[Obj] = []
+    for scorer in scorers:
+        if scorer.producer is not None:
+            plugins.append({"type": scorer.producer})
+        plugins.append({"type": scorer.type, **({"parameters": dict(scorer.parameters)} if scorer.parameters else {})})
     return {
         "apiVersion": PICKER_CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": [
-            *({"type": name} for name in PICKER_SCORERS),
-            *(plugin for plugins, _ in chosen for plugin in plugins),
+            *plugins,
             {"type": "max-score-picker"},
             {"type": METRICS_SOURCE},
             {
@@ -536,7 +474,10 @@ def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
         "schedulingProfiles": [
             {
                 "name": "default",
-                "plugins": [*scorers, {"pluginRef": "max-score-picker"}],
+                "plugins": [
+                    *({"pluginRef": scorer.type, "weight": scorer.weight} for scorer in scorers),
+                    {"pluginRef": "max-score-picker"},
+                ],
             }
         ],
     }

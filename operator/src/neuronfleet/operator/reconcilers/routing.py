@@ -56,7 +56,7 @@ class Router:
                 self._delete_router(owner.name, namespace)
             return RoutingState(pool_served=True)
         ready = 0
-        scoring = plan.PickerScoring.of(spec, self.images)
+        scoring = plan.scoring_of(spec, self.images)
         routed = plan.router_objects(owner, namespace, spec.routing, self.images, scoring, split, canary_pool)
         for obj in routed:
             applied = self.kube.apply(obj)

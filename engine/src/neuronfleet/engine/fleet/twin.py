@@ -1,0 +1,267 @@
+"""The twin's event loop: requests arrive, a router places them, replicas step, an autoscaler adds and removes
+replicas; everything on one virtual clock.
+
+Events come in time order (arrivals, the HPA's syncs, the timeline's samples). Before each, every replica runs
+the steps that start before it, so a router sees each replica as it was at that moment (and, through its
+scrapes, a little before). What the run reports: each request's token times and replica, the fleet's timeline,
+and the replica-seconds it paid for.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.engine.fleet.arrivals import Source, TwinRequest
+from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
+from neuronfleet.engine.fleet.picker import Router
+from neuronfleet.engine.fleet.replica import Replica, Served
+from neuronfleet.engine.offline.virtual_clock import percentile
+from neuronfleet.engine.sim.cost_model import CostModel
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """One service as the twin runs it: each replica's engine, clock and KV blocks, how many start, how long a
+    new one takes to serve, its autoscaling, and the time a request spends outside the engine."""
+
+    engine: EngineConfig
+    cost: CostModel
+    num_kv_blocks: int
+    replicas: int
+    #: Seconds from a scale-out decision to a replica taking requests (a constant until a start-time model lands).
+    start_s: float = 0.0
+    autoscaling: AutoscalingPolicy | None = None
+    #: What the client sees beyond the engine: the HTTP path through the router and back, per request.
+    host_path_s: float = 0.0
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The fleet at one moment of the run."""
+
+    at: float
+    ready: int
+    starting: int
+    draining: int
+    waiting: int
+    in_flight: int
+    kv_usage: float
+
+
+@dataclass
+class TwinRun:
+    """What a run produced."""
+
+    spec: FleetSpec
+    served: list[Served] = field(default_factory=list)
+    #: Requests no replica could take (none was ready), with the moment they arrived.
+    refused: list[TwinRequest] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    replica_seconds: float = 0.0
+    wall_s: float = 0.0
+    steps: int = 0
+
+    def ttfts(self, *, since: float = 0.0) -> list[float]:
+        """Seconds to each measured request's first token, as its client saw it (arrivals from ``since``)."""
+        return [s.ttft_s + self.spec.host_path_s for s in self.measured(since)]
+
+    def measured(self, since: float = 0.0) -> list[Served]:
+        """The answered requests that count: no warm-ups, arrived from ``since`` on."""
+        return [s for s in self.served if not s.request.warmup and s.request.at >= since]
+
+    def summary(self, since: float = 0.0) -> dict[str, Any]:
+        """TTFT, inter-token and end-to-end percentiles, in seconds, with the counts and the cost."""
+        served = self.measured(since)
+        ttft = sorted(self.ttfts(since=since))
+        gaps = sorted(gap for s in served for gap in s.inter_token_s())
+        e2e = sorted(s.e2e_s + self.spec.host_path_s for s in served)
+        figures: dict[str, Any] = {
+            "answered": len(served),
+            "refused": len(self.refused),
+            "replica_hours": self.replica_seconds / 3600,
+            "simulated_s": self.samples[-1].at if self.samples else 0.0,
+            "wall_s": self.wall_s,
+            "steps": self.steps,
+        }
+        for name, values in (("ttft", ttft), ("itl", gaps), ("e2e", e2e)):
+            for q in (50, 90, 99):
+                figures[f"{name}_p{q}_s"] = percentile(values, q) if values else math.nan
+        figures["ttft_mean_s"] = statistics.fmean(ttft) if ttft else math.nan
+        return figures
+
+
+@dataclass
+class _Fleet:
+    """The replicas of one run, and when each began to cost."""
+
+    spec: FleetSpec
+    replicas: list[Replica] = field(default_factory=list)
+    began: dict[str, float] = field(default_factory=dict)
+    paid_s: float = 0.0
+    _names: Iterator[int] = field(default_factory=itertools.count)
+
+    def add(self, now: float, ready_at: float) -> None:
+        spec = self.spec
+        replica = Replica(f"replica-{next(self._names)}", spec.engine, spec.cost, spec.num_kv_blocks, ready_at=ready_at)
+        self.replicas.append(replica)
+        self.began[replica.name] = now
+
+    def remove(self, replica: Replica, at: float) -> None:
+        self.replicas.remove(replica)
+        self.paid_s += at - self.began.pop(replica.name)
+
+    def serving(self, now: float) -> list[Replica]:
+        return [r for r in self.replicas if r.ready_at <= now and r.draining_since is None]
+
+    def wanted(self) -> int:
+        """Replicas not draining: the scale subresource's ``spec.replicas``."""
+        return sum(1 for r in self.replicas if r.draining_since is None)
+
+    def scale_to(self, wanted: int, now: float) -> None:
+        """Add replicas (ready ``start_s`` later), or remove the ones a ReplicaSet would: starting ones first, then
+        the newest, which drain what they hold."""
+        for _ in range(wanted - self.wanted()):
+            self.add(now, now + self.spec.start_s)
+        surplus = self.wanted() - wanted
+        victims = sorted(
+            (r for r in self.replicas if r.draining_since is None), key=lambda r: (r.ready_at <= now, -r.ready_at)
+        )[: max(surplus, 0)]
+        for replica in victims:
+            if replica.ready_at > now:
+                self.remove(replica, now)
+            else:
+                replica.draining_since = now
+
+
+ARRIVE, SCALE, SAMPLE = 0, 1, 2
+
+
+def run(
+    spec: FleetSpec,
+    source: Source,
+    router: Router,
+    *,
+    sample_s: float = 1.0,
+    progress: Callable[[float], None] | None = None,
+) -> TwinRun:
+    """Serve ``source``'s requests on ``spec``'s fleet through ``router``, to the last answer."""
+    began = time.monotonic()
+    result = TwinRun(spec)
+    fleet = _Fleet(spec)
+    for _ in range(spec.replicas):
+        fleet.add(0.0, 0.0)
+    autoscaler = Autoscaler(spec.autoscaling) if spec.autoscaling else None
+    sequence = itertools.count()
+    events: list[tuple[float, int, int, TwinRequest | None]] = []
+
+    def push(at: float, kind: int, request: TwinRequest | None = None) -> None:
+        heapq.heappush(events, (at, next(sequence), kind, request))
+
+    for first in source.initial():
+        push(first.at, ARRIVE, first)
+    push(0.0, SAMPLE)
+    if autoscaler is not None:
+        push(autoscaler.policy.sync_s, SCALE)
+    arrivals_left = sum(1 for event in events if event[2] == ARRIVE)
+    next_progress = 0.0
+    while events:
+        now, _, kind, request = heapq.heappop(events)
+        for served in _advance(fleet, now, result):
+            router.answered(served)
+            for follow_up in source.answered(served.request, served.token_times[-1] + spec.host_path_s, served.output):
+                push(max(follow_up.at, now), ARRIVE, follow_up)
+                arrivals_left += 1
+        busy = arrivals_left > 0 or any(r.in_flight for r in fleet.replicas)
+        if kind == ARRIVE:
+            assert request is not None
+            arrivals_left -= 1
+            _route(fleet, router, request, now, result)
+        elif kind == SCALE and autoscaler is not None and busy:
+            waiting = _scraped_waiting(fleet, now, autoscaler.policy.scrape_interval_s)
+            fleet.scale_to(autoscaler.decide(now, fleet.wanted(), waiting), now)
+            push(now + autoscaler.policy.sync_s, SCALE)
+        elif kind == SAMPLE and busy:
+            result.samples.append(_sample(fleet, now))
+            push(now + sample_s, SAMPLE)
+        if progress is not None and now >= next_progress:
+            progress(now)
+            next_progress = now + 10.0
+    _finish(fleet, result)
+    result.wall_s = time.monotonic() - began
+    return result
+
+
+def _route(fleet: _Fleet, router: Router, request: TwinRequest, now: float, result: TwinRun) -> None:
+    candidates = fleet.serving(now)
+    if not candidates:
+        result.refused.append(request)
+        return
+    router.pick(request, now, candidates).admit(request)
+
+
+def _advance(fleet: _Fleet, now: float, result: TwinRun) -> list[Served]:
+    """Every replica's steps that start before ``now``; the answers they finished; drained replicas removed."""
+    served: list[Served] = []
+    for replica in list(fleet.replicas):
+        before = replica.engine.num_steps
+        done = replica.advance_to(now)
+        result.steps += replica.engine.num_steps - before
+        served += done
+        if replica.draining_since is not None and replica.idle:
+            fleet.remove(replica, max([replica.draining_since, *(s.token_times[-1] for s in done)]))
+    served.sort(key=lambda s: s.token_times[-1])
+    result.served += served
+    return served
+
+
+def _finish(fleet: _Fleet, result: TwinRun) -> None:
+    """Run every replica to its last answer, and pay for each until then (or the last sample)."""
+    _advance(fleet, math.inf, result)
+    end = max([result.samples[-1].at if result.samples else 0.0, *(s.token_times[-1] for s in result.served)])
+    for replica in list(fleet.replicas):
+        fleet.remove(replica, end)
+    result.replica_seconds = fleet.paid_s
+
+
+def _scraped_waiting(fleet: _Fleet, now: float, interval_s: float) -> float:
+    """``sum(vllm:num_requests_waiting)`` as Prometheus last scraped the serving replicas."""
+    scraped = now - (now % interval_s)
+    return float(sum(r.exported_at(scraped).waiting for r in fleet.serving(now)))
+
+
+def _sample(fleet: _Fleet, now: float) -> Sample:
+    replicas: Sequence[Replica] = fleet.replicas
+    ready = [r for r in replicas if r.ready_at <= now and r.draining_since is None]
+    return Sample(
+        at=now,
+        ready=len(ready),
+        starting=sum(1 for r in replicas if r.ready_at > now),
+        draining=sum(1 for r in replicas if r.draining_since is not None),
+        waiting=sum(r.exported_at(now).waiting for r in ready),
+        in_flight=sum(len(r.in_flight) for r in replicas),
+        kv_usage=statistics.fmean(r.exported_at(now).kv_usage for r in ready) if ready else 0.0,
+    )
+
+
+#: vLLM's default share of device memory for weights and KV cache, as the rig's engines run.
+MEMORY_UTILIZATION = 0.9
+
+
+def replica_kv_blocks(cost: CostModel, engine: EngineConfig, memory_utilization: float = MEMORY_UTILIZATION) -> int:
+    """The KV blocks a replica on the simulated device gets: what its executor offers vLLM, in blocks."""
+    offered = cost.simulated_kv_cache_bytes(
+        memory_utilization,
+        block_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs,
+        max_model_len=engine.max_model_len,
+    )
+    return offered // (cost.kv_bytes_per_token() * engine.block_size)
