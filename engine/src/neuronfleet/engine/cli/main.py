@@ -25,6 +25,7 @@ from neuronfleet.engine.cli.common import (
     load_config,
     out,
 )
+from neuronfleet.engine.cli.fleet import fleet_app
 from neuronfleet.engine.cli.recommend import recommend_buckets
 from neuronfleet.engine.cli.serve import compile_command, serve_command
 from neuronfleet.engine.offline.scenarios import SCENARIOS
@@ -40,6 +41,7 @@ app = typer.Typer(
 )
 buckets_app = typer.Typer(help="Validate and inspect compiled bucket sets.", no_args_is_help=True)
 app.add_typer(buckets_app, name="buckets")
+app.add_typer(fleet_app, name="fleet")
 
 
 @buckets_app.command("validate")

@@ -123,30 +123,39 @@ class Replica:
             keep = bisect.bisect_left(self._in_flight_log, moment - _HISTORY_S, key=lambda change: change[0])
             del self._in_flight_log[: max(keep - 1, 0)]
 
+    def next_step_at(self) -> float | None:
+        """When the replica's next step starts: now if it has work, at the next routed request's arrival if idle;
+        None when it has nothing at all."""
+        if self.engine.has_work:
+            return self.clock
+        return max(self.clock, self._pending[0].at) if self._pending else None
+
+    def step(self) -> list[Served]:
+        """Run the next step (see :meth:`next_step_at`); return the requests that finished with it."""
+        engine, timeline = self.engine, self.timeline
+        if not engine.has_work:
+            # Idle: the next request starts a step when it arrives.
+            timeline.clock = max(timeline.clock, self._pending[0].at)
+        while self._pending and self._pending[0].at <= timeline.clock:
+            request = self._pending.popleft()
+            engine.add_request(request.req_id, request.prompt, request.max_tokens)
+            timeline.arrival[request.req_id] = request.at
+        record = engine.step()
+        timeline.after_step(engine, record, 0)
+        self._export()
+        served = self._collect_finished()
+        if (record is None or not record.scheduled) and not engine.in_flight and engine.has_work:
+            if not (self._pending and self._pending[0].at > timeline.clock):
+                raise ReplicaStuck(f"{self.name} runs nothing while requests wait: {engine.unfinished()}")
+            timeline.clock = self._pending[0].at
+        return served
+
     def advance_to(self, moment: float) -> list[Served]:
         """Run every step that starts before ``moment``; return the requests that finished."""
         served: list[Served] = []
-        engine, timeline = self.engine, self.timeline
-        while True:
-            if not engine.has_work:
-                if not self._pending:
-                    return served
-                # Idle: the next request starts a step when it arrives.
-                timeline.clock = max(timeline.clock, self._pending[0].at)
-            if timeline.clock >= moment:
-                return served
-            while self._pending and self._pending[0].at <= timeline.clock:
-                request = self._pending.popleft()
-                engine.add_request(request.req_id, request.prompt, request.max_tokens)
-                timeline.arrival[request.req_id] = request.at
-            record = engine.step()
-            timeline.after_step(engine, record, 0)
-            self._export()
-            served += self._collect_finished()
-            if (record is None or not record.scheduled) and not engine.in_flight and engine.has_work:
-                if not (self._pending and self._pending[0].at > timeline.clock):
-                    raise ReplicaStuck(f"{self.name} runs nothing while requests wait: {engine.unfinished()}")
-                timeline.clock = self._pending[0].at
+        while (start := self.next_step_at()) is not None and start < moment:
+            served += self.step()
+        return served
 
     def _export(self) -> None:
         scheduler = self.engine.scheduler

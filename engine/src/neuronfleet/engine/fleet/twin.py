@@ -18,13 +18,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.config import CacheConfig
+
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.fleet.arrivals import Source, TwinRequest
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
 from neuronfleet.engine.fleet.picker import Router
 from neuronfleet.engine.fleet.replica import Replica, Served
 from neuronfleet.engine.offline.virtual_clock import percentile
+from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.sim.cost_model import CostModel
+from neuronfleet.engine.tuning.prefill_cap import resolve_prefill_cap
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,13 @@ class FleetSpec:
     #: What the client sees beyond the engine: the HTTP path through the router and back, per request.
     host_path_s: float = 0.0
     enable_prefix_caching: bool = True
+
+    @classmethod
+    def of(cls, engine: EngineConfig, cost: CostModel, replicas: int, **options: Any) -> FleetSpec:
+        """A fleet of ``engine`` as ``serve`` runs it on the simulated device: the ``auto`` prefill cap derived
+        from ``cost``'s step times, the KV blocks its executor offers."""
+        resolved = resolve_prefill_cap(engine, cost)
+        return cls(resolved, cost, replica_kv_blocks(cost, resolved), replicas, **options)
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,7 @@ class _Fleet:
             (r for r in self.replicas if r.draining_since is None), key=lambda r: (r.ready_at <= now, -r.ready_at)
         )[: max(surplus, 0)]
         for replica in victims:
-            if replica.ready_at > now:
+            if replica.ready_at > now or replica.idle:
                 self.remove(replica, now)
             else:
                 replica.draining_since = now
@@ -174,12 +185,14 @@ def run(
     arrivals_left = sum(1 for event in events if event[2] == ARRIVE)
     next_progress = 0.0
     while events:
-        now, _, kind, request = heapq.heappop(events)
-        for served in _advance(fleet, now, result):
+        # Replicas step in time order up to the next event; an answer's follow-up may become the next event.
+        for served in _advance(fleet, lambda: events[0][0], result):
             router.answered(served)
-            for follow_up in source.answered(served.request, served.token_times[-1] + spec.host_path_s, served.output):
-                push(max(follow_up.at, now), ARRIVE, follow_up)
+            answered_at = served.token_times[-1] + spec.host_path_s
+            for follow_up in source.answered(served.request, answered_at, served.output):
+                push(max(follow_up.at, served.token_times[-1]), ARRIVE, follow_up)
                 arrivals_left += 1
+        now, _, kind, request = heapq.heappop(events)
         busy = arrivals_left > 0 or any(r.in_flight for r in fleet.replicas)
         if kind == ARRIVE:
             assert request is not None
@@ -208,24 +221,29 @@ def _route(fleet: _Fleet, router: Router, request: TwinRequest, now: float, resu
     router.pick(request, now, candidates).admit(request)
 
 
-def _advance(fleet: _Fleet, now: float, result: TwinRun) -> list[Served]:
-    """Every replica's steps that start before ``now``; the answers they finished; drained replicas removed."""
-    served: list[Served] = []
-    for replica in list(fleet.replicas):
-        before = replica.engine.num_steps
-        done = replica.advance_to(now)
-        result.steps += replica.engine.num_steps - before
-        served += done
+def _advance(fleet: _Fleet, until: Callable[[], float], result: TwinRun) -> Iterator[Served]:
+    """Step the replica whose next step starts first, while it starts before ``until()`` (read again after every
+    answer, which may have brought the next event closer); yield each answer as its step ends. A draining replica
+    goes once it holds nothing."""
+    while True:
+        starts = [(start, replica) for replica in fleet.replicas if (start := replica.next_step_at()) is not None]
+        if not starts:
+            return
+        start, replica = min(starts, key=lambda pair: pair[0])
+        if start >= until():
+            return
+        done = replica.step()
+        result.steps += 1
+        result.served += done
         if replica.draining_since is not None and replica.idle:
-            fleet.remove(replica, max([replica.draining_since, *(s.token_times[-1] for s in done)]))
-    served.sort(key=lambda s: s.token_times[-1])
-    result.served += served
-    return served
+            fleet.remove(replica, max(replica.draining_since, replica.clock))
+        yield from done
 
 
 def _finish(fleet: _Fleet, result: TwinRun) -> None:
     """Run every replica to its last answer, and pay for each until then (or the last sample)."""
-    _advance(fleet, math.inf, result)
+    for _ in _advance(fleet, lambda: math.inf, result):
+        pass
     end = max([result.samples[-1].at if result.samples else 0.0, *(s.token_times[-1] for s in result.served)])
     for replica in list(fleet.replicas):
         fleet.remove(replica, end)
@@ -252,16 +270,11 @@ def _sample(fleet: _Fleet, now: float) -> Sample:
     )
 
 
-#: vLLM's default share of device memory for weights and KV cache, as the rig's engines run.
-MEMORY_UTILIZATION = 0.9
-
-
-def replica_kv_blocks(cost: CostModel, engine: EngineConfig, memory_utilization: float = MEMORY_UTILIZATION) -> int:
-    """The KV blocks a replica on the simulated device gets: what its executor offers vLLM, in blocks."""
+def replica_kv_blocks(cost: CostModel, engine: EngineConfig, memory_utilization: float | None = None) -> int:
+    """The KV blocks a replica on the simulated device gets: what its executor offers vLLM, in blocks, at
+    ``memory_utilization`` (vLLM's own default, as the rig's engines run, when None)."""
+    share = memory_utilization or vllm_compat.gpu_memory_utilization(CacheConfig(block_size=engine.block_size))
     offered = cost.simulated_kv_cache_bytes(
-        memory_utilization,
-        block_size=engine.block_size,
-        max_num_seqs=engine.max_num_seqs,
-        max_model_len=engine.max_model_len,
+        share, block_size=engine.block_size, max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len
     )
     return offered // (cost.kv_bytes_per_token() * engine.block_size)

@@ -1,0 +1,232 @@
+"""The planner: the cheapest fleet of a model that serves a load within an SLO, found with the twin.
+
+For each instance type, tensor parallelism (those whose weights leave room for the KV cache), ``max_num_seqs``,
+prefill bucket set (the power-of-two defaults, or the recommender's for the workload's prompts) and prefill cap
+(``auto`` or none), the planner finds one replica's capacity: the highest request rate at which a replica behind
+the picker still meets the SLO (TTFT p99 and inter-token p99), by bisection on short twin runs of the
+workload. The fleet for the asked rate is then ``ceil(rate / capacity)`` replicas, packed onto instances by
+their NeuronCores; the table ranks configurations by instances. Capacities are per replica: a picker that
+balances load well makes a fleet of N replicas serve about N times one's rate, which the twin's fleet runs
+confirm for the winner (:func:`confirm`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from neuronfleet.contract.config import AUTO, EngineConfig
+from neuronfleet.contract.hardware import InstanceType
+from neuronfleet.contract.picker import PickerScoring
+from neuronfleet.engine.fleet import arrivals, twin, workloads
+from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy
+from neuronfleet.engine.fleet.picker import PickerRouter, Router, ServiceRouter
+from neuronfleet.engine.sim.cost_model import CostModel
+from neuronfleet.engine.sim.model_shapes import get_shape
+from neuronfleet.engine.tuning import recommend
+
+#: The twin's validated error (``docs/fleet.md``, "Validation"): p50s within 15% of the rig's, p99s within 30%.
+P50_ERROR, P99_ERROR = 0.15, 0.30
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
+#: A replica must hold at least this many full-length sequences' KV beside its weights to be a candidate.
+MIN_FULL_SEQUENCES = 2
+
+
+@dataclass(frozen=True)
+class SLO:
+    """What users hold the service to: TTFT and inter-token latency at the 99th percentile, in seconds."""
+
+    ttft_p99_s: float
+    itl_p99_s: float
+
+    def met(self, figures: dict[str, Any]) -> bool:
+        """Whether a run's figures meet it."""
+        return bool(figures["ttft_p99_s"] <= self.ttft_p99_s and figures["itl_p99_s"] <= self.itl_p99_s)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to try: where it runs and what it compiles."""
+
+    instance: InstanceType
+    tensor_parallel_size: int
+    engine: EngineConfig
+    buckets: str
+
+    def describe(self) -> str:
+        """A line for the table."""
+        cap = self.engine.scheduler.max_prefill_tokens_while_decoding
+        return (
+            f"{self.instance.name} TP {self.tensor_parallel_size}, max_num_seqs {self.engine.max_num_seqs}, "
+            f"{self.buckets} buckets {self.engine.effective_num_batched_tokens_buckets}, cap {cap or 'none'}"
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A candidate's capacity and the fleet it takes for the asked rate."""
+
+    candidate: Candidate
+    capacity_rps: float
+    replicas: int
+    instances: int
+    figures: dict[str, Any]
+
+
+def fleet_of(
+    engine: EngineConfig,
+    instance: InstanceType,
+    model: str,
+    replicas: int,
+    router: str,
+    start_s: float = 0.0,
+    autoscale: str | None = None,
+    seed: int = 0,
+) -> tuple[twin.FleetSpec, Router]:
+    """A fleet spec and its router from a command line's choices; ``autoscale`` is ``MIN:MAX``."""
+    cost = CostModel(instance, get_shape(model), engine.tensor_parallel_size)
+    policy = None
+    if autoscale is not None:
+        low, _, high = autoscale.partition(":")
+        if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high)):
+            raise ValueError(f"--autoscale takes MIN:MAX replicas, 0 < MIN <= MAX, got {autoscale!r}")
+        policy = AutoscalingPolicy(min_replicas=int(low), max_replicas=int(high))
+    spec = twin.FleetSpec.of(engine, cost, replicas, start_s=start_s, autoscaling=policy)
+    if spec.num_kv_blocks * engine.block_size < engine.max_model_len:
+        raise ValueError(f"{model} at TP {engine.tensor_parallel_size} leaves no room for one full sequence's KV")
+    if router == "service":
+        return spec, ServiceRouter(seed)
+    scoring = PickerScoring(
+        prefix_cache_weight=4.0 if router == "picker-prefix" else 0.0,
+        block_size=engine.block_size,
+        inflight_tokens=True,
+        step_tokens=engine.max_num_batched_tokens,
+    )
+    return spec, PickerRouter(scoring, seed=seed)
+
+
+def candidates(
+    model: str, instances: Sequence[InstanceType], workload: str, max_model_len: int, seqs: Sequence[int]
+) -> Iterator[Candidate]:
+    """Every configuration worth a capacity search."""
+    traffic = workloads.TRAFFIC[workload]
+    lengths = recommend.prompt_histogram(recommend_sample(traffic.workload, max_model_len))
+    for instance in instances:
+        for tp in TENSOR_PARALLEL_SIZES:
+            if tp > instance.cores or instance.cores % tp:
+                continue
+            cost = CostModel(instance, get_shape(model), tp)
+            per_token = cost.kv_bytes_per_token()
+            if cost.kv_cache_bytes(0.9) < MIN_FULL_SEQUENCES * max_model_len * per_token:
+                continue
+            for max_num_seqs in seqs:
+                base = EngineConfig.model_validate(
+                    {"max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "tensor_parallel_size": tp}
+                )
+                chunks = recommend.chunk_histogram(lengths, base.max_num_batched_tokens, max_model_len)
+                chosen = recommend.recommend(chunks, 4, base.max_num_batched_tokens).recommended.buckets
+                for label, buckets in (("default", None), ("recommended", chosen)):
+                    for cap in (AUTO, None):
+                        scheduler = base.scheduler.model_copy(update={"max_prefill_tokens_while_decoding": cap})
+                        update: dict[str, Any] = {"scheduler": scheduler}
+                        if buckets is not None:
+                            update["num_batched_tokens_buckets"] = list(buckets)
+                        engine = EngineConfig.model_validate({**base.model_dump(), **update})
+                        yield Candidate(instance, tp, engine, label)
+
+
+def recommend_sample(workload: str, max_model_len: int) -> list[int]:
+    """Prompt lengths of a tuning workload, as the recommender reads them."""
+    from neuronfleet.engine.tuning.workloads import WORKLOADS
+
+    return WORKLOADS[workload].sample(5000, seed=0, max_model_len=max_model_len)
+
+
+def measure(
+    candidate: Candidate, model: str, workload: str, rate: float, duration_s: float, seed: int
+) -> dict[str, Any]:
+    """One replica of ``candidate`` behind the picker at ``rate``: the run's figures (its first tenth a warm-up)."""
+    spec, router = fleet_of(candidate.engine, candidate.instance, model, 1, "picker", seed=seed)
+    times = arrivals.poisson_times(rate, duration_s, seed)
+    source = workloads.TRAFFIC[workload].requests(times, cap=candidate.engine.max_model_len, seed=seed)
+    return twin.run(spec, source, router).summary(since=duration_s / 10)
+
+
+def capacity(
+    candidate: Candidate,
+    model: str,
+    workload: str,
+    slo: SLO,
+    *,
+    duration_s: float = 60.0,
+    seed: int = 0,
+    steps: int = 5,
+) -> tuple[float, dict[str, Any]]:
+    """The highest rate (requests per second) one replica serves within ``slo``, by bisection; 0 if none."""
+    low, high = 0.0, 1.0
+    figures = measure(candidate, model, workload, high, duration_s, seed)
+    best: dict[str, Any] = figures if slo.met(figures) else {}
+    # Double until the SLO breaks, then halve the gap.
+    while slo.met(figures) and high < 1024:
+        low, best = high, figures
+        high *= 2
+        figures = measure(candidate, model, workload, high, duration_s, seed)
+    for _ in range(steps):
+        middle = (low + high) / 2
+        figures = measure(candidate, model, workload, middle, duration_s, seed)
+        if slo.met(figures):
+            low, best = middle, figures
+        else:
+            high = middle
+    return low, best
+
+
+def plan(
+    model: str,
+    instances: Sequence[InstanceType],
+    workload: str,
+    rate: float,
+    slo: SLO,
+    *,
+    max_model_len: int = 8192,
+    seqs: Sequence[int] = (16, 64),
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[Plan]:
+    """Every candidate's capacity and fleet for ``rate``, cheapest first (then the lowest TTFT p99)."""
+    plans = []
+    for candidate in candidates(model, instances, workload, max_model_len, seqs):
+        progress(candidate.describe())
+        per_replica, figures = capacity(candidate, model, workload, slo)
+        if per_replica <= 0:
+            continue
+        replicas = math.ceil(rate / per_replica)
+        per_instance = candidate.instance.cores // candidate.tensor_parallel_size
+        plans.append(Plan(candidate, per_replica, replicas, math.ceil(replicas / per_instance), figures))
+    return sorted(plans, key=lambda p: (p.instances, p.figures["ttft_p99_s"]))
+
+
+def manifest(chosen: Plan, model_uri: str, name: str) -> dict[str, Any]:
+    """The winner as a ``NeuronInferenceService``."""
+    engine = chosen.candidate.engine
+    fields = {
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "max_model_len": engine.max_model_len,
+        "num_batched_tokens_buckets": list(engine.effective_num_batched_tokens_buckets),
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "scheduler": {"max_prefill_tokens_while_decoding": engine.scheduler.max_prefill_tokens_while_decoding},
+    }
+    return {
+        "apiVersion": "neuronfleet.io/v1alpha1",
+        "kind": "NeuronInferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"uri": model_uri},
+            "instanceType": chosen.candidate.instance.name,
+            "replicas": chosen.replicas,
+            "routing": {"replicas": 1},
+            "engine": fields,
+        },
+    }

@@ -1,0 +1,186 @@
+"""The fleet twin: GIE's scoring rules, the picker's own counts, the autoscaler, and runs of the real scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from neuronfleet.contract import picker as scoring_rules
+from neuronfleet.devcluster.demo.load import LoadPlan
+from neuronfleet.engine.fleet import arrivals, rig, twin
+from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
+from neuronfleet.engine.fleet.picker import RULES, PrefixIndex, Scoring, ServiceRouter, View
+from neuronfleet.engine.fleet.workloads import ROUTING_MIXES, stream_seed
+from neuronfleet.operator import api
+
+
+def views(**columns: list[float]) -> list[View]:
+    count = len(next(iter(columns.values())))
+    defaults: dict[str, object] = {
+        "waiting": 0,
+        "running": 0,
+        "kv_usage": 0.0,
+        "inflight_tokens": 0,
+        "prefix_blocks": 0,
+    }
+    rows = [{**defaults, **{name: values[i] for name, values in columns.items()}} for i in range(count)]
+    return [View(None, adapters=frozenset(), **row) for row in rows]  # type: ignore[arg-type]
+
+
+def scoring(**parameters: object) -> Scoring:
+    return Scoring(arrivals.TwinRequest("r", 0.0, (1,), 1), blocks=4, parameters=parameters, max_loras=0)
+
+
+def test_every_scorer_the_contract_can_name_has_a_rule_in_the_twin() -> None:
+    everything = scoring_rules.PickerScoring(2.0, lora_affinity=True, inflight_tokens=True)
+    assert {scorer.type for scorer in everything.scorers()} == set(RULES)
+
+
+def test_load_scorers_spread_from_the_least_loaded_as_gie_does() -> None:
+    queue = RULES[scoring_rules.QUEUE_SCORER](scoring(), views(waiting=[0, 2, 4]))
+    assert queue == [1.0, 0.5, 0.0]
+    # All equal: every candidate scores 1, not 0 (a division by the spread would fail).
+    assert RULES[scoring_rules.RUNNING_REQUESTS_SCORER](scoring(), views(running=[3, 3])) == [1.0, 1.0]
+    assert RULES[scoring_rules.KV_CACHE_SCORER](scoring(), views(kv_usage=[0.25, 1.0])) == [0.75, 0.0]
+
+
+def test_inflight_tokens_count_against_a_full_prefill_step_when_the_spread_is_smaller() -> None:
+    rule = RULES[scoring_rules.INFLIGHT_TOKENS_SCORER]
+    assert rule(scoring(stepTokens=1000), views(inflight_tokens=[0, 100])) == [1.0, 0.9]
+    assert rule(scoring(stepTokens=1000), views(inflight_tokens=[0, 4000])) == [1.0, 0.0]
+
+
+def test_the_prefix_index_credits_blocks_up_to_the_first_no_replica_holds() -> None:
+    index = PrefixIndex(block_bytes=20, chars_per_token=5)
+    prompt = arrivals.segment("prompt", 40)
+    hashes = index.hashes(prompt)
+    assert len(hashes) == 10  # 200 bytes, 20 a block
+    index.record(hashes[:6], "a", capacity=100)
+    index.record(hashes[:3], "b", capacity=100)
+    assert index.matched(hashes) == {"a": 6, "b": 3}
+    # A prompt that shares the first block only is credited that block.
+    other = index.hashes(prompt[:4] + arrivals.segment("other", 36))
+    assert index.matched(other) == {"a": 1, "b": 1}
+    # Past its capacity a replica forgets its least recently sent blocks.
+    index.record(index.hashes(arrivals.segment("third", 40)), "b", capacity=10)
+    assert "b" not in index.matched(hashes)
+
+
+def test_the_picker_keeps_a_short_request_off_the_replica_it_just_sent_a_long_prompt() -> None:
+    spec = rig.rig_spec(rig.ROUTING_ENGINE, 2)
+    long = arrivals.TwinRequest("long", 0.0, arrivals.segment("long", 3916), 4)
+    short = arrivals.TwinRequest("short", 0.01, arrivals.segment("short", 36), 1)
+    source = arrivals.OpenLoop((long, short))
+    run = twin.run(spec, source, rig.router("picker", spec.engine, seed=0))
+    replicas = {served.request.req_id: served.replica for served in run.served}
+    assert replicas["long"] != replicas["short"]
+    # The short one ran at once: its TTFT is one small prefill, not the long one's 1.26 s.
+    (short_served,) = [s for s in run.served if s.request.req_id == "short"]
+    assert short_served.ttft_s < 0.1
+    # Within the scrape, the engines' metrics alone cannot tell: over seeds, the short one sometimes waits.
+    waits = 0
+    for seed in range(8):
+        alone = twin.run(spec, source, rig.router("picker-engine-metrics", spec.engine, seed))
+        waits += any(s.request.req_id == "short" and s.ttft_s > 1.0 for s in alone.served)
+    assert 0 < waits < 8
+
+
+def test_poisson_arrivals_are_the_rig_load_tools_for_the_same_seed() -> None:
+    seed = stream_seed("busy", 1, "short")
+    plan = LoadPlan("http://x", rate=5.0, duration_s=40.0, body={"prompt": "a b"}, poisson=True, seed=seed)
+    window = ROUTING_MIXES["busy"].window("busy", 1, 40.0)
+    shorts = [request.at for request in window.requests if request.req_id.startswith("short")]
+    assert shorts == plan.schedule()
+
+
+def test_conversations_send_the_next_turn_a_think_after_the_answer_with_the_history() -> None:
+    clients = arrivals.Conversations(clients=1, prefixes=1, duration_s=100.0, system_tokens=64, user_tokens=8)
+    (warmup,) = clients.initial()
+    (first,) = clients.answered(warmup, 1.0, (7,))
+    assert first.at == 1.0
+    assert first.prompt[:64] == warmup.prompt
+    (second,) = clients.answered(first, 2.0, (7,))
+    assert second.at == 2.0 + clients.think_s
+    # The history: the system prompt, the first message and its reply, then the new message.
+    assert second.prompt[: len(first.prompt)] == first.prompt
+    assert len(second.prompt) == len(first.prompt) + clients.reply_tokens + clients.user_tokens
+
+
+def test_a_trace_file_is_read_with_shared_prefixes_and_bad_lines_refused(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        '{"time": 1.5, "prompt_tokens": 100, "max_tokens": 8, "prefix": [["system", 60]]}\n'
+        '{"time": 0.5, "prompt_tokens": 80, "max_tokens": 4, "prefix": [["system", 60]], "conversation": "c"}\n'
+    )
+    late, early = sorted(arrivals.read_trace(trace).requests, key=lambda r: -r.at)
+    assert (early.at, late.at) == (0.5, 1.5)
+    assert early.prompt[:60] == late.prompt[:60]
+    assert early.prompt[60:] != late.prompt[60:80]
+    assert (len(early.prompt), early.conversation) == (80, "c")
+    trace.write_text('{"time": 1, "prompt_tokens": 10}\n')
+    with pytest.raises(arrivals.TraceError, match=r"trace\.jsonl:1"):
+        arrivals.read_trace(trace)
+
+
+def test_the_autoscalers_defaults_are_the_crds() -> None:
+    crd = api.Autoscaling(max_replicas=8)
+    policy = AutoscalingPolicy()
+    for field in ("min_replicas", "max_replicas", "waiting_requests_per_replica", "scale_up_replicas"):
+        assert getattr(policy, field) == getattr(crd, field), field
+    assert policy.scale_up_period_seconds == crd.scale_up_period_seconds
+    assert policy.scale_down_stabilization_seconds == crd.scale_down_stabilization_seconds
+
+
+def test_the_hpa_adds_a_few_replicas_per_period_and_removes_them_only_after_the_window() -> None:
+    scaler = Autoscaler(AutoscalingPolicy(min_replicas=1, max_replicas=10, scale_up_replicas=2))
+    assert scaler.decide(0.0, 1, waiting_total=40) == 3  # wants 10, adds 2
+    assert scaler.decide(15.0, 3, waiting_total=40) == 3  # the period's two are spent
+    assert scaler.decide(120.0, 3, waiting_total=40) == 5
+    # Load gone: the window remembers wanting 10 for 300 s.
+    assert scaler.decide(135.0, 5, waiting_total=0) == 5
+    assert scaler.decide(436.0, 5, waiting_total=0) == 1
+
+
+def test_a_new_replica_takes_nothing_before_its_start_time() -> None:
+    spec = rig.rig_spec(rig.ROUTING_ENGINE, 1)
+    policy = AutoscalingPolicy(min_replicas=1, max_replicas=2, waiting_requests_per_replica=1, scrape_interval_s=1)
+    slow = twin.FleetSpec(spec.engine, spec.cost, spec.num_kv_blocks, 1, start_s=30.0, autoscaling=policy)
+    times = [i * 0.25 for i in range(400)]
+    source = arrivals.generated(times, arrivals.Shape(2000, 4), seed=0)
+    run = twin.run(slow, source, ServiceRouter(0))
+    added = [s for s in run.served if s.replica == "replica-1"]
+    assert added, "the autoscaler added no replica"
+    first_scale = policy.sync_s
+    assert min(s.request.at for s in added) >= first_scale + slow.start_s
+    assert any(sample.starting for sample in run.samples)
+
+
+@pytest.fixture(scope="module")
+def chat_replays() -> dict[str, rig.Replayed]:
+    """The prefix bench's chat through each side in the twin (the rig's conversations, seed 0)."""
+    return {side: rig.replay("prefix", "chat", side, seeds=(0,)) for side in rig.PREFIX_SIDES}
+
+
+def rig_figure(side: str) -> rig.RigFigure:
+    (figure,) = [f for f in rig.RIG_FIGURES if (f.bench, f.mix, f.side) == ("prefix", "chat", side)]
+    return figure
+
+
+@pytest.mark.parametrize("side", rig.PREFIX_SIDES)
+def test_the_twin_agrees_with_the_rig_on_the_prefix_benchs_chat(
+    chat_replays: dict[str, rig.Replayed], side: str
+) -> None:
+    """Pinned to the rig's run at e20277b (``RIG_FIGURES``): p50 within 15%, p99 within 30%."""
+    figure = rig_figure(side)
+    assert figure.p50_ms is not None
+    assert 1000 * chat_replays[side].p50_s == pytest.approx(figure.p50_ms, rel=0.15)
+    assert 1000 * chat_replays[side].p99_s == pytest.approx(figure.p99_ms, rel=0.30)
+
+
+def test_the_twin_gives_the_rigs_routing_gains_on_the_chat(chat_replays: dict[str, rig.Replayed]) -> None:
+    """Each picker's p99 against the Service's, and locality's against load alone: within 25% of the rig's."""
+    for side, over in (("picker", "service"), ("picker-prefix", "service"), ("picker-prefix", "picker")):
+        rig_ratio = rig_figure(over).p99_ms / rig_figure(side).p99_ms
+        twin_ratio = chat_replays[over].p99_s / chat_replays[side].p99_s
+        assert twin_ratio == pytest.approx(rig_ratio, rel=0.25), (side, over)
