@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE
 
 
@@ -38,8 +40,8 @@ class TwinRequest:
 @functools.lru_cache(maxsize=4096)
 def segment(name: str, length: int) -> tuple[int, ...]:
     """The tokens of the segment ``name``: the same wherever it appears."""
-    draw = random.Random(zlib.crc32(name.encode()))
-    return tuple(draw.randrange(1, TINY_VOCAB_SIZE) for _ in range(length))
+    draw = np.random.default_rng(zlib.crc32(name.encode()))
+    return tuple(draw.integers(1, TINY_VOCAB_SIZE, size=length).tolist())
 
 
 class Source(Protocol):

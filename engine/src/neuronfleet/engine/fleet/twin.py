@@ -117,6 +117,8 @@ class _Fleet:
     spec: FleetSpec
     replicas: list[Replica] = field(default_factory=list)
     began: dict[str, float] = field(default_factory=dict)
+    #: Each replica's :meth:`Replica.next_step_at`, kept as it changes (a step, a request routed to it).
+    next_start: dict[str, float | None] = field(default_factory=dict)
     paid_s: float = 0.0
     _names: Iterator[int] = field(default_factory=itertools.count)
 
@@ -125,10 +127,12 @@ class _Fleet:
         replica = Replica(f"replica-{next(self._names)}", spec.engine, spec.cost, spec.num_kv_blocks, ready_at=ready_at)
         self.replicas.append(replica)
         self.began[replica.name] = now
+        self.next_start[replica.name] = None
 
     def remove(self, replica: Replica, at: float) -> None:
         self.replicas.remove(replica)
         self.paid_s += at - self.began.pop(replica.name)
+        del self.next_start[replica.name]
 
     def serving(self, now: float) -> list[Replica]:
         return [r for r in self.replicas if r.ready_at <= now and r.draining_since is None]
@@ -218,21 +222,26 @@ def _route(fleet: _Fleet, router: Router, request: TwinRequest, now: float, resu
     if not candidates:
         result.refused.append(request)
         return
-    router.pick(request, now, candidates).admit(request)
+    chosen = router.pick(request, now, candidates)
+    chosen.admit(request)
+    fleet.next_start[chosen.name] = chosen.next_step_at()
 
 
 def _advance(fleet: _Fleet, until: Callable[[], float], result: TwinRun) -> Iterator[Served]:
     """Step the replica whose next step starts first, while it starts before ``until()`` (read again after every
     answer, which may have brought the next event closer); yield each answer as its step ends. A draining replica
     goes once it holds nothing."""
+    by_name = {replica.name: replica for replica in fleet.replicas}
     while True:
-        starts = [(start, replica) for replica in fleet.replicas if (start := replica.next_step_at()) is not None]
+        starts = [(start, name) for name, start in fleet.next_start.items() if start is not None]
         if not starts:
             return
-        start, replica = min(starts, key=lambda pair: pair[0])
+        start, name = min(starts)
         if start >= until():
             return
+        replica = by_name[name]
         done = replica.step()
+        fleet.next_start[name] = replica.next_step_at()
         result.steps += 1
         result.served += done
         if replica.draining_since is not None and replica.idle:

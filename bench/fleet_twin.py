@@ -1,0 +1,308 @@
+"""The fleet twin: how well it agrees with the rig, how fast it runs, and what it answers that the rig cannot.
+
+``--part validate``: every figure the rig's routing benches stored (``neuronfleet.engine.fleet.rig.RIG_FIGURES``)
+beside the twin's for the same arrivals at the same replica counts, the median over ``--seeds`` seeds of the
+routers' draws with their range, the errors and the goals (p50 within 15%, p99 within 30%, each picker's p99
+ratio to the Service's within 25%).
+
+``--part speed``: 16 replicas of the 8B deployment (trn2.48xlarge, TP 8, ``bench/deployments.py``) behind the
+picker, chat traffic at 20 requests/s for ``--minutes`` virtual minutes; simulated seconds per wall second and
+requests per CPU-second, beside one replica of the same engine on the benches' single-replica virtual clock at
+the same per-replica rate (``serve_arrivals``), so the ratio is the fleet's cost over N independent engines.
+
+``--part prefix``: the prefix bench's chat at 2, 4, 8, 16 and 32 replicas (clients scaled with the replicas, two
+per replica, on one system prompt per replica): TTFT p50 and p99 through the prefix-aware picker, the load-only
+one and the Service.
+
+``--part routing``: the routing mixes at 8 and 16 replicas (rates scaled with the replicas).
+
+``--part step``: a traffic step (2x for 10 minutes, between 5 minutes each side at the base rate) on an autoscaled
+fleet of the 8B deployment, replicas starting in 30 s, 2 min and 5 min: share of requests within the SLO, and
+replica-hours, against a static fleet sized for the peak.
+
+Run: ``.venv/bin/python bench/fleet_twin.py --part validate`` (and the others); prints tables and the commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from deployments import DEPLOYMENTS
+from provenance import commit
+from tables import print_table
+
+from neuronfleet.contract.config import SchedulerOptions
+from neuronfleet.contract.picker import PickerScoring
+from neuronfleet.engine.fleet import arrivals, rig, twin, workloads
+from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy
+from neuronfleet.engine.fleet.picker import PickerRouter
+from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
+from neuronfleet.engine.offline.scenarios import ScenarioRequest
+from neuronfleet.engine.offline.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
+
+
+def validate(seeds: int) -> None:
+    """Every stored rig figure beside the twin's."""
+    rows, within = [], {"p50": [0, 0], "p99": [0, 0], "ratio": [0, 0]}
+    replayed = {}
+    for figure in rig.RIG_FIGURES:
+        twin_figures = rig.replay(figure.bench, figure.mix, figure.side, tuple(range(seeds)))
+        replayed[figure.bench, figure.mix, figure.side] = twin_figures
+        p99_error = 1000 * twin_figures.p99_s / figure.p99_ms - 1
+        within["p99"][0] += abs(p99_error) <= 0.30
+        within["p99"][1] += 1
+        p50_cell, p50_error_cell = "-", "-"
+        if figure.p50_ms is not None:
+            p50_error = 1000 * twin_figures.p50_s / figure.p50_ms - 1
+            within["p50"][0] += abs(p50_error) <= 0.15
+            within["p50"][1] += 1
+            p50_cell, p50_error_cell = f"{figure.p50_ms:.0f}", f"{p50_error:+.0%}"
+        p99s = ", ".join(f"{1000 * value:.0f}" for value in twin_figures.p99s)
+        rows.append(
+            [
+                f"{figure.bench}: {figure.mix}, {figure.side}",
+                f"{p50_cell} / {figure.p99_ms:.0f}",
+                f"{1000 * twin_figures.p50_s:.0f} / {1000 * twin_figures.p99_s:.0f} [{p99s}]",
+                p50_error_cell,
+                f"{p99_error:+.0%}",
+                figure.commit,
+            ]
+        )
+        print(f"  {rows[-1][0]}: done", flush=True)
+    title = f"TTFT in ms, rig against twin (median of {seeds} seeds, each seed's p99); commit {commit()}"
+    print_table(
+        title, ["mix, side", "rig p50 / p99", "twin p50 / p99 [p99 by seed]", "p50 error", "p99 error", "rig at"], rows
+    )
+    ratio_rows = []
+    for figure in rig.RIG_FIGURES:
+        if figure.side == "service":
+            continue
+        service = next(f for f in rig.RIG_FIGURES if (f.bench, f.mix, f.side) == (figure.bench, figure.mix, "service"))
+        rig_ratio = service.p99_ms / figure.p99_ms
+        ours = (
+            replayed[figure.bench, figure.mix, "service"].p99_s / replayed[figure.bench, figure.mix, figure.side].p99_s
+        )
+        error = ours / rig_ratio - 1
+        within["ratio"][0] += abs(error) <= 0.25
+        within["ratio"][1] += 1
+        ratio_rows.append(
+            [
+                f"{figure.bench}: {figure.mix}, Service / {figure.side}",
+                f"{rig_ratio:.2f}x",
+                f"{ours:.2f}x",
+                f"{error:+.0%}",
+            ]
+        )
+    print_table("TTFT p99, the Service's over each picker's", ["mix, ratio", "rig", "twin", "error"], ratio_rows)
+    for name, (good, total) in within.items():
+        print(f"{name}: {good} of {total} within the goal")
+
+
+def speed(minutes: float) -> None:
+    """16 replicas at 20 requests/s against one replica at 20/16 on the single-replica virtual clock."""
+    deployment = DEPLOYMENTS[0]
+    cost = deployment.cost()
+    engine = deployment.engine(SchedulerOptions(), cost)
+    duration = 60 * minutes
+    traffic = workloads.TRAFFIC["chat"]
+    source = traffic.requests(arrivals.poisson_times(20.0, duration, 1), cap=4096, seed=1)
+    spec = twin.FleetSpec.of(engine, cost, 16)
+    cpu = time.process_time()
+    run = twin.run(
+        spec,
+        source,
+        PickerRouter(PickerScoring(inflight_tokens=True)),
+        progress=lambda now: print(f"  {now:.0f} virtual s", flush=True),
+    )
+    fleet_cpu = time.process_time() - cpu
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    one = traffic.requests(arrivals.poisson_times(20.0 / 16, duration, 2), cap=4096, seed=2)
+    single = OfflineEngine(
+        build_scheduler(spec.engine, num_kv_blocks=spec.num_kv_blocks, enable_prefix_caching=True), keep_steps=False
+    )
+    timeline = Timeline(cost, spec.engine)
+    cpu, wall = time.process_time(), time.monotonic()
+    requests = [Arrival(r.at, ScenarioRequest(r.req_id, len(r.prompt), r.max_tokens)) for r in one.requests]
+    serve_arrivals(single, timeline, requests)
+    single_wall, single_cpu = time.monotonic() - wall, time.process_time() - cpu
+    figures = run.summary()
+    rows = [
+        [
+            "fleet twin: 16 replicas, 20 req/s",
+            f"{figures['simulated_s']:.0f}",
+            f"{run.wall_s:.1f}",
+            f"{figures['simulated_s'] / run.wall_s:.2f}",
+            f"{figures['answered'] / fleet_cpu:.1f}",
+            f"{run.steps / run.wall_s:.0f}",
+        ],
+        [
+            "one replica, 1.25 req/s (virtual clock)",
+            f"{timeline.clock:.0f}",
+            f"{single_wall:.1f}",
+            f"{timeline.clock / single_wall:.2f}",
+            f"{len(requests) / single_cpu:.1f}",
+            f"{single.num_steps / single_wall:.0f}",
+        ],
+    ]
+    print_table(
+        f"{deployment.name}, chat (150 tokens out); commit {commit()}; peak memory {peak_mib:.0f} MiB",
+        ["run", "virtual s", "wall s", "virtual s / wall s", "requests / CPU s", "steps / wall s"],
+        rows,
+    )
+    print(f"fleet / single steps per wall second: {(run.steps / run.wall_s) / (single.num_steps / single_wall):.2f}x")
+
+
+def prefix_at_scale(sizes: list[int], seeds: int) -> None:
+    """The prefix bench's chat, scaled: two clients per replica, one system prompt per replica."""
+    rows = []
+    for replicas in sizes:
+        spec = rig.rig_spec(rig.PREFIX_ENGINE, replicas)
+        figures = {}
+        for side in rig.PREFIX_SIDES:
+            p50s, p99s = [], []
+            for seed in range(seeds):
+                mix = workloads.ConversationMix(150, prefixes=replicas, clients=2 * replicas)
+                ttfts = sorted(
+                    twin.run(
+                        spec,
+                        mix.clients_for(rig.WINDOW_S * 3, f"scale-{replicas}-{seed}"),
+                        rig.router(side, spec.engine, seed),
+                    ).ttfts()
+                )
+                p50s.append(percentile(ttfts, 50))
+                p99s.append(percentile(ttfts, 99))
+            figures[side] = (statistics.median(p50s), statistics.median(p99s))
+        load, prefix, service = figures["picker"], figures["picker-prefix"], figures["service"]
+        rows.append(
+            [
+                str(replicas),
+                *(f"{1000 * p50:.0f} / {1000 * p99:.0f}" for p50, p99 in (prefix, load, service)),
+                f"{load[0] / prefix[0]:.2f}x / {load[1] / prefix[1]:.2f}x",
+                f"{service[0] / prefix[0]:.2f}x / {service[1] / prefix[1]:.2f}x",
+            ]
+        )
+        print(f"  {replicas} replicas: done", flush=True)
+    print_table(
+        f"prefix bench's chat (2 clients and 1 system prompt per replica, 120 s), TTFT p50 / p99 ms, "
+        f"median of {seeds} seeds; commit {commit()}",
+        [
+            "replicas",
+            "prefix-aware",
+            "load-only picker",
+            "Service",
+            "load-only / prefix-aware",
+            "Service / prefix-aware",
+        ],
+        rows,
+    )
+
+
+def routing_at_scale(sizes: list[int], seeds: int) -> None:
+    """The routing mixes with their rates scaled to the replicas."""
+    rows = []
+    for replicas in sizes:
+        spec = rig.rig_spec(rig.ROUTING_ENGINE, replicas)
+        for name, mix in workloads.ROUTING_MIXES.items():
+            scaled = workloads.RoutingMix(mix.short_rate * replicas / 2, mix.long_rate * replicas / 2, mix.long_tokens)
+            p99 = {}
+            for side in rig.ROUTING_SIDES:
+                values = []
+                for seed in range(seeds):
+                    ttfts = []
+                    for index in range(rig.ROUNDS):
+                        run = twin.run(
+                            spec, scaled.window(name, index, rig.WINDOW_S), rig.router(side, spec.engine, seed + index)
+                        )
+                        ttfts += [
+                            s.ttft_s + spec.host_path_s for s in run.served if s.request.req_id.startswith("short")
+                        ]
+                    values.append(percentile(sorted(ttfts), 99))
+                p99[side] = statistics.median(values)
+            rows.append(
+                [
+                    f"{name}, {replicas} replicas",
+                    *(f"{1000 * p99[side]:.0f}" for side in rig.ROUTING_SIDES),
+                    f"{p99['service'] / p99['picker']:.2f}x",
+                ]
+            )
+            print(f"  {name} at {replicas}: done", flush=True)
+    print_table(
+        f"routing mixes, rates x replicas / 2, short requests' TTFT p99 in ms, median of {seeds} seeds; "
+        f"commit {commit()}",
+        ["mix", "Service", "picker", "picker (engine metrics)", "Service / picker"],
+        rows,
+    )
+
+
+def step_scaling(base_rate: float, starts: list[float]) -> None:
+    """A 2x step for 10 minutes on an autoscaled fleet, replicas starting in each of ``starts`` seconds."""
+    deployment = DEPLOYMENTS[0]
+    cost = deployment.cost()
+    engine = deployment.engine(SchedulerOptions(), cost)
+    rate = arrivals.step_rate(base_rate, 2.0, 300.0, 600.0)
+    times = arrivals.modulated_times(rate, 2 * base_rate, 1200.0, 3)
+    source = workloads.TRAFFIC["rag"].requests(times, cap=4096, seed=3)
+    slo = (deployment.ttft_slo_s, deployment.itl_slo_s)
+    rows = []
+    policy = AutoscalingPolicy(min_replicas=1, max_replicas=16)
+    for start in [None, *starts]:
+        replicas = policy.max_replicas if start is None else policy.min_replicas
+        spec = twin.FleetSpec.of(
+            engine, cost, replicas, start_s=start or 0.0, autoscaling=None if start is None else policy
+        )
+        run = twin.run(spec, source, PickerRouter(PickerScoring(inflight_tokens=True)))
+        served = run.measured()
+        good = sum(
+            1 for s in served if s.ttft_s + spec.host_path_s <= slo[0] and max(s.inter_token_s() or [0]) <= slo[1]
+        )
+        rows.append(
+            [
+                "static, peak-sized" if start is None else f"autoscaled, start {start:.0f} s",
+                f"{good / max(len(served), 1):.1%}",
+                f"{run.replica_seconds / 3600:.2f}",
+                str(max(sample.ready for sample in run.samples)),
+            ]
+        )
+        print(f"  start {start}: done", flush=True)
+    print_table(
+        f"{deployment.name}, RAG-like traffic {base_rate:g}/s, 2x from 5 to 15 min, 20 min; SLO TTFT <= "
+        f"{slo[0]:g} s, every gap <= {slo[1]:g} s; commit {commit()}",
+        ["fleet", "requests within SLO", "replica-hours", "most ready"],
+        rows,
+    )
+
+
+def main() -> None:
+    """Run the parts asked for."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--part", choices=["validate", "speed", "prefix", "routing", "step"], nargs="+", default=["validate"]
+    )
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--minutes", type=float, default=10.0, help="the speed part's virtual minutes")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    parser.add_argument("--base-rate", type=float, default=4.0, help="the step part's base rate, requests/s")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    if "validate" in args.part:
+        validate(args.seeds)
+    if "speed" in args.part:
+        speed(args.minutes)
+    if "prefix" in args.part:
+        prefix_at_scale(args.sizes, args.seeds)
+    if "routing" in args.part:
+        routing_at_scale([size for size in args.sizes if size >= 8], args.seeds)
+    if "step" in args.part:
+        step_scaling(args.base_rate, [30.0, 120.0, 300.0])
+
+
+if __name__ == "__main__":
+    main()
