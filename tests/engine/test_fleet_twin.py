@@ -184,3 +184,33 @@ def test_the_twin_gives_the_rigs_routing_gains_on_the_chat(chat_replays: dict[st
         rig_ratio = rig_figure(over).p99_ms / rig_figure(side).p99_ms
         twin_ratio = chat_replays[over].p99_s / chat_replays[side].p99_s
         assert twin_ratio == pytest.approx(rig_ratio, rel=0.25), (side, over)
+
+
+def test_the_planner_tries_the_smallest_tensor_parallelism_that_holds_the_model() -> None:
+    from neuronfleet.contract.hardware import get_instance_type
+    from neuronfleet.engine.fleet import planner
+
+    # 70B in bf16 is 141 GB: no trn2 core holds it alone; the smallest TPs that leave room for the KV cache come first.
+    sizes = planner.tensor_parallel_sizes("llama-3.1-70b", get_instance_type("trn2.48xlarge"), 8192)
+    assert sizes == sorted(sizes)
+    assert len(sizes) == planner.TP_CHOICES
+    assert sizes[0] > 1
+
+
+def test_a_planned_replica_meets_the_slo_at_its_capacity_and_its_manifest_is_admitted() -> None:
+    from neuronfleet.contract.hardware import get_instance_type
+    from neuronfleet.engine.fleet import planner
+
+    slo = planner.SLO(ttft_p99_s=3.0, itl_p99_s=0.5)
+    instance = get_instance_type("trn2.48xlarge")
+    candidate = next(planner.candidates("llama-3.1-8b", [instance], "rag", 4096, (16,)))
+    rate, figures = planner.capacity(candidate, "llama-3.1-8b", "rag", slo, duration_s=20.0, steps=2)
+    assert rate > 0
+    assert slo.met(figures)
+    # Twice the capacity breaks the SLO: the search found an edge, not a floor.
+    assert not slo.met(planner.measure(candidate, "llama-3.1-8b", "rag", 2 * rate, 20.0, 0))
+    chosen = planner.Plan(candidate, rate, replicas=3, instances=1, figures=figures)
+    manifest = planner.manifest(chosen, "hf://org/model", "planned")
+    spec = api.parse_service_spec(manifest["spec"])
+    assert spec.replicas == 3
+    assert spec.engine.tensor_parallel_size == candidate.tensor_parallel_size

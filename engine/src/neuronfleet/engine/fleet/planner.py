@@ -30,6 +30,8 @@ from neuronfleet.engine.tuning import recommend
 #: The twin's validated error (``docs/fleet.md``, "Validation"): p50s within 15% of the rig's, p99s within 30%.
 P50_ERROR, P99_ERROR = 0.15, 0.30
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
+#: How many tensor parallel sizes the search tries per instance type, from the smallest that fits.
+TP_CHOICES = 3
 #: A replica must hold at least this many full-length sequences' KV beside its weights to be a candidate.
 MIN_FULL_SEQUENCES = 2
 
@@ -114,13 +116,7 @@ def candidates(
     traffic = workloads.TRAFFIC[workload]
     lengths = recommend.prompt_histogram(recommend_sample(traffic.workload, max_model_len))
     for instance in instances:
-        for tp in TENSOR_PARALLEL_SIZES:
-            if tp > instance.cores or instance.cores % tp:
-                continue
-            cost = CostModel(instance, get_shape(model), tp)
-            per_token = cost.kv_bytes_per_token()
-            if cost.kv_cache_bytes(0.9) < MIN_FULL_SEQUENCES * max_model_len * per_token:
-                continue
+        for tp in tensor_parallel_sizes(model, instance, max_model_len):
             for max_num_seqs in seqs:
                 base = EngineConfig.model_validate(
                     {"max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "tensor_parallel_size": tp}
@@ -135,6 +131,19 @@ def candidates(
                             update["num_batched_tokens_buckets"] = list(buckets)
                         engine = EngineConfig.model_validate({**base.model_dump(), **update})
                         yield Candidate(instance, tp, engine, label)
+
+
+def tensor_parallel_sizes(model: str, instance: InstanceType, max_model_len: int) -> list[int]:
+    """The :data:`TP_CHOICES` smallest tensor parallel sizes of ``instance`` whose replicas hold ``model``'s weights
+    and :data:`MIN_FULL_SEQUENCES` full-length sequences: larger ones buy latency with cores."""
+    fitting = []
+    for tp in TENSOR_PARALLEL_SIZES:
+        if tp > instance.cores or instance.cores % tp:
+            continue
+        cost = CostModel(instance, get_shape(model), tp)
+        if cost.kv_cache_bytes(0.9) >= MIN_FULL_SEQUENCES * max_model_len * cost.kv_bytes_per_token():
+            fitting.append(tp)
+    return fitting[:TP_CHOICES]
 
 
 def recommend_sample(workload: str, max_model_len: int) -> list[int]:

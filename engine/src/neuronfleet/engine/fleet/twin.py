@@ -74,7 +74,7 @@ class TwinRun:
 
     spec: FleetSpec
     served: list[Served] = field(default_factory=list)
-    #: Requests no replica could take (none was ready), with the moment they arrived.
+    #: Requests no replica could take: none was ready, or the answer would not fit ``max_model_len``.
     refused: list[TwinRequest] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     replica_seconds: float = 0.0
@@ -219,7 +219,8 @@ def run(
 
 def _route(fleet: _Fleet, router: Router, request: TwinRequest, now: float, result: TwinRun) -> None:
     candidates = fleet.serving(now)
-    if not candidates:
+    # vLLM's API refuses a request whose answer cannot fit ``max_model_len`` (a 400), as it does when none serves.
+    if not candidates or len(request.prompt) + request.max_tokens > fleet.spec.engine.max_model_len:
         result.refused.append(request)
         return
     chosen = router.pick(request, now, candidates)

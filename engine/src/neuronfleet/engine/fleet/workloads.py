@@ -116,10 +116,11 @@ class Traffic:
     max_tokens: int
 
     def requests(self, times: list[float], *, cap: int, seed: int = 0) -> arrivals.OpenLoop:
-        """A request at each of ``times``, its prompt drawn from the workload (at most ``cap`` tokens)."""
-        return arrivals.generated(
-            times, arrivals.Shape(max_tokens=self.max_tokens, prompt_lengths=prompt_lengths(self.workload, cap)), seed
-        )
+        """A request at each of ``times``, its prompt drawn from the workload and cut, as a client would, to leave
+        its answer room within ``cap`` tokens (``max_model_len``)."""
+        limit = cap - self.max_tokens
+        shape = arrivals.Shape(max_tokens=self.max_tokens, prompt_lengths=prompt_lengths(self.workload, limit))
+        return arrivals.generated(times, shape, seed)
 
 
 #: The planner's and the benches' open-loop traffic: chat turns, and long prompts with short answers (RAG-like).
