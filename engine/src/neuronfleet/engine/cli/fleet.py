@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from neuronfleet.engine.fleet.arrivals import Source
     from neuronfleet.engine.fleet.twin import TwinRun
 
-console = Console(highlight=False)
+#: Wide enough that the planner's table does not wrap in a log.
+console = Console(highlight=False, width=200)
 fleet_app = typer.Typer(help="The fleet twin: a service's replicas, router and autoscaler over virtual time.")
 
 #: A workload of the prefix bench's conversations: ``conversations/chat``, ...
@@ -211,7 +212,7 @@ def plan_command(
     if not plans:
         fail(f"no configuration of {model} on {instance_types} meets TTFT p99 <= {ttft_p99} s, ITL p99 <= {itl_p99} s")
     table = Table(title=f"{model}, {workload} at {rate:g}/s, TTFT p99 <= {ttft_p99:g} s, ITL p99 <= {itl_p99:g} s")
-    for column in ("configuration", "replica capacity", "replicas", "instances", "TTFT p99", "ITL p99"):
+    for column in ("configuration", "replica capacity", "replicas", "NeuronCores", "instances", "TTFT p99", "ITL p99"):
         table.add_column(column, justify="left" if column == "configuration" else "right")
     for found in plans:
         figures = found.figures
@@ -219,6 +220,7 @@ def plan_command(
             found.candidate.describe(),
             f"{found.capacity_rps:.2f}/s",
             str(found.replicas),
+            str(found.cores),
             str(found.instances),
             f"{1000 * figures['ttft_p99_s']:.0f} ms +-{planner.P99_ERROR:.0%}",
             f"{1000 * figures['itl_p99_s']:.0f} ms +-{planner.P99_ERROR:.0%}",

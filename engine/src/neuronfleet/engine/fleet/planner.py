@@ -76,6 +76,11 @@ class Plan:
     instances: int
     figures: dict[str, Any]
 
+    @property
+    def cores(self) -> int:
+        """NeuronCores the fleet takes."""
+        return self.replicas * self.candidate.tensor_parallel_size
+
 
 def fleet_of(
     engine: EngineConfig,
@@ -203,7 +208,8 @@ def plan(
     seqs: Sequence[int] = (16, 64),
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[Plan]:
-    """Every candidate's capacity and fleet for ``rate``, cheapest first (then the lowest TTFT p99)."""
+    """Every candidate's capacity and fleet for ``rate``, cheapest first: the fewest instances, then NeuronCores,
+    then the lowest TTFT p99."""
     plans = []
     for candidate in candidates(model, instances, workload, max_model_len, seqs):
         progress(candidate.describe())
@@ -213,7 +219,7 @@ def plan(
         replicas = math.ceil(rate / per_replica)
         per_instance = candidate.instance.cores // candidate.tensor_parallel_size
         plans.append(Plan(candidate, per_replica, replicas, math.ceil(replicas / per_instance), figures))
-    return sorted(plans, key=lambda p: (p.instances, p.figures["ttft_p99_s"]))
+    return sorted(plans, key=lambda p: (p.instances, p.cores, p.figures["ttft_p99_s"]))
 
 
 def manifest(chosen: Plan, model_uri: str, name: str) -> dict[str, Any]:
