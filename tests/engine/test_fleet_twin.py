@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,20 @@ def test_a_planned_replica_meets_the_slo_at_its_capacity_and_its_manifest_is_adm
     spec = api.parse_service_spec(manifest["spec"])
     assert spec.replicas == 3
     assert spec.engine.tensor_parallel_size == candidate.tensor_parallel_size
+
+
+def test_fleet_run_writes_every_request_and_refuses_an_unknown_workload(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from neuronfleet.engine.cli.main import app
+
+    out = tmp_path / "run.json"
+    args = ["fleet", "run", "--replicas", "2", "--rate", "2", "--duration", "10", "--workload", "rag"]
+    ran = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert ran.exit_code == 0, ran.output
+    document = json.loads(out.read_text())
+    assert document["summary"]["answered"] == len(document["requests"]) > 0
+    assert {request["replica"] for request in document["requests"]} == {"replica-0", "replica-1"}
+    refused = CliRunner().invoke(app, [*args[:-1], "nope"])
+    assert refused.exit_code == 2
+    assert "unknown workload 'nope'" in refused.output

@@ -4,6 +4,7 @@ the cheapest one that meets an SLO."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -70,7 +71,9 @@ def summary_table(title: str, figures: dict[str, Any]) -> Table:
     for column in ("", "p50", "p90", "p99"):
         table.add_column(column, justify="right" if column else "left")
     for name, label in (("ttft", "TTFT"), ("itl", "inter-token"), ("e2e", "end to end")):
-        table.add_row(label, *(f"{1000 * figures[f'{name}_p{q}_s']:.0f} ms" for q in (50, 90, 99)))
+        # One-token answers have no inter-token gaps: "-", not nan.
+        values = [figures[f"{name}_p{q}_s"] for q in (50, 90, 99)]
+        table.add_row(label, *("-" if math.isnan(value) else f"{1000 * value:.0f} ms" for value in values))
     return table
 
 
