@@ -291,8 +291,9 @@ def test_a_pod_that_is_not_ready_is_never_picked(routed: Fleet) -> None:
             unready_at = time.time()
             time.sleep(AFTER_S)
         finally:
+            # Read before the signal: once it is sent, a held request may be answered before this thread runs again.
+            resumed_at = time.time()
             os.kill(pid, signal.SIGCONT)
-        resumed_at = time.time()
         # Requests the other replica answered while the victim was frozen were sent after all the victim held.
         paused_bound = max(o["index"] for o in load.answered_so_far())
         fleet.wait(lambda: pod_ready(fleet.get("pod", name)), f"{name} Ready again", timeout=120)
