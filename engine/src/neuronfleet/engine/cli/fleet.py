@@ -36,14 +36,15 @@ fleet_app = typer.Typer(help="The fleet twin: a service's replicas, router and a
 #: A workload of the prefix bench's conversations: ``conversations/chat``, ...
 CONVERSATIONS = "conversations/"
 RouterName = Literal["service", "picker", "picker-prefix"]
-Shape = Literal["poisson", "step", "diurnal"]
+Shape = Literal["poisson", "step", "burst", "diurnal"]
 
 
 def load(
     workload: str, trace: Path | None, rate: float, duration_s: float, shape: Shape, cap: int, seed: int
 ) -> Source:
     """The requests: a trace file's, a prefix mix's conversations, or a named traffic at ``rate`` shaped by
-    ``shape`` (a step doubles the rate for the middle third; a day swings it by half over the run)."""
+    ``shape`` (a step doubles the rate for the middle third; a burst of 4x it for a tenth of every quarter; a day
+    swings it by half over the run)."""
     from neuronfleet.engine.fleet import arrivals, workloads
 
     if trace is not None:
@@ -60,6 +61,9 @@ def load(
         times = arrivals.modulated_times(
             arrivals.step_rate(rate, 2.0, duration_s / 3, duration_s / 3), 2 * rate, duration_s, seed
         )
+    elif shape == "burst":
+        burst = arrivals.burst_rate(rate, 4.0, duration_s / 4, duration_s / 40)
+        times = arrivals.modulated_times(burst, 4 * rate, duration_s, seed)
     else:
         times = arrivals.modulated_times(arrivals.diurnal_rate(rate, 0.5, duration_s), 1.5 * rate, duration_s, seed)
     return workloads.TRAFFIC[workload].requests(times, cap=cap, seed=seed)
@@ -144,7 +148,10 @@ def run_command(
     trace: Annotated[Path | None, typer.Option(help="A JSON-lines trace instead of --workload.")] = None,
     rate: Annotated[float, typer.Option(min=0.001, help="Requests per second (mean).")] = 2.0,
     duration: Annotated[float, typer.Option(min=1, help="Virtual seconds of arrivals.")] = 120.0,
-    shape: Annotated[Shape, typer.Option(help="poisson, step (2x for the middle third), diurnal.")] = "poisson",
+    shape: Annotated[
+        Shape,
+        typer.Option(help="poisson, step (2x mid-run), burst (4x), diurnal."),
+    ] = "poisson",
     start_seconds: Annotated[float, typer.Option(help="Seconds a new replica takes to serve.")] = 0.0,
     autoscale: Annotated[str | None, typer.Option(help="MIN:MAX replicas, KEDA on the waiting queue.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrivals and the routers' draws.")] = 0,

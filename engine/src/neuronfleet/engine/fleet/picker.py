@@ -28,6 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from neuronfleet.contract import picker as rules
+from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.fleet.arrivals import TwinRequest
 from neuronfleet.engine.fleet.replica import Replica, Served
 
@@ -35,6 +36,8 @@ from neuronfleet.engine.fleet.replica import Replica, Served
 GIE_CHARS_PER_TOKEN = 4
 #: GIE's default cap on the blocks a prompt is matched on.
 MAX_PREFIX_BLOCKS = 256
+#: The prefix-cache weight of a ``picker-prefix`` router (the rig's prefix bench runs it).
+PREFIX_WEIGHT = 4.0
 #: The bytes of a completions request's JSON around its prompt (model name, max_tokens, ...).
 BODY_OVERHEAD_BYTES = 80
 
@@ -67,6 +70,21 @@ class ServiceRouter:
 
     def answered(self, served: Served) -> None:
         """Nothing: kube-proxy keeps no count."""
+
+
+def router_named(name: str, engine: EngineConfig, seed: int, chars_per_token: int = GIE_CHARS_PER_TOKEN) -> Router:
+    """A router by name: ``service``; ``picker``, the operator's (tokens in flight counted); ``picker-engine-metrics``,
+    the picker on the engines' metrics alone (GIE's own image); ``picker-prefix``, the operator's with prefix-cache
+    locality at :data:`PREFIX_WEIGHT`."""
+    if name == "service":
+        return ServiceRouter(seed)
+    scoring = rules.PickerScoring(
+        prefix_cache_weight=PREFIX_WEIGHT if name == "picker-prefix" else 0.0,
+        block_size=engine.block_size,
+        inflight_tokens=name != "picker-engine-metrics",
+        step_tokens=engine.max_num_batched_tokens,
+    )
+    return PickerRouter(scoring, chars_per_token=chars_per_token, seed=seed)
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,9 @@ from typing import Any
 
 from neuronfleet.contract.config import AUTO, EngineConfig
 from neuronfleet.contract.hardware import InstanceType
-from neuronfleet.contract.picker import PickerScoring
 from neuronfleet.engine.fleet import arrivals, twin, workloads
 from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy
-from neuronfleet.engine.fleet.picker import PickerRouter, Router, ServiceRouter
+from neuronfleet.engine.fleet.picker import Router, router_named
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.tuning import recommend
@@ -103,15 +102,7 @@ def fleet_of(
     spec = twin.FleetSpec.of(engine, cost, replicas, start_s=start_s, autoscaling=policy)
     if spec.num_kv_blocks * engine.block_size < engine.max_model_len:
         raise ValueError(f"{model} at TP {engine.tensor_parallel_size} leaves no room for one full sequence's KV")
-    if router == "service":
-        return spec, ServiceRouter(seed)
-    scoring = PickerScoring(
-        prefix_cache_weight=4.0 if router == "picker-prefix" else 0.0,
-        block_size=engine.block_size,
-        inflight_tokens=True,
-        step_tokens=engine.max_num_batched_tokens,
-    )
-    return spec, PickerRouter(scoring, seed=seed)
+    return spec, router_named(router, engine, seed)
 
 
 def candidates(

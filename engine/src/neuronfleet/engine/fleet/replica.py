@@ -150,13 +150,6 @@ class Replica:
             timeline.clock = self._pending[0].at
         return served
 
-    def advance_to(self, moment: float) -> list[Served]:
-        """Run every step that starts before ``moment``; return the requests that finished."""
-        served: list[Served] = []
-        while (start := self.next_step_at()) is not None and start < moment:
-            served += self.step()
-        return served
-
     def _export(self) -> None:
         scheduler = self.engine.scheduler
         figures = Exported(self.clock, vllm_compat.waiting_count(scheduler), scheduler.kv_cache_manager.usage)

@@ -19,9 +19,8 @@ from typing import Any
 
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import get_instance_type
-from neuronfleet.contract.picker import PickerScoring
 from neuronfleet.engine.fleet import twin
-from neuronfleet.engine.fleet.picker import PickerRouter, Router, ServiceRouter
+from neuronfleet.engine.fleet.picker import Router, router_named
 from neuronfleet.engine.fleet.workloads import PREFIX_MIXES, ROUTING_MIXES
 from neuronfleet.engine.offline.virtual_clock import percentile
 from neuronfleet.engine.sim.cost_model import CostModel
@@ -44,8 +43,6 @@ PREFIX_ENGINE: Mapping[str, Any] = {
     "decode_context_length_buckets": [2048, 4096],
 }
 ROUTING_REPLICAS, PREFIX_REPLICAS = 2, 3
-#: The prefix-aware picker's ``prefixCacheWeight`` in the prefix bench.
-PREFIX_WEIGHT = 4.0
 #: Seconds per window, and windows per side, as both benches run by default.
 WINDOW_S, ROUNDS = 40.0, 3
 #: The rig's path outside the engine (client, kube-proxy or Envoy and the picker, the API server's tokenizing
@@ -68,15 +65,7 @@ def rig_spec(engine: Mapping[str, Any], replicas: int) -> twin.FleetSpec:
 def router(side: str, engine: EngineConfig, seed: int) -> Router:
     """The rig's ``side``: the Service, the operator's picker (tokens in flight counted), the picker on the
     engines' metrics alone, or the operator's picker with prefix-cache locality."""
-    if side == "service":
-        return ServiceRouter(seed)
-    scoring = PickerScoring(
-        prefix_cache_weight=PREFIX_WEIGHT if side == "picker-prefix" else 0.0,
-        block_size=engine.block_size,
-        inflight_tokens=side != "picker-engine-metrics",
-        step_tokens=engine.max_num_batched_tokens,
-    )
-    return PickerRouter(scoring, chars_per_token=SIM_CHARS_PER_TOKEN, seed=seed)
+    return router_named(side, engine, seed, SIM_CHARS_PER_TOKEN)
 
 
 def routing_ttfts(mix: str, side: str, seed: int, rounds: int = ROUNDS) -> list[float]:
