@@ -251,14 +251,15 @@ class OfflineEngine:
     def _record(self, output: vllm_compat.SchedulerOutput) -> StepRecord:
         computed = vllm_compat.pre_increment_computed_tokens(output)
         padded = vllm_compat.padded_counts(output)
-        prefill_ids = set(vllm_compat.scheduled_prefill_ids(output, lambda req_id: self.progress[req_id].prompt_len))
+        progress = self.progress
+        # A prefill: prompt tokens were left when the step began (as ``vllm_compat.scheduled_prefill_ids``).
         scheduled = tuple(
             ScheduledRequest(
                 req_id=req_id,
                 num_tokens=num_tokens,
                 num_tokens_padded=padded[req_id],
                 computed_before=computed[req_id],
-                is_prefill=req_id in prefill_ids,
+                is_prefill=computed[req_id] < progress[req_id].prompt_len,
             )
             for req_id, num_tokens in output.num_scheduled_tokens.items()
         )

@@ -38,6 +38,8 @@ class Timeline:
         # Looked up on every decode step.
         self._batch_buckets = self.engine.effective_num_seqs_buckets
         self._context_buckets = self.engine.decode_context_buckets
+        #: Decode step times by compiled shape: few shapes, and a fleet's replicas run millions of steps.
+        self._decode_seconds: dict[tuple[int, int], float] = {}
 
     def after_step(self, engine: OfflineEngine, record: StepRecord | None, in_flight_before: int) -> None:
         """``run_scenario``'s hook: advance the clock by the step and stamp its tokens."""
@@ -60,10 +62,10 @@ class Timeline:
             return
         batch = len(record.scheduled)
         longest = max(item.computed_before + 1 for item in record.scheduled)
-        self.clock += self.cost.decode_seconds(
-            get_bucket_for_count(batch, self._batch_buckets),
-            get_bucket_for_count(longest, self._context_buckets),
-        )
+        shape = (get_bucket_for_count(batch, self._batch_buckets), get_bucket_for_count(longest, self._context_buckets))
+        if (seconds := self._decode_seconds.get(shape)) is None:
+            seconds = self._decode_seconds[shape] = self.cost.decode_seconds(*shape)
+        self.clock += seconds
         self.decode_batch_sizes.append(batch)
         for item in record.scheduled:
             self.token_times[item.req_id].append(self.clock)
