@@ -12,6 +12,7 @@ from neuronfleet.devcluster.demo.load import LoadPlan
 from neuronfleet.engine.fleet import arrivals, rig, twin
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
 from neuronfleet.engine.fleet.picker import RULES, PrefixIndex, Scoring, ServiceRouter, View
+from neuronfleet.engine.fleet.replica import ReplicaStuck
 from neuronfleet.engine.fleet.workloads import ROUTING_MIXES, stream_seed
 from neuronfleet.operator import api
 
@@ -155,6 +156,40 @@ def test_a_new_replica_takes_nothing_before_its_start_time() -> None:
     first_scale = policy.sync_s
     assert min(s.request.at for s in added) >= first_scale + slow.start_s
     assert any(sample.starting for sample in run.samples)
+
+
+def test_engines_stepping_in_worker_processes_run_the_same_fleet_as_one_process() -> None:
+    # A burst, then quiet: the autoscaler adds replicas, then drains and removes them, while the picker routes.
+    spec = rig.rig_spec(rig.ROUTING_ENGINE, 1)
+    policy = AutoscalingPolicy(
+        min_replicas=1,
+        max_replicas=4,
+        waiting_requests_per_replica=1,
+        scale_up_period_seconds=15,
+        scale_down_stabilization_seconds=20,
+        scrape_interval_s=1,
+    )
+    fleet = twin.FleetSpec(
+        spec.engine, spec.cost, spec.num_kv_blocks, 2, start_s=5.0, autoscaling=policy, enable_prefix_caching=False
+    )
+    times = [i * 0.05 for i in range(100)] + [20.0 + i * 1.5 for i in range(40)]
+    source = arrivals.generated(times, arrivals.Shape(512, 96), seed=0)
+    one, two = (twin.run(fleet, source, rig.router("picker", spec.engine, seed=0), workers=n) for n in (1, 2))
+    assert {s.replica for s in one.served} >= {"replica-2", "replica-3"}, "the autoscaler added no replica"
+    assert any(sample.draining for sample in one.samples), "no replica drained on scale-in"
+    assert [(s.request.req_id, s.replica, s.token_times) for s in two.served] == [
+        (s.request.req_id, s.replica, s.token_times) for s in one.served
+    ]
+    assert (two.samples, two.steps, two.replica_seconds) == (one.samples, one.steps, one.replica_seconds)
+
+
+def test_a_workers_error_stops_the_run_with_it() -> None:
+    spec = rig.rig_spec(rig.ROUTING_ENGINE, 2)
+    # A prompt larger than a replica's KV cache: its engine runs nothing while it waits.
+    cramped = twin.FleetSpec(spec.engine, spec.cost, 8, 2)
+    source = arrivals.generated([0.0], arrivals.Shape(4 * 8 * spec.engine.block_size, 4), seed=0)
+    with pytest.raises(ReplicaStuck, match="runs nothing while requests wait"):
+        twin.run(cramped, source, ServiceRouter(0), workers=2)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -47,6 +47,9 @@ def segment(name: str, length: int) -> tuple[int, ...]:
 class Source(Protocol):
     """Where a twin's requests come from."""
 
+    #: True when an answer may bring a request (a conversation's next turn): the twin then waits for each answer.
+    closed_loop: ClassVar[bool]
+
     def initial(self) -> list[TwinRequest]:
         """The requests known before the run starts."""
         ...
@@ -61,6 +64,7 @@ class OpenLoop:
     """Requests whose arrival times do not depend on answers: a generator's or a trace's."""
 
     requests: tuple[TwinRequest, ...]
+    closed_loop: ClassVar[bool] = False
 
     def initial(self) -> list[TwinRequest]:
         """All of them."""
@@ -177,6 +181,7 @@ class Conversations:
     _state: dict[int, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)
     #: No turn is sent after this: ``duration_s`` after the clients start.
     _deadline: float = math.inf
+    closed_loop: ClassVar[bool] = True
 
     def initial(self) -> list[TwinRequest]:
         """The first system prompt's warm-up: each is sent once its predecessor is answered, then the clients."""

@@ -1,10 +1,14 @@
-"""One replica of the twin: the real scheduler on the calibrated clock, advanced to a moment of virtual time.
+"""One replica of the twin, in two halves: its engine (the real scheduler on the calibrated clock) and what the
+rest of the fleet sees of it.
 
-A replica's clock is when its current step ends. A request routed to it joins the scheduler at the next step
-boundary (as vLLM's engine core adds requests between steps), and its time to first token counts from its
-arrival. What the replica exports (its waiting queue and KV use, as vLLM's gauges after each step; its requests
-in flight, as the engine's drain gate counts them) is kept step by step, so a picker can read it as it was at
-its last scrape.
+:class:`ReplicaEngine` steps the scheduler. A request routed to it joins the scheduler at the next step boundary
+(as vLLM's engine core adds requests between steps), and its time to first token counts from its arrival. Each
+step comes back as a :class:`StepResult`: when it ran, the gauges after it, the requests it finished.
+
+:class:`Replica` is what the router, the autoscaler and the timeline read: what the replica exports (its waiting
+queue and KV use, as vLLM's gauges after each step; its requests in flight, as the engine's drain gate counts
+them), kept step by step so a picker can read it as it was at its last scrape. It learns only from step results,
+so an engine may step in another process (``engine/fleet/engines.py``).
 """
 
 from __future__ import annotations
@@ -63,9 +67,30 @@ class ReplicaStuck(RuntimeError):
     replica's KV cache)."""
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A request a step finished: its token times and tokens."""
+
+    req_id: str
+    token_times: tuple[float, ...]
+    output: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of one replica's engine: when it started and ended, vLLM's gauges after it, what it finished."""
+
+    replica: str
+    start: float
+    end: float
+    waiting: int
+    kv_usage: float
+    finished: tuple[Finished, ...]
+
+
 @dataclass
-class Replica:
-    """One serving replica: ready from ``ready_at`` (its start time past), serving until it is drained."""
+class ReplicaEngine:
+    """One replica's engine: ``OfflineEngine`` with the Neuron scheduler on the calibrated clock."""
 
     name: str
     engine_config: EngineConfig
@@ -73,14 +98,11 @@ class Replica:
     num_kv_blocks: int
     ready_at: float = 0.0
     enable_prefix_caching: bool = True
-    #: Routed and not yet answered, in arrival order: what the engine's in-flight gauge counts.
-    in_flight: dict[str, TwinRequest] = field(default_factory=dict)
-    #: Set once scale-in picked it: it takes nothing new, finishes what it holds, then goes.
-    draining_since: float | None = None
     _pending: deque[TwinRequest] = field(default_factory=deque)
-    _exported: list[Exported] = field(default_factory=list)
-    #: The in-flight gauge's value from each moment it changed on.
-    _in_flight_log: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+    #: Routed and not yet finished, in arrival order.
+    _admitted: dict[str, None] = field(default_factory=dict)
+    #: Steps in a row that scheduled nothing.
+    _empty_steps: int = 0
 
     def __post_init__(self) -> None:
         scheduler = build_scheduler(
@@ -88,12 +110,84 @@ class Replica:
         )
         self.engine = OfflineEngine(scheduler, keep_steps=False)
         self.timeline = Timeline(self.cost, self.engine_config, clock=self.ready_at)
-        self._exported.append(Exported(self.ready_at, 0, 0.0))
 
-    @property
-    def clock(self) -> float:
-        """When the replica's current step ends (or, idle, when it last worked)."""
-        return self.timeline.clock
+    def admit(self, request: TwinRequest) -> None:
+        """Take ``request``, routed here at its arrival."""
+        self._admitted[request.req_id] = None
+        self._pending.append(request)
+
+    def next_step_at(self) -> float | None:
+        """When the next step starts: now if there is work, at the next routed request's arrival if idle; None
+        when there is nothing at all."""
+        if self.engine.has_work:
+            return self.timeline.clock
+        return max(self.timeline.clock, self._pending[0].at) if self._pending else None
+
+    def step(self) -> StepResult:
+        """Run the next step (see :meth:`next_step_at`)."""
+        engine, timeline = self.engine, self.timeline
+        if not engine.has_work:
+            # Idle: the next request starts a step when it arrives.
+            timeline.clock = max(timeline.clock, self._pending[0].at)
+        start = timeline.clock
+        while self._pending and self._pending[0].at <= timeline.clock:
+            request = self._pending.popleft()
+            engine.add_request(request.req_id, request.prompt, request.max_tokens)
+            timeline.arrival[request.req_id] = request.at
+        record = engine.step()
+        timeline.after_step(engine, record, 0)
+        scheduler = engine.scheduler
+        result = StepResult(
+            self.name,
+            start,
+            timeline.clock,
+            vllm_compat.waiting_count(scheduler),
+            scheduler.kv_cache_manager.usage,
+            self._collect_finished(),
+        )
+        self._empty_steps = 0 if record is not None and record.scheduled else self._empty_steps + 1
+        # Async scheduling keeps steps in flight: past that many empty steps in a row, none of those runs anything.
+        if self._empty_steps > engine.max_in_flight and engine.scheduler.has_unfinished_requests():
+            if not (self._pending and self._pending[0].at > timeline.clock):
+                raise ReplicaStuck(f"{self.name} runs nothing while requests wait: {engine.unfinished()}")
+            timeline.clock = self._pending[0].at
+        return result
+
+    def _collect_finished(self) -> tuple[Finished, ...]:
+        done = []
+        for req_id in self._admitted:
+            progress = self.engine.progress.get(req_id)
+            if progress is not None and progress.finished:
+                times = tuple(self.timeline.token_times.pop(req_id))
+                done.append(Finished(req_id, times, tuple(progress.output_tokens)))
+        for finished in done:
+            del self._admitted[finished.req_id]
+            # Kept only while a step in flight may still name it.
+            self.timeline.prefill_spans.pop(finished.req_id, None)
+        return tuple(done)
+
+
+@dataclass
+class Replica:
+    """One serving replica as the fleet sees it: ready from ``ready_at`` (its start time past), serving until it
+    is drained."""
+
+    name: str
+    num_kv_blocks: int
+    ready_at: float = 0.0
+    #: Routed and not yet answered, in arrival order: what the engine's in-flight gauge counts.
+    in_flight: dict[str, TwinRequest] = field(default_factory=dict)
+    #: Set once scale-in picked it: it takes nothing new, finishes what it holds, then goes.
+    draining_since: float | None = None
+    #: When its engine's last step ended (or, before any, when it became ready).
+    clock: float = field(init=False)
+    _exported: list[Exported] = field(default_factory=list)
+    #: The in-flight gauge's value from each moment it changed on.
+    _in_flight_log: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+
+    def __post_init__(self) -> None:
+        self.clock = self.ready_at
+        self._exported.append(Exported(self.ready_at, 0, 0.0))
 
     @property
     def idle(self) -> bool:
@@ -101,10 +195,22 @@ class Replica:
         return not self.in_flight
 
     def admit(self, request: TwinRequest) -> None:
-        """Take ``request``, routed here at its arrival."""
+        """Count ``request`` in, routed here at its arrival."""
         self.in_flight[request.req_id] = request
-        self._pending.append(request)
         self._log_in_flight(request.at)
+
+    def record(self, step: StepResult) -> list[Served]:
+        """Learn what a step of the engine did; return the requests it answered."""
+        self.clock = step.end
+        self._exported.append(Exported(step.end, step.waiting, step.kv_usage))
+        if len(self._exported) > 4096:
+            # Keep what a scrape may still read.
+            keep = bisect.bisect_left(self._exported, step.end - _HISTORY_S, key=lambda figures: figures.at)
+            del self._exported[: max(keep - 1, 0)]
+        served = [Served(self.in_flight.pop(f.req_id), self.name, f.token_times, f.output) for f in step.finished]
+        for answer in served:
+            self._log_in_flight(answer.token_times[-1])
+        return served
 
     def exported_at(self, moment: float) -> Exported:
         """The gauges as a scrape at ``moment`` read them: after the last step that ended by then."""
@@ -122,53 +228,3 @@ class Replica:
         if len(self._in_flight_log) > 4096:
             keep = bisect.bisect_left(self._in_flight_log, moment - _HISTORY_S, key=lambda change: change[0])
             del self._in_flight_log[: max(keep - 1, 0)]
-
-    def next_step_at(self) -> float | None:
-        """When the replica's next step starts: now if it has work, at the next routed request's arrival if idle;
-        None when it has nothing at all."""
-        if self.engine.has_work:
-            return self.clock
-        return max(self.clock, self._pending[0].at) if self._pending else None
-
-    def step(self) -> list[Served]:
-        """Run the next step (see :meth:`next_step_at`); return the requests that finished with it."""
-        engine, timeline = self.engine, self.timeline
-        if not engine.has_work:
-            # Idle: the next request starts a step when it arrives.
-            timeline.clock = max(timeline.clock, self._pending[0].at)
-        while self._pending and self._pending[0].at <= timeline.clock:
-            request = self._pending.popleft()
-            engine.add_request(request.req_id, request.prompt, request.max_tokens)
-            timeline.arrival[request.req_id] = request.at
-        record = engine.step()
-        timeline.after_step(engine, record, 0)
-        self._export()
-        served = self._collect_finished()
-        if (record is None or not record.scheduled) and not engine.in_flight and engine.has_work:
-            if not (self._pending and self._pending[0].at > timeline.clock):
-                raise ReplicaStuck(f"{self.name} runs nothing while requests wait: {engine.unfinished()}")
-            timeline.clock = self._pending[0].at
-        return served
-
-    def _export(self) -> None:
-        scheduler = self.engine.scheduler
-        figures = Exported(self.clock, vllm_compat.waiting_count(scheduler), scheduler.kv_cache_manager.usage)
-        self._exported.append(figures)
-        if len(self._exported) > 4096:
-            # Keep what a scrape may still read.
-            keep = bisect.bisect_left(self._exported, self.clock - _HISTORY_S, key=lambda figures: figures.at)
-            del self._exported[: max(keep - 1, 0)]
-
-    def _collect_finished(self) -> list[Served]:
-        done = []
-        for req_id, request in self.in_flight.items():
-            progress = self.engine.progress.get(req_id)
-            if progress is not None and progress.finished:
-                times = tuple(self.timeline.token_times.pop(req_id))
-                done.append(Served(request, self.name, times, tuple(progress.output_tokens)))
-        for served in done:
-            del self.in_flight[served.request.req_id]
-            self._log_in_flight(served.token_times[-1])
-            # Kept only while a step in flight may still name it.
-            self.timeline.prefill_spans.pop(served.request.req_id, None)
-        return done

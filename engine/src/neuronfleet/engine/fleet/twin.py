@@ -23,8 +23,9 @@ from vllm.config import CacheConfig
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.engine.fleet.arrivals import Source, TwinRequest
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
+from neuronfleet.engine.fleet.engines import Engines, LocalEngines, WorkerEngines
 from neuronfleet.engine.fleet.picker import Router
-from neuronfleet.engine.fleet.replica import Replica, Served
+from neuronfleet.engine.fleet.replica import Replica, ReplicaEngine, Served
 from neuronfleet.engine.offline.virtual_clock import percentile
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.sim.cost_model import CostModel
@@ -112,27 +113,28 @@ class TwinRun:
 
 @dataclass
 class _Fleet:
-    """The replicas of one run, and when each began to cost."""
+    """The replicas of one run as the router sees them, their engines, and when each began to cost."""
 
     spec: FleetSpec
+    engines: Engines
     replicas: list[Replica] = field(default_factory=list)
+    by_name: dict[str, Replica] = field(default_factory=dict)
     began: dict[str, float] = field(default_factory=dict)
-    #: Each replica's :meth:`Replica.next_step_at`, kept as it changes (a step, a request routed to it).
-    next_start: dict[str, float | None] = field(default_factory=dict)
     paid_s: float = 0.0
     _names: Iterator[int] = field(default_factory=itertools.count)
 
     def add(self, now: float, ready_at: float) -> None:
-        spec = self.spec
-        replica = Replica(f"replica-{next(self._names)}", spec.engine, spec.cost, spec.num_kv_blocks, ready_at=ready_at)
+        replica = Replica(f"replica-{next(self._names)}", self.spec.num_kv_blocks, ready_at=ready_at)
         self.replicas.append(replica)
+        self.by_name[replica.name] = replica
         self.began[replica.name] = now
-        self.next_start[replica.name] = None
+        self.engines.add(replica.name, ready_at)
 
     def remove(self, replica: Replica, at: float) -> None:
         self.replicas.remove(replica)
+        del self.by_name[replica.name]
         self.paid_s += at - self.began.pop(replica.name)
-        del self.next_start[replica.name]
+        self.engines.drop(replica.name)
 
     def serving(self, now: float) -> list[Replica]:
         return [r for r in self.replicas if r.ready_at <= now and r.draining_since is None]
@@ -167,11 +169,29 @@ def run(
     *,
     sample_s: float = 1.0,
     progress: Callable[[float], None] | None = None,
+    workers: int = 1,
 ) -> TwinRun:
-    """Serve ``source``'s requests on ``spec``'s fleet through ``router``, to the last answer."""
+    """Serve ``source``'s requests on ``spec``'s fleet through ``router``, to the last answer; the engines step
+    in ``workers`` processes when the source is an open loop (the same run, sooner)."""
     began = time.monotonic()
+
+    def build(name: str, ready_at: float) -> ReplicaEngine:
+        return ReplicaEngine(name, spec.engine, spec.cost, spec.num_kv_blocks, ready_at, spec.enable_prefix_caching)
+
+    engines = WorkerEngines(build, workers) if workers > 1 and not source.closed_loop else LocalEngines(build)
+    try:
+        result = _run(source, router, _Fleet(spec, engines), sample_s, progress)
+    finally:
+        engines.close()
+    result.wall_s = time.monotonic() - began
+    return result
+
+
+def _run(
+    source: Source, router: Router, fleet: _Fleet, sample_s: float, progress: Callable[[float], None] | None
+) -> TwinRun:
+    spec = fleet.spec
     result = TwinRun(spec)
-    fleet = _Fleet(spec)
     for _ in range(spec.replicas):
         fleet.add(0.0, 0.0)
     autoscaler = Autoscaler(spec.autoscaling) if spec.autoscaling else None
@@ -213,7 +233,6 @@ def run(
             progress(now)
             next_progress = now + 10.0
     _finish(fleet, result)
-    result.wall_s = time.monotonic() - began
     return result
 
 
@@ -225,24 +244,18 @@ def _route(fleet: _Fleet, router: Router, request: TwinRequest, now: float, resu
         return
     chosen = router.pick(request, now, candidates)
     chosen.admit(request)
-    fleet.next_start[chosen.name] = chosen.next_step_at()
+    fleet.engines.admit(chosen.name, request)
 
 
 def _advance(fleet: _Fleet, until: Callable[[], float], result: TwinRun) -> Iterator[Served]:
-    """Step the replica whose next step starts first, while it starts before ``until()`` (read again after every
+    """Run the engines' steps that start before ``until()`` (read again, where the engines step here, after every
     answer, which may have brought the next event closer); yield each answer as its step ends. A draining replica
     goes once it holds nothing."""
-    by_name = {replica.name: replica for replica in fleet.replicas}
-    while True:
-        starts = [(start, name) for name, start in fleet.next_start.items() if start is not None]
-        if not starts:
-            return
-        start, name = min(starts)
-        if start >= until():
-            return
-        replica = by_name[name]
-        done = replica.step()
-        fleet.next_start[name] = replica.next_step_at()
+    for step in fleet.engines.advance(until):
+        replica = fleet.by_name.get(step.replica)
+        if replica is None:
+            continue  # removed earlier in this advance; its later steps did not happen
+        done = replica.record(step)
         result.steps += 1
         result.served += done
         if replica.draining_since is not None and replica.idle:
