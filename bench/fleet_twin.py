@@ -26,12 +26,16 @@ Run: ``.venv/bin/python bench/fleet_twin.py --part validate`` (and the others); 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import resource
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -107,8 +111,36 @@ def validate(seeds: int) -> None:
         print(f"{name}: {good} of {total} within the goal")
 
 
-def speed(minutes: float) -> None:
-    """16 replicas at 20 requests/s against one replica at 20/16 on the single-replica virtual clock."""
+class PeakMemory:
+    """The most memory this process and its children held together while inside: their proportional set sizes
+    (pages the forked workers share with it counted once), sampled every 0.2 s."""
+
+    def __init__(self) -> None:
+        self.peak_bytes = 0
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._sampler.join()
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._done.wait(0.2):
+            total = 0
+            for process in [me, *me.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += process.memory_full_info().pss
+            self.peak_bytes = max(self.peak_bytes, total)
+
+
+def speed(minutes: float, workers: int) -> None:
+    """16 replicas at 20 requests/s (engines stepping in ``workers`` processes) against one replica at 20/16 on
+    the single-replica virtual clock."""
     deployment = DEPLOYMENTS[0]
     cost = deployment.cost()
     engine = deployment.engine(SchedulerOptions(), cost)
@@ -117,14 +149,16 @@ def speed(minutes: float) -> None:
     source = traffic.requests(arrivals.poisson_times(20.0, duration, 1), cap=4096, seed=1)
     spec = twin.FleetSpec.of(engine, cost, 16)
     cpu = time.process_time()
-    run = twin.run(
-        spec,
-        source,
-        PickerRouter(PickerScoring(inflight_tokens=True)),
-        progress=lambda now: print(f"  {now:.0f} virtual s", flush=True),
-    )
-    fleet_cpu = time.process_time() - cpu
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with PeakMemory() as memory:
+        run = twin.run(
+            spec,
+            source,
+            PickerRouter(PickerScoring(inflight_tokens=True)),
+            progress=lambda now: print(f"  {now:.0f} virtual s", flush=True),
+            workers=workers,
+        )
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    fleet_cpu = time.process_time() - cpu + children.ru_utime + children.ru_stime
     one = traffic.requests(arrivals.poisson_times(20.0 / 16, duration, 2), cap=4096, seed=2)
     single = OfflineEngine(
         build_scheduler(spec.engine, num_kv_blocks=spec.num_kv_blocks, enable_prefix_caching=True), keep_steps=False
@@ -137,7 +171,7 @@ def speed(minutes: float) -> None:
     figures = run.summary()
     rows = [
         [
-            "fleet twin: 16 replicas, 20 req/s",
+            f"fleet twin: 16 replicas, 20 req/s, {workers} worker(s)",
             f"{figures['simulated_s']:.0f}",
             f"{run.wall_s:.1f}",
             f"{figures['simulated_s'] / run.wall_s:.2f}",
@@ -154,7 +188,8 @@ def speed(minutes: float) -> None:
         ],
     ]
     print_table(
-        f"{deployment.name}, chat (150 tokens out); commit {commit()}; peak memory {peak_mib:.0f} MiB",
+        f"{deployment.name}, chat (150 tokens out); commit {commit()}; peak memory "
+        f"{memory.peak_bytes / 2**20:.0f} MiB (this process and its workers, shared pages counted once)",
         ["run", "virtual s", "wall s", "virtual s / wall s", "requests / CPU s", "steps / wall s"],
         rows,
     )
@@ -293,6 +328,7 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=10.0, help="the speed part's virtual minutes")
+    parser.add_argument("--workers", type=int, default=2, help="processes the speed part's engines step in")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     parser.add_argument("--base-rate", type=float, default=4.0, help="the step part's base rate, requests/s")
     args = parser.parse_args()
@@ -300,7 +336,7 @@ def main() -> None:
     if "validate" in args.part:
         validate(args.seeds)
     if "speed" in args.part:
-        speed(args.minutes)
+        speed(args.minutes, args.workers)
     if "prefix" in args.part:
         prefix_at_scale(args.sizes, args.seeds)
     if "routing" in args.part:

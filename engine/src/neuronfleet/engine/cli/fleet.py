@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -37,6 +38,11 @@ fleet_app = typer.Typer(help="The fleet twin: a service's replicas, router and a
 CONVERSATIONS = "conversations/"
 RouterName = Literal["service", "picker", "picker-prefix"]
 Shape = Literal["poisson", "step", "burst", "diurnal"]
+#: The CPUs this process may use, at most 8: processes beyond that add more start-up than they save.
+DEFAULT_WORKERS = min(len(os.sched_getaffinity(0)), 8)
+WorkersOption = Annotated[
+    int, typer.Option(min=1, help="Processes to simulate in (the replicas' engines; the planner's candidates).")
+]
 
 
 def load(
@@ -157,6 +163,7 @@ def run_command(
     seed: Annotated[int, typer.Option(help="Seed of the arrivals and the routers' draws.")] = 0,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every request and the timeline.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the fleet's timeline as a PNG.")] = None,
+    workers: WorkersOption = DEFAULT_WORKERS,
 ) -> None:
     """Serve a load on a simulated fleet: every replica the real scheduler on the calibrated clock."""
     engine = load_config(
@@ -175,7 +182,9 @@ def run_command(
     from neuronfleet.engine.fleet.twin import run
 
     with console.status("simulating") as status:
-        result = run(spec, source, twin_router, progress=lambda now: status.update(f"simulating: {now:.0f} s"))
+        result = run(
+            spec, source, twin_router, progress=lambda now: status.update(f"simulating: {now:.0f} s"), workers=workers
+        )
     figures = result.summary()
     console.print(
         summary_table(f"{replicas} x {model} on {instance_type} (TP {tensor_parallel_size}), {router}", figures)
@@ -202,6 +211,7 @@ def plan_command(
     model_uri: Annotated[str, typer.Option(help="spec.model.uri of the manifest written.")] = "hf://ORG/MODEL",
     name: Annotated[str, typer.Option(help="metadata.name of the manifest written.")] = "planned",
     manifest_path: Annotated[Path | None, typer.Option("--manifest", help="Write the winner's manifest.")] = None,
+    workers: WorkersOption = DEFAULT_WORKERS,
 ) -> None:
     """Search tensor parallelism, buckets, max_num_seqs, the prefill cap and the replica count for the fewest
     instances that serve ``--rate`` within the SLO; print them ranked, write the winner as a manifest."""
@@ -216,8 +226,8 @@ def plan_command(
     slo = planner.SLO(ttft_p99, itl_p99)
     with console.status("planning") as status:
         plans = planner.plan(
-            model, instances, workload, rate, slo, max_model_len=max_model_len,
-            progress=lambda line: status.update(f"capacity of {line}"),
+            model, instances, workload, rate, slo, max_model_len=max_model_len, workers=workers,
+            progress=lambda line: status.update(f"capacities: {line}"),
         )  # fmt: skip
     if not plans:
         fail(f"no configuration of {model} on {instance_types} meets TTFT p99 <= {ttft_p99} s, ITL p99 <= {itl_p99} s")

@@ -5,15 +5,18 @@ prefill bucket set (the power-of-two defaults, or the recommender's for the work
 (``auto`` or none), the planner finds one replica's capacity: the highest request rate at which a replica behind
 the picker still meets the SLO (TTFT p99 and inter-token p99), by bisection on short twin runs of the
 workload. The fleet for the asked rate is then ``ceil(rate / capacity)`` replicas, packed onto instances by
-their NeuronCores; the table ranks configurations by instances. Capacities are per replica: a picker that
-balances load well makes a fleet of N replicas serve about N times one's rate, which the twin's fleet runs
-confirm for the winner (:func:`confirm`).
+their NeuronCores; the table ranks configurations by instances. Capacities are per replica: the plan assumes a
+picker that balances load well makes N replicas serve N times one's rate (``fleet run`` checks a plan's fleet).
+Candidates are measured in parallel, one process each.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,19 +201,25 @@ def plan(
     max_model_len: int = 8192,
     seqs: Sequence[int] = (16, 64),
     progress: Callable[[str], None] = lambda _: None,
+    workers: int = 1,
 ) -> list[Plan]:
     """Every candidate's capacity and fleet for ``rate``, cheapest first: the fewest instances, then NeuronCores,
-    then the lowest TTFT p99."""
+    then the lowest TTFT p99. Candidates are measured ``workers`` at a time, each in a process of its own."""
+    found = list(candidates(model, instances, workload, max_model_len, seqs))
+    measured = functools.partial(capacity, model=model, workload=workload, slo=slo)
     plans = []
-    for candidate in candidates(model, instances, workload, max_model_len, seqs):
-        progress(candidate.describe())
-        per_replica, figures = capacity(candidate, model, workload, slo)
-        if per_replica <= 0:
-            continue
-        replicas = math.ceil(rate / per_replica)
-        per_instance = candidate.instance.cores // candidate.tensor_parallel_size
-        plans.append(Plan(candidate, per_replica, replicas, math.ceil(replicas / per_instance), figures))
-    return sorted(plans, key=lambda p: (p.instances, p.cores, p.figures["ttft_p99_s"]))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {pool.submit(measured, candidate): candidate for candidate in found}
+        for done, future in enumerate(as_completed(futures), 1):
+            candidate = futures[future]
+            per_replica, figures = future.result()
+            progress(f"{done}/{len(found)} measured: {candidate.describe()}")
+            if per_replica <= 0:
+                continue
+            replicas = math.ceil(rate / per_replica)
+            per_instance = candidate.instance.cores // candidate.tensor_parallel_size
+            plans.append(Plan(candidate, per_replica, replicas, math.ceil(replicas / per_instance), figures))
+    return sorted(plans, key=lambda p: (p.instances, p.cores, p.figures["ttft_p99_s"], p.candidate.describe()))
 
 
 def manifest(chosen: Plan, model_uri: str, name: str) -> dict[str, Any]:
