@@ -113,7 +113,7 @@ def validate(seeds: int) -> None:
 
 class PeakMemory:
     """The most memory this process and its children held together while inside: their proportional set sizes
-    (pages the forked workers share with it counted once), sampled every 0.2 s."""
+    (pages the forked workers share with it counted once), sampled every second."""
 
     def __init__(self) -> None:
         self.peak_bytes = 0
@@ -130,7 +130,7 @@ class PeakMemory:
 
     def _sample(self) -> None:
         me = psutil.Process()
-        while not self._done.wait(0.2):
+        while not self._done.wait(1.0):
             total = 0
             for process in [me, *me.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):

@@ -231,6 +231,8 @@ def test_the_planner_tries_the_smallest_tensor_parallelism_that_holds_the_model(
     assert sizes == sorted(sizes)
     assert len(sizes) == planner.TP_CHOICES
     assert sizes[0] > 1
+    # An inf2.48xlarge has 24 NeuronCores of 16 GB: a 70B needs 12 of them, and 16 does not split 24.
+    assert planner.tensor_parallel_sizes("llama-3.1-70b", get_instance_type("inf2.48xlarge"), 8192) == [12, 24]
 
 
 def test_a_planned_replica_meets_the_slo_at_its_capacity_and_its_manifest_is_admitted() -> None:
@@ -240,11 +242,11 @@ def test_a_planned_replica_meets_the_slo_at_its_capacity_and_its_manifest_is_adm
     slo = planner.SLO(ttft_p99_s=3.0, itl_p99_s=0.5)
     instance = get_instance_type("trn2.48xlarge")
     candidate = next(planner.candidates("llama-3.1-8b", [instance], "rag", 4096, (16,)))
-    rate, figures = planner.capacity(candidate, "llama-3.1-8b", "rag", slo, duration_s=20.0, steps=2)
+    rate, figures = planner.capacity(candidate, "llama-3.1-8b", "rag", slo, duration_s=20.0, steps=2, min_requests=20)
     assert rate > 0
     assert slo.met(figures)
     # Twice the capacity breaks the SLO: the search found an edge, not a floor.
-    assert not slo.met(planner.measure(candidate, "llama-3.1-8b", "rag", 2 * rate, 20.0, 0))
+    assert not slo.met(planner.measure(candidate, "llama-3.1-8b", "rag", 2 * rate, 20.0, 0, min_requests=20))
     chosen = planner.Plan(candidate, rate, replicas=3, instances=1, figures=figures)
     manifest = planner.manifest(chosen, "hf://org/model", "planned")
     spec = api.parse_service_spec(manifest["spec"])

@@ -31,9 +31,10 @@ from neuronfleet.engine.tuning import recommend
 
 #: The twin's validated error (``docs/fleet.md``, "Validation"): p50s within 15% of the rig's, p99s within 30%.
 P50_ERROR, P99_ERROR = 0.15, 0.30
-TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 #: How many tensor parallel sizes the search tries per instance type, from the smallest that fits.
 TP_CHOICES = 3
+#: The fewest requests a capacity measurement's percentiles are taken over.
+MIN_REQUESTS = 200
 #: A replica must hold at least this many full-length sequences' KV beside its weights to be a candidate.
 MIN_FULL_SEQUENCES = 2
 
@@ -136,8 +137,10 @@ def tensor_parallel_sizes(model: str, instance: InstanceType, max_model_len: int
     """The :data:`TP_CHOICES` smallest tensor parallel sizes of ``instance`` whose replicas hold ``model``'s weights
     and :data:`MIN_FULL_SEQUENCES` full-length sequences: larger ones buy latency with cores."""
     fitting = []
-    for tp in TENSOR_PARALLEL_SIZES:
-        if tp > instance.cores or instance.cores % tp:
+    # Sizes that split the instance's cores evenly (an inf2.48xlarge's 24 hold a 70B at 12 or 24); odd ones above
+    # 1 would split the models' even head counts unevenly.
+    for tp in range(1, instance.cores + 1):
+        if instance.cores % tp or (tp > 1 and tp % 2):
             continue
         cost = CostModel(instance, get_shape(model), tp)
         if cost.kv_cache_bytes(0.9) >= MIN_FULL_SEQUENCES * max_model_len * cost.kv_bytes_per_token():
@@ -153,9 +156,17 @@ def recommend_sample(workload: str, max_model_len: int) -> list[int]:
 
 
 def measure(
-    candidate: Candidate, model: str, workload: str, rate: float, duration_s: float, seed: int
+    candidate: Candidate,
+    model: str,
+    workload: str,
+    rate: float,
+    duration_s: float,
+    seed: int,
+    min_requests: int = MIN_REQUESTS,
 ) -> dict[str, Any]:
-    """One replica of ``candidate`` behind the picker at ``rate``: the run's figures (its first tenth a warm-up)."""
+    """One replica of ``candidate`` behind the picker at ``rate``: the run's figures (its first tenth a warm-up).
+    The run lasts ``duration_s``, or longer at a low rate, so that a p99 is over ``min_requests`` requests."""
+    duration_s = max(duration_s, min_requests / rate)
     spec, router = fleet_of(candidate.engine, candidate.instance, model, 1, "picker", seed=seed)
     times = arrivals.poisson_times(rate, duration_s, seed)
     source = workloads.TRAFFIC[workload].requests(times, cap=candidate.engine.max_model_len, seed=seed)
@@ -171,19 +182,20 @@ def capacity(
     duration_s: float = 60.0,
     seed: int = 0,
     steps: int = 5,
+    min_requests: int = MIN_REQUESTS,
 ) -> tuple[float, dict[str, Any]]:
     """The highest rate (requests per second) one replica serves within ``slo``, by bisection; 0 if none."""
     low, high = 0.0, 1.0
-    figures = measure(candidate, model, workload, high, duration_s, seed)
+    figures = measure(candidate, model, workload, high, duration_s, seed, min_requests)
     best: dict[str, Any] = figures if slo.met(figures) else {}
     # Double until the SLO breaks, then halve the gap.
     while slo.met(figures) and high < 1024:
         low, best = high, figures
         high *= 2
-        figures = measure(candidate, model, workload, high, duration_s, seed)
+        figures = measure(candidate, model, workload, high, duration_s, seed, min_requests)
     for _ in range(steps):
         middle = (low + high) / 2
-        figures = measure(candidate, model, workload, middle, duration_s, seed)
+        figures = measure(candidate, model, workload, middle, duration_s, seed, min_requests)
         if slo.met(figures):
             low, best = middle, figures
         else:
