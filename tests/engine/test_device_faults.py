@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from neuronfleet.contract.faults import DEVICE_FAULT_PREFIX, TERMINATION_LOG_ENV, parse_termination_message
-from neuronfleet.contract.names import REPLICA_ENV, REPLICA_HEADER, REQUESTS_IN_FLIGHT
+from neuronfleet.contract.metrics import REQUESTS_IN_FLIGHT
+from neuronfleet.contract.names import REPLICA_ENV, REPLICA_HEADER
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.engine.serving.readiness import RUNTIME_ERROR_EXIT
 from neuronfleet.engine.sim.faults import FAULTS_PATH

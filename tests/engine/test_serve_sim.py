@@ -29,7 +29,7 @@ from harness.engine_server import (
 from harness.kv_events import replayed
 from vllm.distributed.kv_events import BlockStored
 
-from neuronfleet.contract import names
+from neuronfleet.contract import metrics, names
 from neuronfleet.contract.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.devcluster.addons.metrics import Samples
@@ -316,10 +316,10 @@ def test_the_series_the_endpoint_picker_reads_are_exported(server: EngineServer)
     # GIE's Endpoint Picker reads vLLM's names: a renamed series and it routes to this pod blind.
     completion(server, prompt(20), 5)
     exported = {name for name, _ in server.metrics()}
-    assert set(names.PICKER_METRICS) <= exported, set(names.PICKER_METRICS) - exported
-    assert names.REQUESTS_IN_FLIGHT in exported
+    assert set(metrics.PICKER_METRICS) <= exported, set(metrics.PICKER_METRICS) - exported
+    assert metrics.REQUESTS_IN_FLIGHT in exported
     # The LoRA series the picker's adapter affinity reads, with the slots.
-    lora_info = [labels for name, labels in server.metrics() if name == names.PICKER_LORA_INFO]
+    lora_info = [labels for name, labels in server.metrics() if name == metrics.LORA_INFO]
     assert lora_info
     assert all(("max_lora", "2") in labels for labels in lora_info), lora_info
 
@@ -417,7 +417,7 @@ def gauge(samples: Samples, name: str) -> float:
 
 def picker_view(samples: Samples) -> dict[str, float]:
     """The picker's gauges in ``samples``, for failure messages."""
-    gauges = (names.PICKER_RUNNING, names.PICKER_WAITING, names.PICKER_KV_CACHE_USAGE)
+    gauges = (metrics.RUNNING, metrics.WAITING, metrics.KV_CACHE_USAGE)
     return {name: value for (name, _), value in samples.items() if name in gauges}
 
 
@@ -445,26 +445,26 @@ def test_the_picker_reads_running_waiting_and_kv_use_under_load(
     # the queue counts them, which times out if the gauge never does.
     queued = [Streamed(server, prompt(LOAD_PROMPT)) for _ in range(LOAD_REQUESTS - slots)]
     samples = scrape_until(
-        server, lambda samples: gauge(samples, names.PICKER_WAITING) == len(queued), f"{len(queued)} waiting"
+        server, lambda samples: gauge(samples, metrics.WAITING) == len(queued), f"{len(queued)} waiting"
     )
     # The sample was taken under load: the queued requests had not started, the running ones not ended.
     assert not any(stream.first_token.is_set() for stream in queued)
     assert not any(stream.done.is_set() for stream in running)
-    assert gauge(samples, names.PICKER_RUNNING) == min(LOAD_REQUESTS, slots)
+    assert gauge(samples, metrics.RUNNING) == min(LOAD_REQUESTS, slots)
     # The engine's own live count, which the operator's picker reads as running: every request it holds.
-    assert gauge(samples, names.REQUESTS_IN_FLIGHT) == LOAD_REQUESTS
+    assert gauge(samples, metrics.REQUESTS_IN_FLIGHT) == LOAD_REQUESTS
 
     # The picker parses both labels as integers: the KV cache holds num_gpu_blocks * block_size tokens.
-    ((_, labels),) = [key for key in samples if key[0] == names.PICKER_CACHE_CONFIG]
-    block_size = int(dict(labels)[names.PICKER_BLOCK_SIZE_LABEL])
-    num_blocks = int(dict(labels)[names.PICKER_NUM_BLOCKS_LABEL])
+    ((_, labels),) = [key for key in samples if key[0] == metrics.CACHE_CONFIG]
+    block_size = int(dict(labels)[metrics.BLOCK_SIZE_LABEL])
+    num_blocks = int(dict(labels)[metrics.NUM_BLOCKS_LABEL])
     assert block_size == LOAD_ENGINE["block_size"]
     device = DEVICE_BLOCKS.search(server.log.read_text())
     assert device is not None
     assert num_blocks == int(device[1])
 
     # vLLM's usage is blocks held over blocks usable (all but its null block): a whole number of blocks.
-    usage = gauge(samples, names.PICKER_KV_CACHE_USAGE)
+    usage = gauge(samples, metrics.KV_CACHE_USAGE)
     held = usage * (num_blocks - 1)
     assert held == pytest.approx(round(held), abs=1e-6)
     # Each running request holds its prompt's blocks at least; at most those of its prompt, every token
@@ -478,9 +478,9 @@ def test_the_picker_reads_running_waiting_and_kv_use_under_load(
     record_property("cache_config", {"block_size": block_size, "num_gpu_blocks": num_blocks})
 
     assert [stream.finish() for stream in running + queued] == [LOAD_MAX_TOKENS] * LOAD_REQUESTS
-    idle = {names.PICKER_RUNNING: 0.0, names.PICKER_WAITING: 0.0, names.PICKER_KV_CACHE_USAGE: 0.0}
+    idle = {metrics.RUNNING: 0.0, metrics.WAITING: 0.0, metrics.KV_CACHE_USAGE: 0.0}
     idled = scrape_until(server, lambda samples: picker_view(samples) == idle, "an idle engine")
-    assert gauge(idled, names.REQUESTS_IN_FLIGHT) == 0
+    assert gauge(idled, metrics.REQUESTS_IN_FLIGHT) == 0
 
 
 def stored_blocks(server: EngineServer) -> int:

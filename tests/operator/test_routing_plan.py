@@ -9,14 +9,8 @@ from typing import Any
 import pytest
 
 from neuronfleet.contract import picker
-from neuronfleet.contract.names import (
-    HTTP_PORT,
-    LABEL_SERVICE,
-    LABEL_TRACK,
-    PICKER_LORA_INFO,
-    REQUESTS_IN_FLIGHT,
-    TRACK_CANARY,
-)
+from neuronfleet.contract.metrics import LORA_INFO, REQUESTS_IN_FLIGHT
+from neuronfleet.contract.names import HTTP_PORT, LABEL_SERVICE, LABEL_TRACK, TRACK_CANARY
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
 from neuronfleet.operator.plan import routing
@@ -162,7 +156,7 @@ def test_a_service_with_lora_slots_is_routed_to_replicas_running_the_adapter_ask
     assert {"type": "lora-affinity-scorer"} in config["plugins"]
     (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
     (engine,) = extractor["parameters"]["engineConfigs"]
-    assert engine["loraSpec"] == PICKER_LORA_INFO
+    assert engine["loraSpec"] == LORA_INFO
 
 
 def test_router_pods_go_where_routing_places_them() -> None:

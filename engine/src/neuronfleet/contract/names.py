@@ -1,10 +1,10 @@
 """The names the operator and everything that looks for its objects share, defined once.
 
 The API group and kinds the operator serves, the labels it puts on what it makes, the name it applies
-and labels under, the port the engine serves on, and the series the Endpoint Picker reads from it. The
-operator writes them; the dev harness, which never imports the operator, and the tests find objects,
-pods and series by them (the Helm chart and the Argo CD checks spell them too, in YAML and Lua). It
-depends on the standard library alone.
+and labels under, and the port the engine serves on (the metric series it exports are in ``contract/metrics.py``).
+The operator writes them; the dev harness, which never imports the operator, and the tests find objects and
+pods by them (the Helm chart and the Argo CD checks spell them too, in YAML and Lua). It depends on the
+standard library alone.
 """
 
 #: The operator's API group: its kinds' ``apiVersion`` is ``neuronfleet.io/<version>``.
@@ -58,24 +58,3 @@ KV_EVENTS_REPLAY_PORT = KV_EVENTS_PORT + 1
 #: operator gives each serving pod its own name in this environment variable (the host name otherwise).
 REPLICA_HEADER = "x-neuronfleet-replica"
 REPLICA_ENV = "NEURONFLEET_REPLICA"
-
-#: The series the Gateway API Inference Extension's Endpoint Picker (GIE v1.5.0's defaults, vLLM's names)
-#: reads from each serving pod's ``/metrics`` every 50 ms to choose a pod: its queue, its batch, and how
-#: full its KV cache is.
-PICKER_WAITING = "vllm:num_requests_waiting"
-PICKER_RUNNING = "vllm:num_requests_running"
-PICKER_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-#: An info series (value 1): the picker takes the KV cache's capacity, in tokens, as the product of these
-#: two labels, each of which must parse as an integer.
-PICKER_CACHE_CONFIG = "vllm:cache_config_info"
-PICKER_BLOCK_SIZE_LABEL = "block_size"
-PICKER_NUM_BLOCKS_LABEL = "num_gpu_blocks"
-#: Every series the engine exports for the picker.
-PICKER_METRICS = (PICKER_WAITING, PICKER_RUNNING, PICKER_KV_CACHE_USAGE, PICKER_CACHE_CONFIG)
-#: vLLM's running and waiting LoRA adapters, exported when the engine has LoRA slots: the picker's LoRA affinity
-#: reads it (the operator asks for it only for services with slots).
-PICKER_LORA_INFO = "vllm:lora_requests_info"
-#: The engine's own live count of the completions it holds (admitted and not yet answered), which the operator's
-#: picker reads as each pod's running requests: vLLM publishes its gauges only as each engine step ends, so a
-#: replica in a long prefill looks idle in them for the whole prefill.
-REQUESTS_IN_FLIGHT = "neuronfleet:requests_in_flight"

@@ -18,16 +18,17 @@ from enum import Enum
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from neuronfleet.contract import metrics
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.status import Event, Reason
 
 #: The engine's completion endpoints, as vLLM's HTTP metrics name their handler.
 COMPLETION_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions"})
 HTTP_REQUESTS = "http_requests"
-TTFT = "vllm:time_to_first_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
-PADDING_TOKENS = "neuronfleet:padding_tokens"
-PREFILL_TOKENS = "neuronfleet:prefill_chunk_tokens"
+TTFT = metrics.TIME_TO_FIRST_TOKEN
+ITL = metrics.INTER_TOKEN_LATENCY
+PADDING_TOKENS = metrics.PADDING_TOKENS
+PREFILL_TOKENS = metrics.PREFILL_CHUNK_TOKENS
 
 #: A histogram as Prometheus keeps it: cumulative counts by upper bound (``le``), +Inf included.
 Histogram = Mapping[float, float]

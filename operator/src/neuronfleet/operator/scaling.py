@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from neuronfleet.contract import metrics
 from neuronfleet.contract.names import SERVICE_METRIC_LABEL
 from neuronfleet.operator import api, plan
 
@@ -21,9 +22,9 @@ KEDA_API_VERSION = "keda.sh/v1alpha1"
 PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
 
 #: vLLM's own metric names: the peers' routers and autoscalers read exactly these.
-WAITING_REQUESTS = "vllm:num_requests_waiting"
-KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+WAITING_REQUESTS = metrics.WAITING
+KV_CACHE_USAGE = metrics.KV_CACHE_USAGE
+TIME_TO_FIRST_TOKEN = metrics.TIME_TO_FIRST_TOKEN
 #: The window TTFT p95 is computed over: several scrapes at any sensible interval.
 TTFT_WINDOW = "2m"
 

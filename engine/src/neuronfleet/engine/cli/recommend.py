@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.metrics import PREFILL_CHUNK_TOKENS, PROMPT_TOKENS
 from neuronfleet.engine.cli.common import (
     ConfigOption,
     MaxModelLen,
@@ -128,7 +129,7 @@ def recommend_buckets(
             "--metrics",
             help=(
                 "A running engine's Prometheus metrics (http(s) URL or file): the "
-                "neuronfleet:prefill_chunk_tokens histogram, else vllm:request_prompt_tokens."
+                f"{PREFILL_CHUNK_TOKENS} histogram, else {PROMPT_TOKENS}."
             ),
             show_default=False,
         ),

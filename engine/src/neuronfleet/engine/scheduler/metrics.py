@@ -21,11 +21,11 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
 
+from neuronfleet.contract import metrics
 from neuronfleet.contract.buckets import get_bucket_for_count
 from neuronfleet.contract.faults import RuntimeStatus
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler, SchedulerState
-from neuronfleet.engine.tuning.exposition import CHUNK_METRIC
 
 PREFIX = "neuronfleet:"
 #: At most this many histogram bounds for prefill chunk lengths.
@@ -46,7 +46,7 @@ class NeuronMetrics:
 
     def __init__(self, registry: CollectorRegistry, max_chunk: int) -> None:
         self.padding_tokens = PromCounter(
-            f"{PREFIX}padding_tokens", "Prefill padding tokens computed, all buckets.", registry=registry
+            metrics.PADDING_TOKENS, "Prefill padding tokens computed, all buckets.", registry=registry
         )
         self.padding_tokens_by_bucket = PromCounter(
             f"{PREFIX}padding_tokens_by_bucket",
@@ -79,7 +79,7 @@ class NeuronMetrics:
             multiprocess_mode="mostrecent",
         )
         self.prefill_chunk_tokens = PromHistogram(
-            CHUNK_METRIC,
+            metrics.PREFILL_CHUNK_TOKENS,
             "Real tokens of each prefill chunk scheduled (before padding).",
             buckets=chunk_bounds(max_chunk),
             registry=registry,

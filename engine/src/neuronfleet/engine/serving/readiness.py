@@ -44,7 +44,8 @@ from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from neuronfleet.contract.faults import read_termination_message
-from neuronfleet.contract.names import REPLICA_ENV, REPLICA_HEADER, REQUESTS_IN_FLIGHT
+from neuronfleet.contract.metrics import REQUESTS_IN_FLIGHT
+from neuronfleet.contract.names import REPLICA_ENV, REPLICA_HEADER
 from neuronfleet.contract.sim_settings import DEVICE_ENV, SETTINGS_KEY
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.serving.drain import (

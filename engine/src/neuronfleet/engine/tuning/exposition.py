@@ -15,10 +15,12 @@ from enum import Enum
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from neuronfleet.contract import metrics
+
 #: Prefill chunk lengths as scheduled, if the engine exports them: the direct input.
-CHUNK_METRIC = "neuronfleet:prefill_chunk_tokens"
+CHUNK_METRIC = metrics.PREFILL_CHUNK_TOKENS
 #: vLLM's per-request prompt lengths: chunked here the way chunked prefill would.
-PROMPT_METRIC = "vllm:request_prompt_tokens"
+PROMPT_METRIC = metrics.PROMPT_TOKENS
 
 
 class Kind(Enum):

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from neuronfleet.contract import metrics
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES, InstanceType, InstanceTypeName
 from neuronfleet.contract.identity import CompileIdentity, LogicalNeuronCores, ModelSource
@@ -264,7 +265,7 @@ class Autoscaling(K8sModel):
         4,
         ge=1,
         le=10_000,
-        description="Target of vllm:num_requests_waiting per replica: requests queued beyond this add replicas.",
+        description=f"Target of {metrics.WAITING} per replica: requests queued beyond this add replicas.",
     )
     activation_waiting_requests: int = Field(
         0,
@@ -276,13 +277,13 @@ class Autoscaling(K8sModel):
         None,
         gt=0,
         le=1,
-        description="Target of vllm:kv_cache_usage_perc (0-1) averaged over replicas; unset: not a trigger.",
+        description=f"Target of {metrics.KV_CACHE_USAGE} (0-1) averaged over replicas; unset: not a trigger.",
     )
     ttft_p95_seconds: float | None = Field(
         None,
         gt=0,
         le=600,
-        description="An SLO guard: time to first token p95 (vllm:time_to_first_token_seconds) above this scales up.",
+        description=f"An SLO guard: time to first token p95 ({metrics.TIME_TO_FIRST_TOKEN}) above this scales up.",
     )
     polling_interval_seconds: int = Field(15, ge=1, le=3600, description="How often KEDA reads the metrics.")
     scale_up_replicas: int = Field(
@@ -431,7 +432,7 @@ class NeuronInferenceServiceSpec(K8sModel):
     autoscaling: Autoscaling | None = Field(
         None,
         description=(
-            "Replicas that follow vllm:num_requests_waiting (and optionally KV cache usage and TTFT p95), "
+            f"Replicas that follow {metrics.WAITING} (and optionally KV cache usage and TTFT p95), "
             "through a KEDA ScaledObject on this service's scale subresource. Needs KEDA and Prometheus "
             "(the chart's autoscaling values)."
         ),

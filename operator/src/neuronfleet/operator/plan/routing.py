@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from neuronfleet.contract import metrics
 from neuronfleet.contract.names import (
     HTTP_KEEP_ALIVE_S,
     HTTP_PORT,
@@ -33,11 +34,6 @@ from neuronfleet.contract.names import (
     LABEL_ARTIFACT,
     LABEL_SERVICE,
     LABEL_TRACK,
-    PICKER_CACHE_CONFIG,
-    PICKER_KV_CACHE_USAGE,
-    PICKER_LORA_INFO,
-    PICKER_WAITING,
-    REQUESTS_IN_FLIGHT,
     TRACK_CANARY,
 )
 from neuronfleet.contract.picker import PickerScoring
@@ -409,17 +405,18 @@ METRICS_SOURCE, METRICS_EXTRACTOR, ENGINE = "metrics-data-source", "core-metrics
 
 
 def engine_metrics(lora_affinity: bool = False) -> Obj:
-    """Which series the picker reads from our engine: vLLM's, but running requests from :data:`REQUESTS_IN_FLIGHT`;
-    with ``lora_affinity``, the adapters each replica runs (vLLM's :data:`PICKER_LORA_INFO`)."""
+    """Which series the picker reads from our engine: vLLM's, but running requests from
+    :data:`metrics.REQUESTS_IN_FLIGHT`; with ``lora_affinity``, the adapters each replica runs (vLLM's
+    :data:`metrics.LORA_INFO`)."""
     return {
         "name": ENGINE,
-        "queuedRequestsSpec": PICKER_WAITING,
+        "queuedRequestsSpec": metrics.WAITING,
         # vLLM's running gauge changes as each step ends: a replica in a long prefill looks idle in it throughout.
-        "runningRequestsSpec": REQUESTS_IN_FLIGHT,
-        "kvUsageSpec": PICKER_KV_CACHE_USAGE,
+        "runningRequestsSpec": metrics.REQUESTS_IN_FLIGHT,
+        "kvUsageSpec": metrics.KV_CACHE_USAGE,
         # Without adapters the engine exports no LoRA series, which the picker would log as missing on every scrape.
-        "loraSpec": PICKER_LORA_INFO if lora_affinity else "",
-        "cacheInfoSpec": PICKER_CACHE_CONFIG,
+        "loraSpec": metrics.LORA_INFO if lora_affinity else "",
+        "cacheInfoSpec": metrics.CACHE_CONFIG,
     }
 
 
@@ -442,7 +439,7 @@ def picker_config(scoring: PickerScoring = PickerScoring()) -> Obj:
     config. GIE's default weighs the waiting queue and KV usage (and prefix-cache locality, which here is a
     service's choice: ``spec.routing.prefixCacheWeight``). A
     Neuron replica in a long prefill shows none waiting: the running-requests scorer sees it busy, reading
-    the engine's live :data:`REQUESTS_IN_FLIGHT` (:func:`engine_metrics`), since vLLM's gauges change only
+    the engine's live :data:`metrics.REQUESTS_IN_FLIGHT` (:func:`engine_metrics`), since vLLM's gauges change only
     as each step ends and a long prefill is one long step. GIE's in-flight token scorer would do as well from
     the picker's side, but GIE v1.5.0's config loader refuses it (its producer's and scorer's declared
     types never compare equal); neuronfleet's picker build scores the same count with a scorer of its own
