@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import re
 import subprocess
@@ -113,17 +114,27 @@ def test_the_picker_holds_epp_a_writable_tmp_and_the_ca_bundle(picker: Path, tmp
     assert "--pool-name" in helped.stdout + helped.stderr
 
 
-@pytest.mark.parametrize("everything", [False, True], ids=["load", "all"])
-def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Path, everything: bool) -> None:
-    """The picker's own config loader takes the operator's ``--config-text`` (GIE v1.5.0 refuses some scorers),
-    with the prefix-cache scorer and the producer it needs, the LoRA affinity scorer and our in-flight tokens
-    scorer with GIE's producer for it, or without them.
+@pytest.fixture(scope="module")
+def epp(picker: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return extract(picker, "epp", tmp_path_factory.mktemp("picker"))
+
+
+@pytest.mark.parametrize(
+    ("prefix_cache_weight", "lora_affinity", "inflight_tokens"),
+    list(itertools.product([0.0, 2.0], [False, True], [False, True])),
+)
+def test_the_pickers_epp_loads_the_operators_scoring(
+    epp: Path, tmp_path: Path, prefix_cache_weight: float, lora_affinity: bool, inflight_tokens: bool
+) -> None:
+    """The picker's own config loader takes every ``--config-text`` the operator can render (GIE v1.5.0 refuses
+    some scorers): with or without the prefix-cache scorer and the producer it needs, the LoRA affinity scorer,
+    and our in-flight tokens scorer with GIE's producer for it.
 
     Run with a kubeconfig naming a closed port: the config loads before any API call, then the picker stops.
     """
-    prefix_cache_weight = 2.0 if everything else 0.0
-    scoring = scoring_rules.PickerScoring(prefix_cache_weight, lora_affinity=everything, inflight_tokens=everything)
-    epp = extract(picker, "epp", tmp_path)
+    scoring = scoring_rules.PickerScoring(
+        prefix_cache_weight, lora_affinity=lora_affinity, inflight_tokens=inflight_tokens
+    )
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         json.dumps(
@@ -163,9 +174,9 @@ def test_the_pickers_epp_loads_the_operators_scoring(picker: Path, tmp_path: Pat
     else:
         assert "prefix-cache-scorer" not in effective
     lora = f"{{PluginRef: lora-affinity-scorer, Weight: {scoring_rules.LORA_AFFINITY_WEIGHT:.2f}}}"
-    assert (lora in effective) == everything, effective
+    assert (lora in effective) == lora_affinity, effective
     inflight = f"{{PluginRef: inflight-tokens-scorer, Weight: {scoring_rules.INFLIGHT_TOKENS_WEIGHT:.2f}}}"
-    assert (inflight in effective) == everything, effective
+    assert (inflight in effective) == inflight_tokens, effective
     # Pods are read with the engine mapping of ours, the default for pods without an engine-type label.
     engines = [entry.get("engine") for entry in logged if entry["msg"] == "Registered engine mapping"]
     assert engines[0] == routing.ENGINE
