@@ -131,6 +131,13 @@ def test_accepted_lists_are_ascending_and_end_at_the_limit(buckets: list[int], l
     assert accepted[-1] == limit
 
 
+@given(limit=st.integers(min_value=1, max_value=20_000), below=st.sets(st.integers(min_value=1, max_value=19_999)))
+def test_every_ascending_list_ending_at_the_limit_is_accepted(limit: int, below: set[int]) -> None:
+    # The test above holds only for what is accepted; this one makes sure the accepted side is ever reached.
+    buckets = [*sorted(value for value in below if value < limit)[:7], limit]
+    assert validate_num_batched_tokens_buckets(buckets, limit) == buckets
+
+
 @given(limit=st.integers(min_value=1, max_value=1 << 20))
 def test_default_lists_always_validate(limit: int) -> None:
     assert validate_num_batched_tokens_buckets(get_default_num_batched_tokens_buckets(limit), limit)
