@@ -171,7 +171,8 @@ def test_a_device_tainted_no_execute_evicts_its_replica_and_the_replacement_avoi
         evicted_s = time.monotonic() - tainted_at
         replaced = wait_for(
             lambda: ready_pods(api, namespace, "llama", 2),
-            lambda pods: victim not in {p["metadata"]["name"] for p in pods},
+            # ready_pods gives [] until both are placed and ready: an empty list is not "replaced".
+            lambda pods: bool(pods) and victim not in {p["metadata"]["name"] for p in pods},
             timeout=60,
             what="two placed replicas again, the evicted one replaced",
         )
