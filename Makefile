@@ -92,12 +92,14 @@ typecheck: setup  ## mypy, strict.
 		-p neuronfleet.contract -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
 		&& $(BIN)/mypy --cache-dir $(CACHE)/mypy/tests tests bench'
 
-# The tools and the images are built side by side: most of each is one busy core. tests/engine and then
-# its vllm_matrix suites on vLLM 0.29 keep one core busy (no cluster, one test at a time); the cluster
-# suites mostly wait on their local control plane, so the two run side by side (the engine's output kept in
-# ENGINE_LOG and printed after the cluster suites', so neither cuts the other's lines). The real node's
-# suites, timed under load, run alone after both. Each runs whatever the others give.
+# The tools and the images are built side by side: most of each is one busy core. tests/engine and its
+# vllm_matrix suites on vLLM 0.29 each keep a core busy (one test at a time; every port they open is a free
+# one); the cluster suites mostly wait on their local control plane, so the three run side by side (the
+# engine's and compat's output kept in ENGINE_LOG and COMPAT_LOG and printed after the cluster suites', so
+# none cuts another's lines). The real node's suites, timed under load, run alone after them. Each runs
+# whatever the others give.
 ENGINE_LOG := .engine-suites.log
+COMPAT_LOG := .compat-suite.log
 unit: setup $(COMPAT_VENV)/.synced  ## pytest (the cluster tests start a local control plane; tests/images look inside the images), and compat's.
 	$(MAKE) --no-print-directory -j3 tools images
 	@rc=0; $(MAKE) --no-print-directory engine-suites >$(ENGINE_LOG) 2>&1 & engine=$$!; \
@@ -108,12 +110,13 @@ unit: setup $(COMPAT_VENV)/.synced  ## pytest (the cluster tests start a local c
 
 engine-suites:
 	@tools/stages.sh note "set-up: compat venv" cache
-	@rc=0; $(STAGE) "pytest: engine" - $(BIN)/pytest tests/engine || rc=$$?; \
-		$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine || rc=$$?; \
-		exit $$rc
+	@rc=0; $(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -m vllm_matrix tests/engine \
+			>$(COMPAT_LOG) 2>&1 & compat=$$!; \
+		$(STAGE) "pytest: engine" - $(BIN)/pytest tests/engine || rc=$$?; \
+		wait $$compat || rc=$$?; cat $(COMPAT_LOG); exit $$rc
 
 # The suites marked vllm_matrix (pyproject.toml; all in tests/engine, whose imports this venv has), on both
-# cores; `unit` runs them too, on one, after tests/engine on 0.34.
+# cores; `unit` runs them too, on one, beside tests/engine on 0.34.
 compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated device on vLLM 0.29.0 (pytest -m vllm_matrix).
 	@tools/stages.sh note "set-up: compat venv" cache
 	$(STAGE) "compat: pytest (vLLM 0.29)" - $(COMPAT_VENV)/bin/pytest -n 2 --dist loadfile -m vllm_matrix tests/engine
