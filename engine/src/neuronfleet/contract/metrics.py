@@ -3,7 +3,7 @@
 An engine's ``/metrics`` is read by the Endpoint Picker (to choose a replica), by Prometheus for KEDA (to scale),
 by the operator's canary analysis, and by the bucket recommender. Each reader takes the series' name from here,
 as does the engine where it writes one of its own (``engine/scheduler/metrics.py``, ``engine/serving/readiness.py``;
-vLLM writes its own). ``tests/contract/test_metrics.py`` fails on a series name spelled anywhere else in the
+vLLM writes its own). ``tests/contract/test_metric_series.py`` fails on a series name spelled anywhere else in the
 shipped code. Standard library only: the operator and the dev harness import it without vLLM.
 """
 
