@@ -179,15 +179,17 @@ class Replica:
     in_flight: dict[str, TwinRequest] = field(default_factory=dict)
     #: Set once scale-in picked it: it takes nothing new, finishes what it holds, then goes.
     draining_since: float | None = None
-    #: When its engine's last step ended (or, before any, when it became ready).
-    clock: float = field(init=False)
     _exported: list[Exported] = field(default_factory=list)
     #: The in-flight gauge's value from each moment it changed on.
     _in_flight_log: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
 
     def __post_init__(self) -> None:
-        self.clock = self.ready_at
         self._exported.append(Exported(self.ready_at, 0, 0.0))
+
+    @property
+    def clock(self) -> float:
+        """When its engine's last step ended (or, before any, when it became ready)."""
+        return self._exported[-1].at
 
     @property
     def idle(self) -> bool:
@@ -201,7 +203,6 @@ class Replica:
 
     def record(self, step: StepResult) -> list[Served]:
         """Learn what a step of the engine did; return the requests it answered."""
-        self.clock = step.end
         self._exported.append(Exported(step.end, step.waiting, step.kv_usage))
         if len(self._exported) > 4096:
             # Keep what a scrape may still read.

@@ -252,14 +252,16 @@ class OfflineEngine:
         computed = vllm_compat.pre_increment_computed_tokens(output)
         padded = vllm_compat.padded_counts(output)
         progress = self.progress
-        # A prefill: prompt tokens were left when the step began (as ``vllm_compat.scheduled_prefill_ids``).
+        prefill_ids = set(
+            vllm_compat.scheduled_prefill_ids(output, lambda req_id: progress[req_id].prompt_len, computed)
+        )
         scheduled = tuple(
             ScheduledRequest(
                 req_id=req_id,
                 num_tokens=num_tokens,
                 num_tokens_padded=padded[req_id],
                 computed_before=computed[req_id],
-                is_prefill=computed[req_id] < progress[req_id].prompt_len,
+                is_prefill=req_id in prefill_ids,
             )
             for req_id, num_tokens in output.num_scheduled_tokens.items()
         )

@@ -52,7 +52,7 @@ import contextlib
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import vllm
@@ -210,14 +210,17 @@ def pre_increment_computed_tokens(output: SchedulerOutput) -> dict[str, int]:
     return computed
 
 
-def scheduled_prefill_ids(output: SchedulerOutput, prompt_len: Callable[[str], int]) -> list[str]:
+def scheduled_prefill_ids(
+    output: SchedulerOutput, prompt_len: Callable[[str], int], computed: Mapping[str, int] | None = None
+) -> list[str]:
     """The scheduled requests that had prompt tokens left to compute when the step began, in schedule order.
 
     A chunk that reaches the end of the prompt is still a prefill; a request resumed after preemption
     (its computed tokens reset to 0) is one again. ``prompt_len`` gives a scheduled request's prompt
-    length; every scheduled request must have one.
+    length; every scheduled request must have one. ``computed``: :func:`pre_increment_computed_tokens` of
+    ``output``, when the caller has it already.
     """
-    computed = pre_increment_computed_tokens(output)
+    computed = pre_increment_computed_tokens(output) if computed is None else computed
     return [req_id for req_id in output.num_scheduled_tokens if computed[req_id] < prompt_len(req_id)]
 
 
