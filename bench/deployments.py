@@ -7,9 +7,9 @@ from typing import Any
 
 from neuronfleet.contract.config import EngineConfig, SchedulerOptions
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.sim.calibration import Calibration
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.tuning.prefill_cap import resolve_prefill_cap
 
 BLOCK_SIZE = 32

@@ -51,9 +51,9 @@ from routing import quantile, routed_fleet, side_cells, start_router_copy
 from tables import print_table
 
 from neuronfleet.contract import picker
+from neuronfleet.contract.model_shapes import served_name
 from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.engine.fleet.workloads import PREFIX_MIXES as MIXES
-from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing
 

@@ -7,8 +7,8 @@ import statistics
 import pytest
 
 from neuronfleet.contract.hardware import INSTANCE_TYPES
+from neuronfleet.contract.model_shapes import SHAPES
 from neuronfleet.engine.sim.calibration import CALIBRATIONS, TRAINIUM2, TRAINIUM3, calibration_for
-from neuronfleet.engine.sim.model_shapes import SHAPES
 from neuronfleet.engine.sim.published import ROWS, PublishedRow, chip_of, fit, predict
 
 #: How far the simulated device may be from a reference row (the issue's bound).

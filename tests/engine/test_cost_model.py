@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neuronfleet.contract.hardware import GIB, INSTANCE_TYPES, get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 LLAMA_8B = get_shape("llama-3.1-8b")
 TRN2_8B = CostModel(get_instance_type("trn2.48xlarge"), LLAMA_8B, tensor_parallel_size=8)

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from neuronfleet.contract import picker as scoring_rules
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.start_time import predict_start
 from neuronfleet.devcluster.demo.load import LoadPlan
-from neuronfleet.engine.fleet import arrivals, rig, twin
+from neuronfleet.engine.fleet import arrivals, planner, rig, twin
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
 from neuronfleet.engine.fleet.picker import RULES, PrefixIndex, Scoring, ServiceRouter, View
 from neuronfleet.engine.fleet.replica import ReplicaStuck
@@ -156,6 +159,21 @@ def test_a_new_replica_takes_nothing_before_its_start_time() -> None:
     first_scale = policy.sync_s
     assert min(s.request.at for s in added) >= first_scale + slow.start_s
     assert any(sample.starting for sample in run.samples)
+
+
+def test_a_new_replica_of_a_planned_fleet_starts_as_a_neuron_replica_does_unless_told_otherwise() -> None:
+    engine = EngineConfig.model_validate({**rig.ROUTING_ENGINE, "tensor_parallel_size": 32})
+    trn2 = get_instance_type("trn2.48xlarge")
+    spec, _ = planner.fleet_of(engine, trn2, "llama-3.1-70b", 1, "picker")
+    start = twin.replica_start(spec.engine, spec.cost)
+    assert spec.start_s == start.total_s
+    # Minutes: the 70B's 141 GB from the Hub, loaded and sharded, then one step of each compiled graph.
+    assert start.phases() == pytest.approx(
+        {**predict_start(spec.cost.weight_bytes, "hf").phases(), "warmup": start.warmup_s}
+    )
+    assert 0 < start.warmup_s < 0.1 * start.total_s
+    assert 240 < spec.start_s < 600
+    assert planner.fleet_of(engine, trn2, "llama-3.1-70b", 1, "picker", start_s=0.0)[0].start_s == 0.0
 
 
 def test_engines_stepping_in_worker_processes_run_the_same_fleet_as_one_process() -> None:

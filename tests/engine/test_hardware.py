@@ -17,9 +17,9 @@ from neuronfleet.contract.hardware import (
     get_instance_type,
     largest_instance_type,
 )
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.cli.serve import sim_settings
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 SERVICE_CRD = Path(__file__).resolve().parents[2] / "crds" / "neuroninferenceservices.neuronfleet.io.yaml"
 

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.contract.lora import LoraAdapter, LoraSlots
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.artifacts.adapters import AdapterError, adapter_digest, provision_adapter
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 
 def write_adapter(directory: Path, rank: int = 8) -> Path:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from neuronfleet.contract.model_shapes import SHAPES, get_shape
 from neuronfleet.engine.scheduler.padding import PAD_TOKEN_ID
 from neuronfleet.engine.sim.model_dir import model_dir
-from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID, PAD_TOKEN, vocabulary, words
 
 

@@ -6,9 +6,9 @@ import pytest
 
 from neuronfleet.contract.config import EngineConfig, SchedulerOptions
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.cli.serve import resolve_on_neuron
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.tuning.prefill_cap import KNEE, derive_prefill_cap, resolve_prefill_cap
 
 

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from neuronfleet.contract.buckets import get_bucket_for_count
 from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig, SchedulerOptions
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.offline.driver import OfflineEngine, StepRecord, build_scheduler, run_scenario
 from neuronfleet.engine.offline.scenarios import SCENARIOS, Scenario, ScenarioRequest, prompt_token_ids
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.padding import PrefillSequence, pad_packed_prefill, pad_prefill
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, ShapeNotCompiledError, SimulatedNeuronDevice
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 pytestmark = pytest.mark.vllm_matrix
 

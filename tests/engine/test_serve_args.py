@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 import vllm.envs as vllm_envs
 
 from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.model_shapes import served_name, shape_for_model
 from neuronfleet.contract.names import HTTP_KEEP_ALIVE_S, HTTP_PORT, KV_EVENTS_PORT
-from neuronfleet.contract.sim_settings import EXECUTOR_CLS, SimSettings
+from neuronfleet.contract.sim_settings import EXECUTOR_CLS, START_TIME_SCALE_ENV, SimSettings
+from neuronfleet.engine.cli.serve import sim_settings
 from neuronfleet.engine.serving.serve import (
     CPU_COMPILE_ENVS,
     KEEP_ALIVE_ENV,
@@ -22,8 +25,6 @@ from neuronfleet.engine.serving.serve import (
     ServeRequest,
     plugin_allowlist,
     serve_environment,
-    served_name,
-    shape_for_model,
     vllm_serve_argv,
 )
 from neuronfleet.engine.sim.platform import activate
@@ -82,6 +83,8 @@ def test_sim_arguments() -> None:
             "instance_type": "trn2.48xlarge",
             "clock": "virtual",
             "artifact_dir": "/store/abc",
+            "weights_store": "local",
+            "start_time_scale": 1.0,
         },
     }
     assert ENGINE.neuron_config()["num_batched_tokens_buckets"] == [128, 256, 512, 1024, 2048, 4096]
@@ -227,3 +230,18 @@ def test_ports_that_clash_are_refused_before_anything_starts(
     refused = run_cli("neuronfleet-engine", "serve", "--device", "sim", *ports)
     assert refused.returncode == 2, refused.stderr
     assert complaint in refused.stderr
+
+
+def test_the_sim_settings_take_the_weights_store_from_the_model_and_the_start_time_scale_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(START_TIME_SCALE_ENV, "0.25")
+    settings = sim_settings("s3://models/Llama-3.1-70B", "trn2", None, None, "real")
+    assert (settings.shape, settings.weights_store, settings.start_time_scale) == ("llama-3.1-70b", "s3", 0.25)
+    monkeypatch.delenv(START_TIME_SCALE_ENV)
+    assert sim_settings("hf://meta-llama/Llama-3.1-8B", "trn2", None, None, "real").start_time_scale == 1.0
+    for bad in ("fast", "2", "-0.5"):
+        monkeypatch.setenv(START_TIME_SCALE_ENV, bad)
+        with pytest.raises(typer.Exit):
+            sim_settings("hf://neuronfleet/tiny", "trn2", None, None, "real")
+        assert f"{START_TIME_SCALE_ENV}={bad!r}: a number from 0 to 1" in capsys.readouterr().err

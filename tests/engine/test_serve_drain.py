@@ -23,11 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.engine_server import EngineServer, ServerPool, error_lines, write_engine_config
+from harness.engine_server import START_TIME_SCALE, EngineServer, ServerPool, error_lines, write_engine_config
 
+from neuronfleet.contract import metrics
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
+from neuronfleet.contract.start_time import predict_start
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 pytestmark = pytest.mark.vllm_matrix
 
@@ -87,6 +89,26 @@ def test_the_artifact_was_compiled_on_start(server: EngineServer) -> None:
         ("decode", 2),
         ("decode", 4),
     ]
+
+
+def test_the_replica_spends_a_neuron_replicas_start_time_scaled_as_the_tests_ask(server: EngineServer) -> None:
+    """The harness sets a start time scale of 1/100: each phase is the model's figure for Llama 3.1 8B from the
+    Hub times that, published by phase and logged."""
+    weights = CostModel(get_instance_type("inf2.xlarge"), get_shape("llama-3.1-8b"), 2).weight_bytes
+    modelled = predict_start(weights, "hf", graphs_bytes=1, warmup_s=0.0)
+    spent = {
+        dict(labels)["phase"]: value
+        for (name, labels), value in server.metrics().items()
+        if name == metrics.REPLICA_START_SECONDS
+    }
+    assert spent.keys() == set(modelled.phases())
+    for phase in ("fetch", "load", "shard"):
+        assert spent[phase] == pytest.approx(modelled.phases()[phase] * START_TIME_SCALE, rel=1e-6), phase
+    assert spent["graphs"] > 0, "the compiled graphs are loaded"
+    assert spent["warmup"] > 0, "every compiled graph runs once"
+    # A whole Neuron replica's start, at 1/100: the Hub's 16 GB dominate it.
+    assert 0.3 < sum(spent.values()) < 1.0
+    assert "Replica start, as a Neuron replica of llama-3.1-8b from hf takes" in server.log.read_text()
 
 
 def test_the_simulated_decode_step_is_slow_enough_to_interrupt() -> None:

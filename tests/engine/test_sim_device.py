@@ -15,6 +15,7 @@ from vllm.sampling_params import SamplingParams
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.faults import NeuronRuntimeError
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import ARCHITECTURE, get_shape
 from neuronfleet.contract.sim_settings import ClockMode
 from neuronfleet.engine.offline.driver import build_scheduler, construct_scheduler
 from neuronfleet.engine.scheduler import vllm_compat
@@ -27,7 +28,6 @@ from neuronfleet.engine.sim.device import (
     sampled_token,
 )
 from neuronfleet.engine.sim.faults import InjectedFault
-from neuronfleet.engine.sim.model_shapes import ARCHITECTURE, get_shape
 from neuronfleet.engine.sim.platform import SimNeuronPlatform
 from neuronfleet.engine.sim.tokenizer import FIRST_WORD_ID
 

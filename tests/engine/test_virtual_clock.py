@@ -7,11 +7,11 @@ import pytest
 from neuronfleet.contract.buckets import get_bucket_for_count
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
 from neuronfleet.engine.offline.scenarios import ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 ENGINE = EngineConfig(
     max_num_seqs=4,

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from neuronfleet.contract.sim_settings import START_TIME_SCALE_ENV
 from neuronfleet.devcluster.addons.metrics import Samples, parse_samples
 from neuronfleet.devcluster.process.managed import SCRIPTS as SCRIPTS
 from neuronfleet.devcluster.process.managed import ManagedProcess, ProcessNotReadyError, free_ports, stop_all
@@ -34,11 +35,16 @@ def error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if ERROR_LINE.search(line)]
 
 
+#: The share of a Neuron replica's start time the engines of the tests spend.
+START_TIME_SCALE = 0.01
+
+
 def engine_env() -> dict[str, str]:
     """The environment a user's shell would give the engine: no network for models."""
     keep = ("PATH", "HOME", "XDG_CACHE_HOME", "TMPDIR", "LANG")
     env = {key: os.environ[key] for key in keep if key in os.environ}
-    env.update({"HF_HUB_OFFLINE": "1", "NO_COLOR": "1"})
+    # A simulated replica of a large shape would take a Neuron replica's minutes to start: tests take 1/100 of it.
+    env.update({"HF_HUB_OFFLINE": "1", "NO_COLOR": "1", START_TIME_SCALE_ENV: str(START_TIME_SCALE)})
     return env
 
 

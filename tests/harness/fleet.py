@@ -23,6 +23,7 @@ import yaml
 
 from harness.cluster_fixtures import NodeImage
 from harness.node_load import LoadResult, NodeLoad
+from neuronfleet.contract.model_shapes import served_name
 from neuronfleet.contract.names import HTTP_PORT, LABEL_ARTIFACT, REPLICA_HEADER
 from neuronfleet.devcluster.addons.s3_server import REGION, S3Server
 from neuronfleet.devcluster.cluster.local import LocalCluster
@@ -30,7 +31,6 @@ from neuronfleet.devcluster.demo import operator_release
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode, pinned_here
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
-from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.engine.sim.faults import FAULTS_PATH
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec

@@ -9,6 +9,7 @@ import yaml
 
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE, REPLICA_ENV
+from neuronfleet.contract.start_time import predict_model_start
 from neuronfleet.operator import api, plan
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
@@ -215,6 +216,23 @@ def test_a_simulated_replica_is_probed_at_start_every_two_seconds_for_the_same_t
     assert c["startupProbe"]["periodSeconds"] == 2
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
     assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+
+
+def test_a_model_that_loads_for_longer_than_the_startup_timeout_is_given_twice_its_predicted_start() -> None:
+    # Llama 3.1 405B from the Hub: about 30 minutes to fetch, load and shard, past the 1,800 s default.
+    big = spec(model={"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"})
+    predicted = predict_model_start("hf://meta-llama/Llama-3.1-405B-Instruct")
+    assert predicted is not None
+    assert predicted.total_s > big.rollout.startup_timeout_seconds
+    deployment = plan.deployment(OWNER, NS, big, served(big))
+    probe = container(deployment)["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 2 * predicted.total_s
+    assert deployment["spec"]["progressDeadlineSeconds"] >= 2 * predicted.total_s
+    # An 8B loads in well under the timeout, and a model of unknown size gets the timeout as given.
+    for model in ("hf://meta-llama/Llama-3.1-8B", "hf://org/unknown-model"):
+        small = spec(model={"uri": model}, rollout={"startupTimeoutSeconds": 600})
+        probe = container(plan.deployment(OWNER, NS, small, served(small)))["startupProbe"]
+        assert probe["periodSeconds"] * probe["failureThreshold"] == 600, model
 
 
 def test_serving_pods_name_their_replica_and_keep_the_reason_they_stopped() -> None:

@@ -58,6 +58,7 @@ from harness.gitops import (
 )
 
 from neuronfleet.contract.hardware import NEURON_TAINT_KEY
+from neuronfleet.contract.model_shapes import served_name
 from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.devcluster.addons.argocd import ArgoCd
 from neuronfleet.devcluster.addons.s3_server import S3Server
@@ -65,7 +66,6 @@ from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode
-from neuronfleet.engine.serving.serve import served_name
 
 APPS = (PARENT, CRDS_APP, OPERATOR_APP, SERVICES_APP)
 SHARER = "fleet-b"

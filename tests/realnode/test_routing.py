@@ -42,6 +42,7 @@ from harness.fleet import (
 )
 from harness.node_load import Answer
 
+from neuronfleet.contract.model_shapes import served_name
 from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.devcluster.addons.routing import install_gie_crds, remove_gie_crds
 from neuronfleet.devcluster.cluster.local import LocalCluster
@@ -49,7 +50,6 @@ from neuronfleet.devcluster.demo.load import REFUSED, TRANSPORT_ERROR
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.artifacts.adapters import adapter_digest
-from neuronfleet.engine.serving.serve import served_name
 from neuronfleet.operator.plan import RouterImages, routing
 
 #: Long generations a second (about 8 s each): two replicas run them with room, one alone just keeps up.

@@ -34,6 +34,8 @@ REQUESTS_IN_FLIGHT = "neuronfleet:requests_in_flight"
 #: The Neuron scheduler's prefill padding (a counter: ``_total`` in the exposition) and prefill chunk lengths.
 PADDING_TOKENS = "neuronfleet:padding_tokens"
 PREFILL_CHUNK_TOKENS = "neuronfleet:prefill_chunk_tokens"
+#: Seconds a replica spent starting, by ``phase`` (``contract/start_time.py``'s phases).
+REPLICA_START_SECONDS = "neuronfleet:replica_start_seconds"
 
 #: Every series the engine exports for GIE v1.5.0's default picker.
 PICKER_METRICS = (WAITING, RUNNING, KV_CACHE_USAGE, CACHE_CONFIG)
@@ -63,4 +65,5 @@ SERIES = (
     Series(
         PREFILL_CHUNK_TOKENS, "histogram", "the Neuron scheduler", ("the canary analysis", "the bucket recommender")
     ),
+    Series(REPLICA_START_SECONDS, "gauge", "the simulated device", ("dashboards: where a replica's start went",)),
 )

@@ -13,11 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from neuronfleet.contract.hardware import DEFAULT_INSTANCE_TYPE
+from neuronfleet.contract.start_time import StoreKind
 
 #: The ``additional_config`` key holding :class:`SimSettings`.
 SETTINGS_KEY = "neuronfleet_sim"
 #: Environment variable that activates the simulated platform in every vLLM process.
 DEVICE_ENV = "NEURONFLEET_DEVICE"
+#: Environment variable setting ``start_time_scale`` for the serve command (tests set 0.01, for example).
+START_TIME_SCALE_ENV = "NEURONFLEET_START_TIME_SCALE"
 #: vLLM's ``--distributed-executor-backend`` for the simulated device.
 EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"
 
@@ -33,7 +36,7 @@ class SimSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    shape: str = Field("tiny", description="Named model shape (see neuronfleet.engine.sim.model_shapes).")
+    shape: str = Field("tiny", description="Named model shape (see neuronfleet.contract.model_shapes).")
     instance_type: str = Field(DEFAULT_INSTANCE_TYPE, description="Instance type the cost model stands for.")
     clock: ClockMode = Field("real", description="real: sleep for each step's time; virtual: only count it.")
     artifact_dir: str | None = Field(
@@ -41,6 +44,15 @@ class SimSettings(BaseModel):
     )
     logical_neuron_cores: int | None = Field(
         None, description="Physical NeuronCores per logical core the cost model times (LNC); None: the chip's default."
+    )
+    weights_store: StoreKind = Field(
+        "local", description="Where the weights are fetched from at start (hf, s3, pvc; local: already on the node)."
+    )
+    start_time_scale: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of a Neuron replica's modelled start time a real-clock replica spends: 1 is full scale.",
     )
 
 

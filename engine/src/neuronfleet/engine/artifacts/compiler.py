@@ -11,11 +11,11 @@ from collections.abc import Callable
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.contract.identity import CompileIdentity
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.contract.sim_settings import SimSettings
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR, ArtifactError, BucketEntry, artifact_dir
 from neuronfleet.engine.sim.compiler import simulated_compiler
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 #: Compiles one graph of the artifact and returns the seconds it took.
 CompileBucket = Callable[[BucketEntry], float]

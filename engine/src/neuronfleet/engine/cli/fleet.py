@@ -158,7 +158,14 @@ def run_command(
         Shape,
         typer.Option(help="poisson, step (2x mid-run), burst (4x), diurnal."),
     ] = "poisson",
-    start_seconds: Annotated[float, typer.Option(help="Seconds a new replica takes to serve.")] = 0.0,
+    start_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Seconds a new replica takes to serve. Default: a Neuron replica's, its weights from the Hub.",
+            show_default=False,
+        ),
+    ] = None,
     autoscale: Annotated[str | None, typer.Option(help="MIN:MAX replicas, KEDA on the waiting queue.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrivals and the routers' draws.")] = 0,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every request and the timeline.")] = None,
@@ -189,6 +196,7 @@ def run_command(
     console.print(
         summary_table(f"{replicas} x {model} on {instance_type} (TP {tensor_parallel_size}), {router}", figures)
     )
+    console.print(f"a new replica serves {spec.start_s:.0f} s after it is started")
     console.print(
         f"answered {figures['answered']}, refused {figures['refused']}; {figures['replica_hours']:.2f} replica-hours; "
         f"{figures['simulated_s']:.0f} virtual s in {figures['wall_s']:.1f} s of wall ({figures['steps']} steps)"

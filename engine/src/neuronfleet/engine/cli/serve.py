@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
@@ -20,8 +21,10 @@ from neuronfleet.contract.hardware import (
 )
 from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
 from neuronfleet.contract.lora import LoraAdapter, LoraSlots
+from neuronfleet.contract.model_shapes import SHAPES, get_shape, served_name, shape_for_model
 from neuronfleet.contract.names import HTTP_PORT, KV_EVENTS_PORT
-from neuronfleet.contract.sim_settings import DEVICE_ENV, ClockMode, Device, SimSettings
+from neuronfleet.contract.sim_settings import DEVICE_ENV, START_TIME_SCALE_ENV, ClockMode, Device, SimSettings
+from neuronfleet.contract.start_time import weights_store
 from neuronfleet.engine.artifacts.adapters import provision_adapter
 from neuronfleet.engine.artifacts.provision import cache_root, compile_into_store, serving_artifact
 from neuronfleet.engine.artifacts.store import ArtifactError
@@ -35,9 +38,8 @@ from neuronfleet.engine.cli.common import (
     load_config,
     out,
 )
-from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve, served_name, shape_for_model
+from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import SHAPES, get_shape
 from neuronfleet.engine.tuning.prefill_cap import resolve_prefill_cap
 
 DEFAULT_MODEL = "hf://neuronfleet/tiny"
@@ -216,7 +218,26 @@ def sim_settings(
     instance = INSTANCE_TYPES[instance_type]
     if instance.target != target:
         fail(f"--instance-type {instance_type} is not a {target} instance")
-    return SimSettings(shape=shape, instance_type=instance_type, clock=clock, logical_neuron_cores=logical_neuron_cores)
+    return SimSettings(
+        shape=shape,
+        instance_type=instance_type,
+        clock=clock,
+        logical_neuron_cores=logical_neuron_cores,
+        weights_store=weights_store(model),
+        start_time_scale=start_time_scale(),
+    )
+
+
+def start_time_scale() -> float:
+    """The share of the modelled start time a simulated replica spends: ``NEURONFLEET_START_TIME_SCALE``, else 1."""
+    value = os.environ.get(START_TIME_SCALE_ENV, "1")
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = -1.0
+    if not 0.0 <= scale <= 1.0:
+        fail(f"{START_TIME_SCALE_ENV}={value!r}: a number from 0 to 1 (1: a Neuron replica's full start time)")
+    return scale
 
 
 def step_times(instance_type: str, shape: str, engine: EngineConfig, lnc: int | None = None) -> CostModel:

@@ -20,7 +20,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE
+from neuronfleet.contract.model_shapes import TINY_VOCAB_SIZE
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,16 @@ import math
 import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from neuronfleet.contract.config import AUTO, EngineConfig
 from neuronfleet.contract.hardware import InstanceType
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.fleet import arrivals, twin, workloads
 from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy
 from neuronfleet.engine.fleet.picker import Router, router_named
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.tuning import recommend
 
 #: The twin's validated error (``docs/fleet.md``, "Validation"): p50s within 15% of the rig's, p99s within 30%.
@@ -91,11 +91,12 @@ def fleet_of(
     model: str,
     replicas: int,
     router: str,
-    start_s: float = 0.0,
+    start_s: float | None = None,
     autoscale: str | None = None,
     seed: int = 0,
 ) -> tuple[twin.FleetSpec, Router]:
-    """A fleet spec and its router from a command line's choices; ``autoscale`` is ``MIN:MAX``."""
+    """A fleet spec and its router from a command line's choices; ``autoscale`` is ``MIN:MAX``; ``start_s`` None:
+    a Neuron replica's start, the weights from the Hub (:func:`twin.replica_start`)."""
     cost = CostModel(instance, get_shape(model), engine.tensor_parallel_size)
     policy = None
     if autoscale is not None:
@@ -103,7 +104,8 @@ def fleet_of(
         if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high)):
             raise ValueError(f"--autoscale takes MIN:MAX replicas, 0 < MIN <= MAX, got {autoscale!r}")
         policy = AutoscalingPolicy(min_replicas=int(low), max_replicas=int(high))
-    spec = twin.FleetSpec.of(engine, cost, replicas, start_s=start_s, autoscaling=policy)
+    spec = twin.FleetSpec.of(engine, cost, replicas, autoscaling=policy)
+    spec = replace(spec, start_s=twin.replica_start(spec.engine, cost).total_s if start_s is None else start_s)
     if spec.num_kv_blocks * engine.block_size < engine.max_model_len:
         raise ValueError(f"{model} at TP {engine.tensor_parallel_size} leaves no room for one full sequence's KV")
     return spec, router_named(router, engine, seed)

@@ -19,12 +19,12 @@ from typing import Any
 
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.fleet import twin
 from neuronfleet.engine.fleet.picker import Router, router_named
 from neuronfleet.engine.fleet.workloads import PREFIX_MIXES, ROUTING_MIXES
 from neuronfleet.engine.offline.virtual_clock import percentile
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 #: The routing bench's engines: room for prompts up to the long ones, buckets for them and one for chat.
 ROUTING_ENGINE: Mapping[str, Any] = {

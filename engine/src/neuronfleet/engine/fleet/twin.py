@@ -21,6 +21,7 @@ from typing import Any
 from vllm.config import CacheConfig
 
 from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.start_time import StartTime, StoreKind, predict_start
 from neuronfleet.engine.fleet.arrivals import Source, TwinRequest
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
 from neuronfleet.engine.fleet.engines import Engines, LocalEngines, WorkerEngines
@@ -41,7 +42,7 @@ class FleetSpec:
     cost: CostModel
     num_kv_blocks: int
     replicas: int
-    #: Seconds from a scale-out decision to a replica taking requests (a constant until a start-time model lands).
+    #: Seconds from a scale-out decision to a replica taking requests (:func:`replica_start`'s total, or a test's).
     start_s: float = 0.0
     autoscaling: AutoscalingPolicy | None = None
     #: What the client sees beyond the engine: the HTTP path through the router and back, per request.
@@ -54,6 +55,15 @@ class FleetSpec:
         from ``cost``'s step times, the KV blocks its executor offers."""
         resolved = resolve_prefill_cap(engine, cost)
         return cls(resolved, cost, replica_kv_blocks(cost, resolved), replicas, **options)
+
+
+def replica_start(engine: EngineConfig, cost: CostModel, store: StoreKind = "hf") -> StartTime:
+    """How long a new replica of ``engine`` takes to serve on Neuron: its weights fetched from ``store``, loaded and
+    sharded, and a step of each compiled graph (``contract/start_time.py``)."""
+    warmup = cost.warmup_seconds(
+        engine.effective_num_batched_tokens_buckets, engine.effective_num_seqs_buckets, engine.decode_context_buckets
+    )
+    return predict_start(cost.weight_bytes, store, warmup_s=warmup)
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.lora import LoraSlots
+from neuronfleet.contract.model_shapes import TINY_VOCAB_SIZE, tiny_llama_config
 from neuronfleet.engine.offline.scenarios import Scenario, prompt_token_ids
 from neuronfleet.engine.paths import user_cache
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronAsyncScheduler, NeuronScheduler, SchedulerState
-from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE, tiny_llama_config
 
 AnyScheduler = TypeVar("AnyScheduler", bound=vllm_compat.Scheduler)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuronfleet.contract.config import REFERENCE_SCHEDULER, EngineConfig
-from neuronfleet.engine.sim.model_shapes import TINY_VOCAB_SIZE
+from neuronfleet.contract.model_shapes import TINY_VOCAB_SIZE
 
 
 @dataclass(frozen=True)

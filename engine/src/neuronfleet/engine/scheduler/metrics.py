@@ -197,3 +197,15 @@ def subscribe() -> None:
     """Export every Neuron scheduler in this process to the default registry (idempotent)."""
     if observe_default not in NeuronScheduler.step_observers:
         NeuronScheduler.step_observers.append(observe_default)
+
+
+def record_start(phases: dict[str, float]) -> None:
+    """Publish the seconds this replica spent starting, by phase, in the default registry."""
+    gauge = PromGauge(
+        metrics.REPLICA_START_SECONDS,
+        "Seconds this replica spent starting, by phase (fetch, load, shard, graphs, warmup).",
+        ["phase"],
+        multiprocess_mode="mostrecent",
+    )
+    for phase, seconds in phases.items():
+        gauge.labels(phase=phase).set(seconds)

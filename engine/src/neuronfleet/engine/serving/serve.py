@@ -24,7 +24,6 @@ from neuronfleet.contract.lora import LoraSlots
 from neuronfleet.contract.names import HTTP_KEEP_ALIVE_S
 from neuronfleet.contract.sim_settings import DEVICE_ENV, EXECUTOR_CLS, SETTINGS_KEY, Device, SimSettings
 from neuronfleet.engine.artifacts.store import GRAPHS_DIR
-from neuronfleet.engine.sim.model_shapes import SHAPES
 
 #: Where the vLLM Neuron plugin looks for precompiled graphs (its remote compile cache).
 NEURON_CACHE_ENV = "NEURON_LIBTORCH_REMOTE_CACHE"
@@ -89,23 +88,6 @@ class ServeRequest:
     lora: LoraSlots | None = None
     adapters: dict[str, Path] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
-
-
-def served_name(model_uri: str) -> str:
-    """The model name clients use: ``org/name`` of an ``hf://`` URI, the last path part of others."""
-    if model_uri.startswith("hf://"):
-        return model_uri.removeprefix("hf://")
-    return model_uri.rstrip("/").rsplit("/", 1)[-1]
-
-
-def shape_for_model(model_uri: str) -> str:
-    """The simulated shape that stands for a model: a named shape its name starts with, else the tiny shape."""
-    name = served_name(model_uri).rsplit("/", 1)[-1].lower()
-    # Longest first: "llama-3.1-405b" before a shorter name it starts with.
-    for shape in sorted((s for s in SHAPES if s != "tiny"), key=len, reverse=True):
-        if name.startswith(shape) or name.startswith(f"meta-{shape}"):
-            return shape
-    return "tiny"
 
 
 def replace_additional_config(args: list[str], extra: dict[str, Any]) -> list[str]:

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from neuronfleet.contract.hardware import InstanceType
+from neuronfleet.contract.model_shapes import ModelShape
 from neuronfleet.engine.sim.calibration import Calibration, calibration_for
-from neuronfleet.engine.sim.model_shapes import ModelShape
 
 #: Share of peak HBM bandwidth a prefill step reaches streaming the weights (bounds a short chunk).
 PREFILL_WEIGHT_READ_EFFICIENCY = 0.8
@@ -219,3 +219,12 @@ class CostModel:
         simulated compile short, it only grows with depth and bucket size.
         """
         return 0.05 + 0.001 * self.shape.num_hidden_layers * math.sqrt(bucket_size / 128)
+
+    def warmup_seconds(
+        self, prefill_buckets: Sequence[int], decode_buckets: Sequence[int], decode_contexts: Sequence[int]
+    ) -> float:
+        """A replica's warm-up before it serves: one step of every compiled graph (a prefill per token bucket, a
+        decode per batch bucket and compiled context)."""
+        prefills = sum(self.prefill_seconds(bucket, 0) for bucket in prefill_buckets)
+        decodes = sum(self.decode_seconds(batch, context) for batch in decode_buckets for context in decode_contexts)
+        return prefills + decodes

@@ -11,6 +11,7 @@ core schedules the next step while the device is busy, as with a real device.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -29,14 +30,15 @@ from vllm.v1.worker.worker_base import CompilationTimes
 
 from neuronfleet.contract.faults import NeuronRuntimeError, write_termination_message
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.contract.sim_settings import SimSettings, read_settings
+from neuronfleet.contract.start_time import StartTime, predict_start
 from neuronfleet.engine.artifacts import store as artifacts
 from neuronfleet.engine.scheduler import metrics, vllm_compat
 from neuronfleet.engine.scheduler.neuron import read_neuron_config
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
 from neuronfleet.engine.sim.faults import FaultInjector, InjectedFault
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 logger = init_logger(__name__)
 
@@ -78,6 +80,8 @@ class SimNeuronWorker:
         self.kv_cache_config: KVCacheConfig | None = None
         #: Loaded LoRA adapters' ranks by vLLM's adapter id.
         self.adapter_ranks: dict[int, int] = {}
+        #: Bytes of the compiled artifact's files, loaded onto the device at start (none when compiled at load).
+        self.graphs_bytes = 0
 
     # Start-up ---------------------------------------------------------------------
 
@@ -135,6 +139,7 @@ class SimNeuronWorker:
                 verify_files=False,
             )
             prefill_buckets, decode_buckets = manifest.compiled_buckets()
+            self.graphs_bytes = sum(entry.size for entry in manifest.files)
             logger.info("Loaded compiled artifact %s from %s", manifest.hash, self.settings.artifact_dir)
         else:
             entries = artifacts.planned_buckets(prefill_buckets, decode_buckets, self.decode_contexts)
@@ -167,8 +172,33 @@ class SimNeuronWorker:
         )
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        """Graphs are compiled ahead of time (or at load): nothing to warm up."""
+        """Start as a Neuron replica would before it serves: fetch, load and shard the weights, load the graphs,
+        run each graph once (:mod:`neuronfleet.contract.start_time`); on a real clock, scaled by
+        ``start_time_scale``. Graphs are compiled ahead of time (or at load), so nothing compiles here."""
+        assert self.device is not None, "initialize_from_config makes the device first"
+        start = self.modelled_start()
+        spent = start.scaled(self.settings.start_time_scale if self.settings.clock == "real" else 0.0)
+        metrics.record_start(spent.phases())
+        logger.info(
+            "Replica start, as a Neuron replica of %s from %s takes %s; spent %s (start_time_scale %g, %s clock)",
+            self.shape.name,
+            self.settings.weights_store,
+            start.describe(),
+            f"{spent.total_s:.1f} s",
+            self.settings.start_time_scale,
+            self.settings.clock,
+        )
+        time.sleep(spent.total_s)
         return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def modelled_start(self) -> StartTime:
+        """This replica's start at full scale: its weights from its store, its graphs, a step of each graph."""
+        assert self.device is not None, "initialize_from_config makes the device first"
+        device = self.device
+        warmup = self.cost.warmup_seconds(device.prefill_buckets, device.decode_buckets, device.decode_context_buckets)
+        return predict_start(
+            self.cost.weight_bytes, self.settings.weights_store, graphs_bytes=self.graphs_bytes, warmup_s=warmup
+        )
 
     def get_supported_tasks(self) -> tuple[str, ...]:
         """Text generation only."""

@@ -12,8 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.paths import user_cache
-from neuronfleet.engine.sim.model_shapes import get_shape
 from neuronfleet.engine.sim.tokenizer import write_tokenizer
 
 #: Bumped when the files written change, so stale cached directories are not reused.

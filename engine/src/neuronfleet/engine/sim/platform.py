@@ -19,8 +19,8 @@ import torch
 from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from neuronfleet.contract.model_shapes import ARCHITECTURE
 from neuronfleet.contract.sim_settings import DEVICE_ENV, EXECUTOR_CLS
-from neuronfleet.engine.sim.model_shapes import ARCHITECTURE
 
 #: The executor the simulated platform runs vLLM's model execution on.
 

@@ -33,9 +33,9 @@ from typing import Literal
 import numpy as np
 
 from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.sim.calibration import FITTED_CONSTANTS, HOST_DISPATCH_S, Calibration
 from neuronfleet.engine.sim.cost_model import CostModel, PrefillWork
-from neuronfleet.engine.sim.model_shapes import get_shape
 
 _BENCHMARKS = "about-neuron/benchmarks"
 TNX_INF2 = f"{_BENCHMARKS}/inf2/latency_data_decoder.csv"

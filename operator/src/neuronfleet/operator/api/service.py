@@ -191,7 +191,10 @@ class RolloutSettings(K8sModel):
         1800,
         ge=60,
         le=14_400,
-        description="How long a replica may take to load the model and artifact before it is restarted.",
+        description=(
+            "How long a replica may take to load the model and artifact before it is restarted; at least twice "
+            "the start the operator predicts for a model of known size (weights fetched, loaded and sharded)."
+        ),
     )
     artifact_history_limit: int | None = Field(
         None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from neuronfleet.contract.names import (
     TRACK_CANARY,
 )
 from neuronfleet.contract.sim_settings import Device
+from neuronfleet.contract.start_time import predict_model_start
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
     CONFIG_DIR,
@@ -121,6 +123,20 @@ def lora_options(lora: api.Lora | None) -> dict[str, Any]:
 STARTUP_PROBE_PERIOD_S: dict[Device, int] = {"neuron": 10, "sim": 2}
 
 
+#: How many times a replica's predicted start the startup probe waits: the prediction is a model, and a busy store
+#: or node is slower than its figures.
+STARTUP_MARGIN = 2.0
+
+
+def startup_window_seconds(spec: api.NeuronInferenceServiceSpec) -> int:
+    """Seconds a replica may take to start before it is restarted: ``startupTimeoutSeconds``, or twice the start
+    predicted for its model (``contract/start_time.py``) when that is longer."""
+    predicted = predict_model_start(spec.model.uri)
+    if predicted is None:
+        return spec.rollout.startup_timeout_seconds
+    return max(spec.rollout.startup_timeout_seconds, math.ceil(STARTUP_MARGIN * predicted.total_s))
+
+
 def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
     period = STARTUP_PROBE_PERIOD_S[spec.device]
     return {
@@ -129,7 +145,7 @@ def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
             "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
             "periodSeconds": period,
             "timeoutSeconds": 5,
-            "failureThreshold": -(-spec.rollout.startup_timeout_seconds // period),
+            "failureThreshold": -(-startup_window_seconds(spec) // period),
         },
         # Model-aware readiness: the model is listed only once it is loaded.
         "readinessProbe": {
@@ -313,7 +329,7 @@ def deployment(
                     "maxUnavailable": spec.rollout.max_unavailable,
                 },
             },
-            "progressDeadlineSeconds": spec.rollout.startup_timeout_seconds + 600,
+            "progressDeadlineSeconds": startup_window_seconds(spec) + 600,
             "revisionHistoryLimit": 3,
             "template": {
                 "metadata": pod_metadata(serving_labels(owner.name, served.hash), spec.pod_annotations),

@@ -218,3 +218,20 @@ def get_shape(name: str) -> ModelShape:
     if shape is None:
         raise ValueError(f"unknown model shape {name!r}; known: {', '.join(SHAPES)}")
     return shape
+
+
+def served_name(model_uri: str) -> str:
+    """The model name clients use: ``org/name`` of an ``hf://`` URI, the last path part of others."""
+    if model_uri.startswith("hf://"):
+        return model_uri.removeprefix("hf://")
+    return model_uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def shape_for_model(model_uri: str) -> str:
+    """The simulated shape that stands for a model: a named shape its name starts with, else the tiny shape."""
+    name = served_name(model_uri).rsplit("/", 1)[-1].lower()
+    # Longest first: "llama-3.1-405b" before a shorter name it starts with.
+    for shape in sorted((s for s in SHAPES if s != "tiny"), key=len, reverse=True):
+        if name.startswith(shape) or name.startswith(f"meta-{shape}"):
+            return shape
+    return "tiny"
