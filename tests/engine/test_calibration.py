@@ -9,7 +9,16 @@ import pytest
 from neuronfleet.contract.hardware import INSTANCE_TYPES
 from neuronfleet.contract.model_shapes import SHAPES
 from neuronfleet.engine.sim.calibration import CALIBRATIONS, TRAINIUM2, TRAINIUM3, calibration_for
-from neuronfleet.engine.sim.published import ROWS, PublishedRow, chip_of, fit, predict
+from neuronfleet.engine.sim.published import (
+    ROWS,
+    PublishedRow,
+    cached_tokens,
+    chip_of,
+    fit,
+    predict,
+    prefix_caching_cost,
+    prefix_hit_seconds,
+)
 
 #: How far the simulated device may be from a reference row (the issue's bound).
 REFERENCE_TOLERANCE = 0.25
@@ -65,3 +74,15 @@ def test_every_catalogued_chip_is_calibrated_and_every_row_has_a_shape() -> None
 def test_a_chip_without_rows_cannot_be_fitted() -> None:
     with pytest.raises(ValueError, match="no published rows to fit Trainium3 on"):
         fit("Trainium3")
+
+
+def test_a_prefix_hit_prefills_only_its_new_tokens_in_their_bucket_over_the_whole_context() -> None:
+    cost = prefix_caching_cost()
+    # 90% of 4,096 cached: 416 new tokens, the 512 bucket, attention over 3,680 cached tokens.
+    cached = cached_tokens(4096, 0.9)
+    assert cached == 3680
+    hit = prefix_hit_seconds(cost, 4096, cached)
+    assert hit == cost.prefill_seconds(512, 3680)
+    assert cost.prefill_seconds(512, 0) < hit < prefix_hit_seconds(cost, 4096, 0) / 1.5
+    # A quarter cached leaves 768 new tokens of a 1,024-token prompt: the same bucket, so no saving at all.
+    assert prefix_hit_seconds(cost, 1024, cached_tokens(1024, 0.25)) >= prefix_hit_seconds(cost, 1024, 0)

@@ -227,8 +227,9 @@ def predict(row: PublishedRow, calibration: Calibration | None = None) -> tuple[
     return cost.prefill_step_seconds(_prefill_terms(row, cost)), cost.decode_seconds(row.batch, row.decode_context)
 
 
-def fit(chip: str, *, ratios_from: Calibration | None = None) -> Calibration:
-    """Fit a chip's constants on its ``reference`` and ``fit`` rows: least squares on the relative error.
+def fit(chip: str, *, ratios_from: Calibration | None = None, leave_out: str | None = None) -> Calibration:
+    """Fit a chip's constants on its ``reference`` and ``fit`` rows (but the row ``leave_out``, for a leave-one-out
+    error): least squares on the relative error.
 
     Prefill: TTFT - host = layers x per-layer + dense / efficiency + attention / efficiency; decode:
     TPOT - host = layers x per-layer + weights / efficiency + KV / efficiency, each term at the
@@ -236,7 +237,7 @@ def fit(chip: str, *, ratios_from: Calibration | None = None) -> Calibration:
     efficiency and of KV to weight read efficiency are that calibration's, and two constants are
     fitted for each step instead of three.
     """
-    rows = [row for row in ROWS if row.role != "holdout" and chip_of(row) == chip]
+    rows = [row for row in ROWS if row.role != "holdout" and chip_of(row) == chip and row.id != leave_out]
     if not rows:
         raise ValueError(f"no published rows to fit {chip} on")
     prefill_columns, prefill_targets, decode_columns, decode_targets = [], [], [], []
@@ -302,3 +303,52 @@ def _solve(columns: list[list[float]], targets: list[float], ratio: float | None
 def _round(value: float) -> float:
     """Three significant digits: what the constants are written with."""
     return float(f"{value:.3g}")
+
+
+#: Neuron's prefix-caching comparison: Llama 3.3 70B on trn2.48xlarge, TP 64, LNC 2, batch 4 (prompts encoded one
+#: at a time), context buckets 512 to 8,192, prefix buckets 512 to 2,048, KV blocks of 32 tokens.
+NXDI_70B_APC = "libraries/nxd-inference/tutorials/llama70b_apc_perf_comparison.csv"
+#: The comparison's context (prefill) buckets.
+APC_BUCKETS = (512, 1024, 2048, 4096, 8192)
+APC_BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True)
+class PrefixCachingRow:
+    """One dataset of the prefix-caching comparison: TTFT p50 without and with caching, as published."""
+
+    dataset: str
+    #: The cache hit rate, as the tutorial states it.
+    cache_hit: str
+    ttft_without_ms: float
+    ttft_with_ms: float
+    #: The share of a prompt cached, where the stated hit rate gives one.
+    hit_share: float
+    #: The prompt length, where the dataset's name gives it (``dynamic sonnet 1k``); None where nothing does.
+    prompt_tokens: int | None
+
+
+PREFIX_CACHING_ROWS: tuple[PrefixCachingRow, ...] = (
+    PrefixCachingRow("math.math", ">90%", 342.81, 107.8, 0.9, None),
+    PrefixCachingRow("dynamic sonnet 1k", "~25%", 123.08, 102.15, 0.25, 1024),
+    PrefixCachingRow("dynamic sonnet 2k", "~25%", 592.8, 377.2, 0.25, 2048),
+    PrefixCachingRow("HumanEval", "none", 89.7, 91.8, 0.0, None),
+)
+
+
+def prefix_caching_cost() -> CostModel:
+    """The comparison's replica, on Trainium2's fitted constants."""
+    return CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-70b"), tensor_parallel_size=64)
+
+
+def prefix_hit_seconds(cost: CostModel, prompt_tokens: int, cached_tokens: int) -> float:
+    """The prefill of a prompt whose first ``cached_tokens`` are cached (whole KV blocks): only the new tokens, in
+    the smallest context bucket that holds them, attention over the whole context."""
+    new = prompt_tokens - cached_tokens
+    bucket = next(size for size in APC_BUCKETS if size >= new)
+    return cost.prefill_seconds(bucket, cached_tokens)
+
+
+def cached_tokens(prompt_tokens: int, hit_share: float) -> int:
+    """The tokens of a prompt a hit of ``hit_share`` serves from the cache: whole KV blocks only."""
+    return int(prompt_tokens * hit_share) // APC_BLOCK_SIZE * APC_BLOCK_SIZE
