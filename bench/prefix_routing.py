@@ -53,6 +53,7 @@ from tables import print_table
 from neuronfleet.contract import picker
 from neuronfleet.contract.model_shapes import served_name
 from neuronfleet.contract.names import HTTP_PORT
+from neuronfleet.engine.fleet import rig
 from neuronfleet.engine.fleet.workloads import PREFIX_MIXES as MIXES
 from neuronfleet.operator import api
 from neuronfleet.operator.plan import routing
@@ -60,17 +61,12 @@ from neuronfleet.operator.plan import routing
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_routing.json"
 DRIVER = Path(__file__).resolve().parent / "conversations.py"
 Obj = dict[str, Any]
-#: The engines' limits, and their prefill buckets: the engine's default ladder, powers of two from 128. A long
-#: chat's history runs past 4,096 tokens. (Eight sequences of 8,192 tokens would not fit one replica's cache of
-#: about 54k; the scheduler's default KV admission goes by the requests' own bounds, and these ask one token.)
-ENGINE: Obj = {
-    "max_model_len": 8192,
-    "max_num_batched_tokens": 4096,
-    "num_batched_tokens_buckets": [128, 256, 512, 1024, 2048, 4096],
-    "max_num_seqs": 8,
-    # A decode step reads the KV cache of the shortest of these that holds its longest sequence, not 8,192.
-    "decode_context_length_buckets": [2048, 4096],
-}
+#: The engines' limits (the twin's, ``rig.PREFIX_ENGINE``), and their prefill buckets: the engine's default ladder,
+#: powers of two from 128. A long chat's history runs past 4,096 tokens. (Eight sequences of 8,192 tokens would not
+#: fit one replica's cache of about 54k; the scheduler's default KV admission goes by the requests' own bounds, and
+#: these ask one token.) A decode step reads the KV cache of the shortest context bucket that holds its longest
+#: sequence, not 8,192.
+ENGINE: Obj = dict(rig.PREFIX_ENGINE)
 
 
 #: The mixes run unless ``--mixes`` names others (27 minutes).

@@ -259,7 +259,10 @@ def test_a_planned_replica_meets_the_slo_at_its_capacity_and_its_manifest_is_adm
 
     slo = planner.SLO(ttft_p99_s=3.0, itl_p99_s=0.5)
     instance = get_instance_type("trn2.48xlarge")
-    candidate = next(planner.candidates("llama-3.1-8b", [instance], "rag", 4096, (16,)))
+    every = list(planner.candidates("llama-3.1-8b", [instance], "rag", 4096, (16,)))
+    # The recommender's buckets for RAG's long prompts end at max_model_len, not at max_num_batched_tokens.
+    assert {c.engine.effective_num_batched_tokens_buckets[-1] for c in every} == {4096}
+    candidate = next(c for c in every if c.tensor_parallel_size == 4 and c.buckets == "default")
     rate, figures = planner.capacity(candidate, "llama-3.1-8b", "rag", slo, duration_s=20.0, steps=2, min_requests=20)
     assert rate > 0
     assert slo.met(figures)

@@ -9,7 +9,7 @@ from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.cli.serve import resolve_on_neuron
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.tuning.prefill_cap import KNEE, derive_prefill_cap, resolve_prefill_cap
+from neuronfleet.engine.tuning.prefill_cap import DEFAULT_STALL_MARGIN, derive_prefill_cap, resolve_prefill_cap
 
 
 def deployment(
@@ -27,20 +27,32 @@ def deployment(
 @pytest.mark.parametrize(
     ("instance", "shape", "tensor_parallel_size", "cap"),
     [
-        # Fixed costs dominate short prefills: the cap sits where a step costs twice the smallest.
-        ("trn2.48xlarge", "llama-3.1-8b", 8, 1024),
-        ("trn2.48xlarge", "llama-3.1-70b", 64, 2048),
+        # The shortest stall is a fixed-cost prefill beside a decode step; the cap keeps a stall within 1.25x it.
+        ("trn2.48xlarge", "llama-3.1-8b", 8, 512),
+        ("trn2.48xlarge", "llama-3.1-70b", 64, 1024),
         ("inf2.48xlarge", "llama-3.1-70b", 24, 256),
     ],
 )
-def test_without_a_target_the_cap_bounds_a_step_to_twice_the_smallest(
+def test_without_a_target_the_cap_keeps_a_stall_within_a_quarter_of_the_shortest(
     instance: str, shape: str, tensor_parallel_size: int, cap: int
 ) -> None:
     engine, cost = deployment(instance, shape, tensor_parallel_size)
     assert derive_prefill_cap(engine, cost) == cap
     buckets = engine.effective_num_batched_tokens_buckets
-    smallest = cost.prefill_seconds(buckets[0], 0)
-    assert cost.prefill_seconds(cap, 0) <= KNEE * smallest < cost.prefill_seconds(buckets[buckets.index(cap) + 1], 0)
+    decode = cost.decode_seconds(64, 8192)
+    shortest = cost.prefill_seconds(buckets[0], 0) + decode
+    above = buckets[buckets.index(cap) + 1]
+    assert cost.prefill_seconds(cap, 0) + decode <= DEFAULT_STALL_MARGIN * shortest
+    assert cost.prefill_seconds(above, 0) + decode > DEFAULT_STALL_MARGIN * shortest
+
+
+def test_a_costlier_fixed_prefill_cost_does_not_raise_the_cap_past_what_the_stall_allows() -> None:
+    # Trainium2's per-layer prefill cost doubled (inside its leave-one-out spread): a ratio of prefill steps would
+    # allow 2,048 tokens (under twice a smallest step that is itself long); the stall bound keeps 1,024.
+    engine, fitted = deployment("trn2.48xlarge", "llama-3.1-8b", 8)
+    slower = CostModel(fitted.instance, fitted.shape, 8, calibration=fitted.calibration.scaled("prefill_layer_s", 2))
+    assert slower.prefill_seconds(2048, 0) <= 2 * slower.prefill_seconds(128, 0)
+    assert derive_prefill_cap(engine, slower) == 1024
 
 
 def test_an_itl_target_fits_a_prefill_step_beside_a_full_decode_step() -> None:
@@ -62,7 +74,7 @@ def test_no_cap_where_it_cannot_help() -> None:
 
 def test_resolve_replaces_auto_only() -> None:
     engine, cost = deployment("trn2.48xlarge", "llama-3.1-8b", 8)
-    assert resolve_prefill_cap(engine, cost).scheduler.max_prefill_tokens_while_decoding == 1024
+    assert resolve_prefill_cap(engine, cost).scheduler.max_prefill_tokens_while_decoding == 512
     for chosen in (512, None):
         given = engine.model_copy(update={"scheduler": SchedulerOptions(max_prefill_tokens_while_decoding=chosen)})
         assert resolve_prefill_cap(given, cost) == given
@@ -71,7 +83,7 @@ def test_resolve_replaces_auto_only() -> None:
 def test_on_neuron_serve_derives_it_for_an_architecture_it_knows() -> None:
     engine = EngineConfig(max_num_seqs=64, max_model_len=8192, tensor_parallel_size=8)
     known = resolve_on_neuron(engine, "hf://meta-llama/Llama-3.1-8B-Instruct", "trn2", None, "trn2.48xlarge")
-    assert known.scheduler.max_prefill_tokens_while_decoding == 1024
+    assert known.scheduler.max_prefill_tokens_while_decoding == 512
     # An architecture the cost model has no shape for keeps auto: the scheduler runs it as no cap.
     unknown = resolve_on_neuron(engine, "hf://google/gemma-2-9b", "trn2", None, "trn2.48xlarge")
     assert unknown.scheduler.max_prefill_tokens_while_decoding == "auto"

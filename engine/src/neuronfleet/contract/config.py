@@ -94,8 +94,8 @@ class SchedulerOptions(BaseModel):
             "than this (the largest bucket within it, at least the smallest bucket): a longer prompt is chunked, so "
             "decodes never wait behind one long step. With no request decoding, prefills use every bucket. "
             "auto: derived from the compiled buckets' step times (the largest bucket whose prefill step fits "
-            "itl_target_ms beside a full decode step, else the largest costing at most twice the smallest), off where "
-            "no bucket is smaller or the step times are unknown. Null: no cap (reference)."
+            "itl_target_ms beside a full decode step; without a target, 1.25 times the shortest such stall), off "
+            "where no bucket is smaller or the step times are unknown. Null: no cap (reference)."
         ),
     )
     itl_target_ms: int | None = Field(
@@ -104,8 +104,8 @@ class SchedulerOptions(BaseModel):
         le=60_000,
         description=(
             "The inter-token latency the auto prefill cap aims for: a prefill step while decoding plus a decode "
-            "step of the largest batch fit within it. No bucket that fits: no cap. Null: the cap bounds a prefill "
-            "step to twice the smallest bucket's."
+            "step of the largest batch fit within it. No bucket that fits: no cap. Null: 1.25 times the shortest "
+            "stall (the smallest bucket's prefill step beside that decode step)."
         ),
     )
 

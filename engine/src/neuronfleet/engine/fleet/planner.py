@@ -123,8 +123,10 @@ def candidates(
                 base = EngineConfig.model_validate(
                     {"max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "tensor_parallel_size": tp}
                 )
-                chunks = recommend.chunk_histogram(lengths, base.max_num_batched_tokens, max_model_len)
-                chosen = recommend.recommend(chunks, 4, base.max_num_batched_tokens).recommended.buckets
+                # A step holds at most max_model_len tokens, whatever max_num_batched_tokens says.
+                step_tokens = base.effective_max_num_batched_tokens
+                chunks = recommend.chunk_histogram(lengths, step_tokens, max_model_len)
+                chosen = recommend.recommend(chunks, 4, step_tokens).recommended.buckets
                 for label, buckets in (("default", None), ("recommended", chosen)):
                     for cap in (AUTO, None):
                         scheduler = base.scheduler.model_copy(update={"max_prefill_tokens_while_decoding": cap})

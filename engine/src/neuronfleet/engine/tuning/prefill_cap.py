@@ -1,12 +1,18 @@
 """The prefill cap while decoding, derived from a deployment's step times.
 
-While requests decode, every prefill step is a stall in their token streams. On Neuron a prefill
-step pays fixed costs (collectives and kernels in every layer) before its compute, so the
-smallest bucket's step is a stall no scheduler avoids, and chunking below a few times it buys
-little: each chunk pays the fixed costs again. ``max_prefill_tokens_while_decoding: auto`` is the
-largest compiled bucket whose prefill step, beside one decode step of the largest batch, fits the
-ITL target (``itl_target_ms``); none fits, no cap (chunking cannot meet it and only adds steps).
-Without a target, the largest bucket whose step costs at most ``KNEE`` times the smallest's.
+While requests decode, every prefill step is a stall in their token streams: a decoding request's token gap
+becomes that prefill step plus a decode step. On Neuron a prefill step pays fixed costs (collectives and
+kernels in every layer) before its compute, so the smallest bucket's step is a stall no scheduler avoids.
+``max_prefill_tokens_while_decoding: auto`` is the largest compiled bucket whose prefill step, beside one decode
+step of the largest batch, fits an ITL target: the user's ``itl_target_ms``, else ``DEFAULT_STALL_MARGIN`` times
+the shortest stall (the smallest bucket's prefill beside that decode step), so that a prefill while decoding
+stretches a token gap at most a quarter beyond what no scheduler can avoid. None fits: no cap (chunking cannot
+meet the target and only adds steps).
+
+The default is a bound on the stall itself, not on a ratio of prefill steps: where fixed costs are high (a
+long per-layer cost, a slow decode step), the shortest stall is long already and only a cap close to the
+smallest bucket keeps the next one near it. ``bench/serving.py --band`` holds it against the design's scheduler
+with every fitted constant of the cost model halved and doubled.
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from typing import Protocol
 
 from neuronfleet.contract.config import AUTO, EngineConfig
 
-#: Without an ITL target: a prefill step while decoding costs at most this many times the smallest bucket's.
-KNEE = 2.0
+#: Without an ITL target: a stall while decoding is at most this many times the shortest one.
+DEFAULT_STALL_MARGIN = 1.25
 
 
 class StepTimes(Protocol):
@@ -34,13 +40,11 @@ class StepTimes(Protocol):
 def derive_prefill_cap(engine: EngineConfig, steps: StepTimes) -> int | None:
     """The cap ``auto`` stands for on ``engine``'s compiled buckets; None: no cap."""
     buckets = engine.effective_num_batched_tokens_buckets
-    prefill = {bucket: steps.prefill_seconds(bucket, 0) for bucket in buckets}
+    decode = steps.decode_seconds(engine.effective_num_seqs_buckets[-1], engine.max_model_len)
+    stall = {bucket: steps.prefill_seconds(bucket, 0) + decode for bucket in buckets}
     target_ms = engine.scheduler.itl_target_ms
-    if target_ms is None:
-        fitting = [bucket for bucket in buckets if prefill[bucket] <= KNEE * prefill[buckets[0]]]
-    else:
-        decode = steps.decode_seconds(engine.effective_num_seqs_buckets[-1], engine.max_model_len)
-        fitting = [bucket for bucket in buckets if prefill[bucket] + decode <= target_ms / 1e3]
+    target_s = DEFAULT_STALL_MARGIN * stall[buckets[0]] if target_ms is None else target_ms / 1e3
+    fitting = [bucket for bucket in buckets if stall[bucket] <= target_s]
     if not fitting or fitting[-1] == buckets[-1]:
         return None
     return fitting[-1]
