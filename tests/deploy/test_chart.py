@@ -53,6 +53,7 @@ def test_helm_lint_strict(helm: Helm) -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("watchNamespaces[0]=Not_A_Namespace", "watchNamespaces"),
         ("artifactHistoryLimit=11", "artifactHistoryLimit"),
+        ("simulatedStartTimeScale=2", "simulatedStartTimeScale"),
         ("leaderElection.leaseSeconds=20", "additional properties 'leaseSeconds' not allowed"),
         ("replicas=0", "replicas"),
     ],
@@ -219,13 +220,15 @@ def test_monitors_scrape_the_engines_the_operator_runs(render: Render) -> None:
 
 
 def test_the_operator_parses_every_argument_the_chart_passes_it(render: Render) -> None:
-    (container,) = only(render("artifactHistoryLimit=0"), "Deployment")["spec"]["template"]["spec"]["containers"]
+    rendered = render("artifactHistoryLimit=0", "simulatedStartTimeScale=0.01")
+    (container,) = only(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
     group = typer.main.get_command(app)
     name, *rest = container["args"]
     context = group.make_context("neuronfleet-operator", [name])
     command = group.get_command(context, name)  # type: ignore[attr-defined]
     params = command.make_context(name, rest, parent=context).params
     assert params["artifact_history_limit"] == 0
+    assert params["simulated_start_time_scale"] == 0.01
     assert params["resync_seconds"] == 300
     assert (params["leader_election_lease"], params["lease_duration_seconds"]) == ("neuronfleet", 15)
 

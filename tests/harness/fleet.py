@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from harness.cluster_fixtures import NodeImage
+from harness.engine_server import START_TIME_SCALE
 from harness.node_load import LoadResult, NodeLoad
 from neuronfleet.contract.model_shapes import served_name
 from neuronfleet.contract.names import HTTP_PORT, LABEL_ARTIFACT, REPLICA_HEADER
@@ -446,16 +447,20 @@ def started(
             watch_namespaces=[namespace],
             resync_seconds=5,
             prometheus=prometheus,
-            values=[]
-            if router_images is None
-            else [
-                "--set",
-                f"routing.pickerImage={router_images.picker}",
-                "--set",
-                f"routing.envoyImage={router_images.envoy}",
-                "--set",
-                f"routing.pickerInFlightTokens={str(router_images.picker_inflight_tokens).lower()}",
-            ],
+            # The fleet's replicas are 8B-shaped: at the whole of a Neuron replica's start, each would take 36 s.
+            values=["--set", f"simulatedStartTimeScale={START_TIME_SCALE}"]
+            + (
+                []
+                if router_images is None
+                else [
+                    "--set",
+                    f"routing.pickerImage={router_images.picker}",
+                    "--set",
+                    f"routing.envoyImage={router_images.envoy}",
+                    "--set",
+                    f"routing.pickerInFlightTokens={str(router_images.picker_inflight_tokens).lower()}",
+                ]
+            ),
         )
         assert installed.returncode == 0, installed.stderr
         wait_for(

@@ -9,6 +9,7 @@ import yaml
 
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE, REPLICA_ENV
+from neuronfleet.contract.sim_settings import START_TIME_SCALE_ENV
 from neuronfleet.contract.start_time import predict_model_start
 from neuronfleet.operator import api, plan
 
@@ -233,6 +234,23 @@ def test_a_model_that_loads_for_longer_than_the_startup_timeout_is_given_twice_i
         small = spec(model={"uri": model}, rollout={"startupTimeoutSeconds": 600})
         probe = container(plan.deployment(OWNER, NS, small, served(small)))["startupProbe"]
         assert probe["periodSeconds"] * probe["failureThreshold"] == 600, model
+
+
+def test_simulated_replicas_spend_the_operators_share_of_a_neuron_replicas_start() -> None:
+    def env(s: api.NeuronInferenceServiceSpec, scale: float) -> dict[str, str]:
+        planned = plan.serving_plan(OWNER, NS, s, served(s), start_time_scale=scale)
+        canary = plan.canary_plan(OWNER, NS, s, served(s), 1, start_time_scale=scale)
+        both = [{e["name"]: e.get("value") for e in container(d.deployment)["env"]} for d in (planned, canary)]
+        assert both[0] == both[1]
+        return both[0]
+
+    sim = spec(device="sim")
+    assert env(sim, 0.01)[START_TIME_SCALE_ENV] == "0.01"
+    assert env(sim, 0)[START_TIME_SCALE_ENV] == "0"
+    # The whole start is the engine's default: nothing rendered, so no pod template changes on an upgrade.
+    assert START_TIME_SCALE_ENV not in env(sim, 1.0)
+    # A Neuron replica takes what it takes.
+    assert START_TIME_SCALE_ENV not in env(spec(), 0.01)
 
 
 def test_serving_pods_name_their_replica_and_keep_the_reason_they_stopped() -> None:

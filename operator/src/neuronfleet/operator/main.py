@@ -92,6 +92,7 @@ async def operate(
     router_images: RouterImages | None = None,
     artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
     neuron_devices: NeuronDevicesSetting = "devicePlugin",
+    simulated_start_time_scale: float = 1.0,
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
@@ -111,6 +112,7 @@ async def operate(
         router_images=router_images,
         artifact_history_limit=artifact_history_limit,
         devices=await asyncio.to_thread(NeuronDevices.resolve, neuron_devices, kube),
+        start_time_scale=simulated_start_time_scale,
     )
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
     registry = build_registry(reconciler, cache, namespaces, resync_seconds, executor)
@@ -188,6 +190,16 @@ NeuronDevicesOption = Annotated[
         ),
     ),
 ]
+SimulatedStartTimeScale = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        max=1,
+        help="The share of a Neuron replica's modelled start time (weights fetched, loaded, graphs, warm-up) that "
+        "replicas on the simulated device (spec.device: sim) spend before they serve: 1 starts them as slowly as "
+        "Neuron would, 0 at once.",
+    ),
+]
 LeaseNamespace = Annotated[
     str | None,
     typer.Option(
@@ -245,6 +257,7 @@ def run(
     picker_inflight_tokens: PickerInflightTokens = RouterImages.picker_inflight_tokens,
     artifact_history_limit: ArtifactHistoryLimit = DEFAULT_ARTIFACT_HISTORY_LIMIT,
     neuron_devices: NeuronDevicesOption = "auto",
+    simulated_start_time_scale: SimulatedStartTimeScale = 1.0,
     leader_election_namespace: LeaseNamespace = None,
     leader_election_lease: LeaseName = Election.lease,
     lease_duration_seconds: LeaseDuration = Election.lease_duration_s,
@@ -284,6 +297,7 @@ def run(
                 router_images=RouterImages(picker_image, envoy_image, picker_inflight_tokens),
                 artifact_history_limit=artifact_history_limit,
                 neuron_devices=neuron_devices,
+                simulated_start_time_scale=simulated_start_time_scale,
             )
         )
     except LeaseUnavailable as error:

@@ -22,7 +22,7 @@ from neuronfleet.contract.names import (
     REPLICA_ENV,
     TRACK_CANARY,
 )
-from neuronfleet.contract.sim_settings import Device
+from neuronfleet.contract.sim_settings import START_TIME_SCALE_ENV, Device
 from neuronfleet.contract.start_time import predict_model_start
 from neuronfleet.operator import api
 from neuronfleet.operator.plan.shared import (
@@ -135,6 +135,13 @@ def startup_window_seconds(spec: api.NeuronInferenceServiceSpec) -> int:
     if predicted is None:
         return spec.rollout.startup_timeout_seconds
     return max(spec.rollout.startup_timeout_seconds, math.ceil(STARTUP_MARGIN * predicted.total_s))
+
+
+def _start_time_env(spec: api.NeuronInferenceServiceSpec, start_time_scale: float) -> list[Obj]:
+    """A simulated replica's share of a Neuron replica's start time, when the operator's setting is not the whole."""
+    if spec.device != "sim" or start_time_scale == 1.0:
+        return []
+    return [{"name": START_TIME_SCALE_ENV, "value": f"{start_time_scale:g}"}]
 
 
 def _probes(spec: api.NeuronInferenceServiceSpec) -> Obj:
@@ -278,9 +285,12 @@ def deployment(
     spec: api.NeuronInferenceServiceSpec,
     served: ServedArtifact,
     claim: Obj | None = None,
+    *,
+    start_time_scale: float = 1.0,
 ) -> Obj:
     """The serving Deployment: Neuron nodes, pinned to one artifact, surge-first, draining on stop; with a
-    ``claim`` template, its pods get their Neuron devices through DRA."""
+    ``claim`` template, its pods get their Neuron devices through DRA. Replicas on the simulated device spend
+    ``start_time_scale`` of a Neuron replica's start time (``contract/start_time.py``)."""
     config_volume, config_mount = engine_config_volume(engine_configmap_name(owner.name, spec.engine))
     # Who the pods are is the service's business; where the artifact is, the artifact's.
     who = served.store.model_copy(
@@ -302,6 +312,7 @@ def deployment(
             # Every answer names its replica (X-Neuronfleet-Replica).
             {"name": REPLICA_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             *_lnc_env(spec, claim),
+            *_start_time_env(spec, start_time_scale),
             *access.env,
         ],
         **env_from(access),
@@ -441,13 +452,15 @@ def serving_plan(
     spec: api.NeuronInferenceServiceSpec,
     served: ServedArtifact,
     devices: api.DeviceAllocation = "devicePlugin",
+    *,
+    start_time_scale: float = 1.0,
 ) -> ServingPlan:
     """What a service serves ``served`` with; ``devices``: how Neuron replicas get theirs (the spec's, else the
-    operator's default)."""
+    operator's default); ``start_time_scale``: the share of a Neuron replica's start simulated replicas spend."""
     claim = claim_template(owner, namespace, spec) if claims_devices(spec, devices) else None
     return ServingPlan(
         configmap=engine_configmap(owner, namespace, spec, served.hash),
-        deployment=deployment(owner, namespace, spec, served, claim),
+        deployment=deployment(owner, namespace, spec, served, claim, start_time_scale=start_time_scale),
         service=service(owner, namespace),
         disruption_budget=disruption_budget(owner, namespace),
         claim_template=claim,
@@ -480,10 +493,12 @@ def canary_plan(
     served: ServedArtifact,
     replicas: int,
     devices: api.DeviceAllocation = "devicePlugin",
+    *,
+    start_time_scale: float = 1.0,
 ) -> ServingPlan:
     """What a canary of ``served`` runs with: ``replicas`` of it beside the stable revision's, in a Deployment of
     their own whose pods carry the canary track (the Service and the budget are the service's, selecting both)."""
-    planned = serving_plan(owner, namespace, spec, served, devices)
+    planned = serving_plan(owner, namespace, spec, served, devices, start_time_scale=start_time_scale)
     canary = planned.deployment
     track = {LABEL_TRACK: TRACK_CANARY}
     canary["metadata"]["name"] = canary_name(owner.name)

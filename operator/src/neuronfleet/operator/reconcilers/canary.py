@@ -45,9 +45,11 @@ def scrape_http(address: str) -> str:
 class Canaries:
     """Runs the canaries of services with ``spec.rollout.canary``; the caller holds the service's lock."""
 
-    def __init__(self, kube: Kube, scrape: Scrape = scrape_http) -> None:
+    def __init__(self, kube: Kube, scrape: Scrape = scrape_http, *, start_time_scale: float = 1.0) -> None:
         self.kube = kube
         self.scrape = scrape
+        #: The share of a Neuron replica's start that simulated replicas spend (the operator's setting).
+        self.start_time_scale = start_time_scale
         #: By (namespace, service, revision on trial): each stable pod's figures when the canary began.
         self._stable_start: dict[tuple[str, str, str], dict[str, canary.Figures]] = {}
 
@@ -95,7 +97,9 @@ class Canaries:
             if unrouted:
                 self.remove(namespace, owner.name)
             return state, self._inputs_kept(owner, namespace, spec, served, devices, unrouted), events, None
-        planned = plan.canary_plan(owner, namespace, spec, served, state.canary_replicas, devices)
+        planned = plan.canary_plan(
+            owner, namespace, spec, served, state.canary_replicas, devices, start_time_scale=self.start_time_scale
+        )
         self.kube.apply(planned.configmap)
         if planned.claim_template is not None:
             self.kube.apply(planned.claim_template)

@@ -40,6 +40,7 @@ class Manager:
         router_images: plan.RouterImages | None = None,
         artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
         devices: NeuronDevices | None = None,
+        start_time_scale: float = 1.0,
         events_first_timeout: float = EVENTS_FIRST_TIMEOUT_S,
     ) -> None:
         self.kube = kube
@@ -60,6 +61,7 @@ class Manager:
             self.nodes,
             artifact_history_limit=artifact_history_limit,
             devices=devices,
+            start_time_scale=start_time_scale,
         )
         self.artifacts = ArtifactReconciler(kube, emit, status, self.locks, self.metrics)
         # Event-driven reconciles running now: a resync lets them finish before its next object.

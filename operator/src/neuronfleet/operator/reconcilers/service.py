@@ -54,6 +54,7 @@ class ServiceReconciler:
         artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
         devices: NeuronDevices | None = None,
         canaries: Canaries | None = None,
+        start_time_scale: float = 1.0,
     ) -> None:
         self.kube = kube
         self.status = status
@@ -67,7 +68,9 @@ class ServiceReconciler:
         self.artifact_history_limit = artifact_history_limit
         #: How Neuron replicas get devices, for services whose spec.placement says not.
         self.devices = devices or NeuronDevices("devicePlugin")
-        self.canaries = canaries or Canaries(kube)
+        #: The share of a Neuron replica's start that replicas on the simulated device spend.
+        self.start_time_scale = start_time_scale
+        self.canaries = canaries or Canaries(kube, start_time_scale=start_time_scale)
 
     def reconcile(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
@@ -115,7 +118,7 @@ class ServiceReconciler:
         if trial is not None and trial.phase != "Promoted":
             serve = decide.Serve.KEEP
         if serve is decide.Serve.TARGET:
-            serving = plan.serving_plan(owner, namespace, spec, served, devices)
+            serving = plan.serving_plan(owner, namespace, spec, served, devices, start_time_scale=self.start_time_scale)
             deployment = self._apply(serving)
             applied |= serving.pod_inputs
         elif serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.desired_replicas:
