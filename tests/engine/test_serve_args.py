@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +11,13 @@ import typer
 import vllm.envs as vllm_envs
 
 from neuronfleet.contract.config import EngineConfig
-from neuronfleet.contract.model_shapes import served_name, shape_for_model
+from neuronfleet.contract.hardware import get_instance_type
+from neuronfleet.contract.model_shapes import get_shape, served_name, shape_for_model
 from neuronfleet.contract.names import HTTP_KEEP_ALIVE_S, HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.contract.sim_settings import EXECUTOR_CLS, START_TIME_SCALE_ENV, SimSettings
-from neuronfleet.engine.cli.serve import sim_settings
+from neuronfleet.engine.cli.main import app
+from neuronfleet.engine.cli.options import ServeOptions
+from neuronfleet.engine.cli.serve import plan_serve, sim_settings
 from neuronfleet.engine.serving.serve import (
     CPU_COMPILE_ENVS,
     KEEP_ALIVE_ENV,
@@ -27,7 +28,9 @@ from neuronfleet.engine.serving.serve import (
     serve_environment,
     vllm_serve_argv,
 )
+from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.platform import activate
+from neuronfleet.engine.tuning.prefill_cap import derive_prefill_cap
 from neuronfleet.operator.plan import routing
 
 ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=8192, tensor_parallel_size=8)
@@ -225,11 +228,39 @@ def test_kv_events_are_published_on_their_port_and_replayed_on_the_next() -> Non
     ],
 )
 def test_ports_that_clash_are_refused_before_anything_starts(
-    run_cli: Callable[..., subprocess.CompletedProcess[str]], ports: list[str], complaint: str
+    ports: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    refused = run_cli("neuronfleet-engine", "serve", "--device", "sim", *ports)
-    assert refused.returncode == 2, refused.stderr
-    assert complaint in refused.stderr
+    with pytest.raises(typer.Exit) as refused:
+        plan_serve(serve_options("--device", "sim", *ports))
+    assert refused.value.exit_code == 2
+    assert complaint in capsys.readouterr().err
+
+
+def test_serve_resolves_the_prefill_cap_and_the_artifact_before_it_fetches_anything(tmp_path: Path) -> None:
+    config = tmp_path / "engine.yaml"
+    config.write_text(json.dumps({"max_num_seqs": 8, "max_model_len": 4096, "max_num_batched_tokens": 4096}))
+    args = ("-c", str(config), "--device", "sim", "--model", "hf://meta-llama/Llama-3.1-8B", "--port", "9000")
+    planned = plan_serve(serve_options(*args, "--artifact-store", str(tmp_path / "store")), ["--seed", "1"])
+    request = planned.request
+    # `auto` is decided by the simulated replica's step times: an 8B at TP 1 on a trn2.48xlarge.
+    cost = CostModel(get_instance_type("trn2.48xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=1)
+    assert request.engine.scheduler.max_prefill_tokens_while_decoding == derive_prefill_cap(request.engine, cost) == 256
+    assert (request.sim.shape, request.port, request.extra_args) == ("llama-3.1-8b", 9000, ("--seed", "1"))
+    assert request.served_model_name == "meta-llama/Llama-3.1-8B"
+    # The artifact named is the 8B's for the simulated device; nothing is fetched or compiled yet.
+    assert planned.identity is not None
+    assert (planned.identity.model.uri, planned.identity.device) == ("hf://meta-llama/Llama-3.1-8B", "sim")
+    assert request.artifact_dir is None
+    assert not (tmp_path / "store").exists()
+    assert plan_serve(serve_options(*args)).identity is None
+
+
+def serve_options(*args: str) -> ServeOptions:
+    """``serve``'s options as the engine's command line parses ``args``."""
+    group = typer.main.get_command(app)
+    context = group.make_context("neuronfleet-engine", ["serve", *args])
+    serve = group.get_command(context, "serve")  # type: ignore[attr-defined]
+    return ServeOptions(**serve.make_context("serve", list(args), parent=context).params)
 
 
 def test_the_sim_settings_take_the_weights_store_from_the_model_and_the_start_time_scale_from_the_environment(

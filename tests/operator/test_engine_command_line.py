@@ -18,6 +18,7 @@ from neuronfleet.contract.hardware import INSTANCE_TYPES
 from neuronfleet.contract.invocation import CompileInvocation, ServeInvocation
 from neuronfleet.contract.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.engine.cli.main import app
+from neuronfleet.engine.cli.options import CompileOptions, ServeOptions
 from neuronfleet.operator import api, plan
 
 ENGINE = typer.main.get_command(app)
@@ -98,6 +99,23 @@ def test_every_field_of_an_invocation_is_the_engine_option_of_its_name(
     for field in dataclasses.fields(invocation):
         value = getattr(invocation, field.name)
         assert str(params[field.name]) == str(value), field.name
+
+
+@pytest.mark.parametrize(
+    ("invocation", "options"),
+    [(CompileInvocation, CompileOptions), (ServeInvocation, ServeOptions)],
+    ids=["compile", "serve"],
+)
+def test_an_option_the_operator_leaves_out_means_what_the_engine_defaults_it_to(
+    invocation: type[CompileInvocation | ServeInvocation], options: type[CompileOptions | ServeOptions]
+) -> None:
+    engine_defaults = {field.name: field.default for field in dataclasses.fields(options)}
+    for field in dataclasses.fields(invocation):
+        assert field.name in engine_defaults, f"--{field.name} is not an option of the engine's {invocation.command}"
+        if field.default is not dataclasses.MISSING:
+            # A tuple the operator leaves empty is an option the engine never sees.
+            expected = None if field.default == () else field.default
+            assert engine_defaults[field.name] == expected, field.name
 
 
 def test_an_option_at_its_default_is_left_out() -> None:

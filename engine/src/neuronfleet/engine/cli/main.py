@@ -26,8 +26,9 @@ from neuronfleet.engine.cli.common import (
     out,
 )
 from neuronfleet.engine.cli.fleet import fleet_app
+from neuronfleet.engine.cli.options import CompileOptions, ServeOptions, command
 from neuronfleet.engine.cli.recommend import recommend_buckets
-from neuronfleet.engine.cli.serve import compile_command, serve_command
+from neuronfleet.engine.cli.serve import compile_artifact, serve
 from neuronfleet.engine.offline.scenarios import SCENARIOS
 
 # rich_markup_mode=None: help is shown as written. Typer's default reads it as rich markup, where
@@ -169,5 +170,5 @@ def adapter_digest_command(
 
 
 buckets_app.command("recommend")(recommend_buckets)
-app.command("compile")(compile_command)
-app.command("serve", context_settings={"allow_extra_args": True})(serve_command)
+app.command("compile")(command(CompileOptions, compile_artifact))
+app.command("serve", context_settings={"allow_extra_args": True})(command(ServeOptions, serve))

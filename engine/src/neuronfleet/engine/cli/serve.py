@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from pydantic import ValidationError
 
 from neuronfleet.contract.config import EngineConfig
@@ -19,142 +19,20 @@ from neuronfleet.contract.hardware import (
     get_instance_type,
     largest_instance_type,
 )
-from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV, CompileIdentity, ModelSource
+from neuronfleet.contract.identity import CompileIdentity, ModelSource
 from neuronfleet.contract.lora import LoraAdapter, LoraSlots
 from neuronfleet.contract.model_shapes import SHAPES, get_shape, served_name, shape_for_model
-from neuronfleet.contract.names import HTTP_PORT, KV_EVENTS_PORT
-from neuronfleet.contract.sim_settings import DEVICE_ENV, START_TIME_SCALE_ENV, ClockMode, Device, SimSettings
+from neuronfleet.contract.sim_settings import START_TIME_SCALE_ENV, ClockMode, Device, SimSettings
 from neuronfleet.contract.start_time import weights_store
 from neuronfleet.engine.artifacts.adapters import provision_adapter
 from neuronfleet.engine.artifacts.provision import cache_root, compile_into_store, serving_artifact
 from neuronfleet.engine.artifacts.store import ArtifactError
 from neuronfleet.engine.cli.artifacts import StderrProgress, outcome_line, refuse_to_serve
-from neuronfleet.engine.cli.common import (
-    AsyncSchedulingOption,
-    ConfigOption,
-    err,
-    fail,
-    fail_validation,
-    load_config,
-    out,
-)
+from neuronfleet.engine.cli.common import err, fail, fail_validation, load_config, out
+from neuronfleet.engine.cli.options import CompileOptions, ServeOptions
 from neuronfleet.engine.serving.serve import ServeRequest, exec_vllm_serve
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.tuning.prefill_cap import resolve_prefill_cap
-
-DEFAULT_MODEL = "hf://neuronfleet/tiny"
-
-DeviceOption = Annotated[
-    Device,
-    typer.Option(
-        "--device",
-        envvar=DEVICE_ENV,
-        help="neuron (a Neuron host with the vLLM Neuron plugin) or sim (the simulated Neuron device).",
-    ),
-]
-ModelOption = Annotated[
-    str, typer.Option("--model", help="hf://org/name or s3://bucket/path; on the sim device it picks the shape.")
-]
-RevisionOption = Annotated[str, typer.Option("--revision", help="Model revision (part of the artifact identity).")]
-TargetOption = Annotated[NeuronTarget, typer.Option("--target", help="Neuron target: trn1, trn2, trn3 or inf2.")]
-ImageOption = Annotated[
-    str | None,
-    typer.Option(
-        "--engine-image",
-        help="Engine image (part of the artifact identity). Default: this version's.",
-        show_default=False,
-    ),
-]
-StoreOption = Annotated[
-    str | None,
-    typer.Option(
-        "--artifact-store",
-        help="Where compiled artifacts are kept, one per hash: a directory or s3://BUCKET[/PREFIX].",
-        show_default=False,
-    ),
-]
-CacheOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--cache-dir",
-        envvar=ARTIFACT_CACHE_ENV,
-        help="Local copies of s3:// artifacts (compiled here, then uploaded; downloaded before serving). "
-        "Default: $XDG_CACHE_HOME/neuronfleet/artifacts (~/.cache by default).",
-        show_default=False,
-    ),
-]
-HashOption = Annotated[
-    str | None,
-    typer.Option(
-        "--artifact-hash", help="The artifact's identity hash, checked against the one computed.", show_default=False
-    ),
-]
-ShapeOption = Annotated[
-    str | None,
-    typer.Option(
-        "--shape",
-        help=f"Simulated model shape: {', '.join(SHAPES)}. Default: from --model.",
-        show_default=False,
-    ),
-]
-InstanceOption = Annotated[
-    InstanceTypeName | None,
-    typer.Option(
-        "--instance-type",
-        help=(
-            "Instance type the simulated device stands for, or the Neuron host is (its step times derive the "
-            "prefill cap, auto). Default: the target's largest."
-        ),
-        show_default=False,
-    ),
-]
-ClockOption = Annotated[
-    ClockMode, typer.Option("--clock", help="Simulated time: real (sleep for each step) or virtual (count only).")
-]
-LncOption = Annotated[
-    int | None,
-    typer.Option(
-        "--logical-neuron-cores",
-        min=1,
-        max=2,
-        help=(
-            "Physical NeuronCores per logical core (LNC) the graphs are compiled for; part of the artifact identity. "
-            "Default: the target's (2 on trn2 and trn3; trn1 and inf2 take only 1)."
-        ),
-        show_default=False,
-    ),
-]
-
-
-MaxLorasOption = Annotated[
-    int | None,
-    typer.Option(
-        "--max-loras",
-        min=1,
-        max=64,
-        help="LoRA slots the graphs are compiled with (part of the artifact identity). Default: no LoRA.",
-        show_default=False,
-    ),
-]
-MaxLoraRankOption = Annotated[
-    int | None,
-    typer.Option(
-        "--max-lora-rank",
-        help="The largest adapter rank a LoRA slot holds: 8, 16, 32, 64, 128 or 256. Default with --max-loras: 16.",
-        show_default=False,
-    ),
-]
-
-
-LoraAdapterOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--lora-adapter",
-        help="A LoRA adapter to serve, NAME=SOURCE[@SHA256] (SOURCE: s3://bucket/prefix or a folder); "
-        "repeat for more, at most --max-loras.",
-        show_default=False,
-    ),
-]
 
 
 def lora_slots(max_loras: int | None, max_lora_rank: int | None) -> LoraSlots | None:
@@ -265,63 +143,42 @@ def resolve_on_neuron(
     return resolve_prefill_cap(engine, step_times(instance, shape, engine))
 
 
-def compile_command(
-    config: ConfigOption = None,
-    model: ModelOption = DEFAULT_MODEL,
-    revision: RevisionOption = "main",
-    target: TargetOption = "trn2",
-    engine_image: ImageOption = None,
-    artifact_store: StoreOption = None,
-    artifact_hash: HashOption = None,
-    cache_dir: CacheOption = None,
-    device: DeviceOption = "neuron",
-    shape: ShapeOption = None,
-    instance_type: InstanceOption = None,
-    clock: ClockOption = "real",
-    logical_neuron_cores: LncOption = None,
-    max_loras: MaxLorasOption = None,
-    max_lora_rank: MaxLoraRankOption = None,
-) -> None:
+def identity_of(options: CompileOptions, engine: EngineConfig, lora: LoraSlots | None) -> CompileIdentity:
+    """The identity of the artifact ``options`` name for ``engine``: the function the operator uses."""
+    return compile_identity(
+        engine, options.model, options.revision, options.target, options.engine_image, options.device,
+        options.logical_neuron_cores, lora,
+    )  # fmt: skip
+
+
+def device_settings(options: CompileOptions) -> SimSettings:
+    """The simulated device's settings, checked, on ``--device sim``; the defaults (unread) on Neuron."""
+    if options.device != "sim":
+        return SimSettings()
+    return sim_settings(
+        options.model, options.target, options.shape, options.instance_type, options.clock,
+        options.logical_neuron_cores,
+    )  # fmt: skip
+
+
+def compile_artifact(options: CompileOptions, _: Sequence[str] = ()) -> None:
     """Compile every bucket's graph into the artifact store; an artifact already complete is not compiled again."""
-    check_device(device)
-    engine = load_config(config, None, None, None, None, None)
-    lora = lora_slots(max_loras, max_lora_rank)
-    if artifact_store is None:
+    check_device(options.device)
+    engine = load_config(options.config, None, None, None, None, None)
+    lora = lora_slots(options.max_loras, options.max_lora_rank)
+    if options.artifact_store is None:
         fail("--artifact-store is required: the directory that holds compiled artifacts")
-    identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores, lora)
-    if artifact_hash is not None and artifact_hash != identity.hash():
-        fail(f"--artifact-hash {artifact_hash} does not match the identity computed here ({identity.hash()})")
-    settings = SimSettings()
-    if device == "sim":
-        settings = sim_settings(model, target, shape, instance_type, clock, logical_neuron_cores)
+    identity = identity_of(options, engine, lora)
+    if options.artifact_hash is not None and options.artifact_hash != identity.hash():
+        fail(f"--artifact-hash {options.artifact_hash} does not match the identity computed here ({identity.hash()})")
     try:
         outcome = compile_into_store(
-            engine, identity, artifact_store, cache=cache_root(cache_dir), settings=settings, progress=StderrProgress()
-        )
+            engine, identity, options.artifact_store, cache=cache_root(options.cache_dir),
+            settings=device_settings(options), progress=StderrProgress(),
+        )  # fmt: skip
     except ArtifactError as error:
         fail(str(error))
     out.print(outcome_line(outcome))
-
-
-KvEventsPortOption = Annotated[
-    int | None,
-    typer.Option(
-        min=1,
-        max=65535,
-        help=f"Publish KV cache events (blocks cached and evicted, vLLM's format, over ZMQ) on this port, e.g. "
-        f"{KV_EVENTS_PORT}, for a prefix-cache-aware router. Default: off.",
-        show_default=False,
-    ),
-]
-KvEventsReplayPortOption = Annotated[
-    int | None,
-    typer.Option(
-        min=1,
-        max=65535,
-        help="Replay recent KV cache events on this port. Default: --kv-events-port + 1.",
-        show_default=False,
-    ),
-]
 
 
 def check_ports(port: int, kv_events_port: int | None, kv_events_replay_port: int | None) -> None:
@@ -337,84 +194,61 @@ def check_ports(port: int, kv_events_port: int | None, kv_events_replay_port: in
         )
 
 
-def serve_command(
-    ctx: typer.Context,
-    config: ConfigOption = None,
-    device: DeviceOption = "neuron",
-    model: ModelOption = DEFAULT_MODEL,
-    revision: RevisionOption = "main",
-    target: TargetOption = "trn2",
-    engine_image: ImageOption = None,
-    artifact_store: StoreOption = None,
-    artifact_hash: HashOption = None,
-    cache_dir: CacheOption = None,
-    compile_on_start: Annotated[
-        bool, typer.Option("--compile-on-start", help="Compile a missing or incomplete artifact instead of refusing.")
-    ] = False,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = HTTP_PORT,
-    drain_timeout: Annotated[
-        int, typer.Option("--drain-timeout", min=0, help="Seconds in-flight requests have to finish after SIGTERM.")
-    ] = 30,
-    async_scheduling: AsyncSchedulingOption = True,
-    served_model_name: Annotated[
-        str | None,
-        typer.Option(
-            "--served-model-name", help="The model name clients use. Default: from --model.", show_default=False
-        ),
-    ] = None,
-    shape: ShapeOption = None,
-    instance_type: InstanceOption = None,
-    clock: ClockOption = "real",
-    kv_events_port: KvEventsPortOption = None,
-    kv_events_replay_port: KvEventsReplayPortOption = None,
-    logical_neuron_cores: LncOption = None,
-    max_loras: MaxLorasOption = None,
-    max_lora_rank: MaxLoraRankOption = None,
-    lora_adapter: LoraAdapterOption = None,
-) -> None:
-    """Serve the OpenAI-compatible API: vLLM's server with the Neuron scheduler. Arguments after -- go to vLLM."""
-    check_device(device)
-    check_ports(port, kv_events_port, kv_events_replay_port)
-    engine = load_config(config, None, None, None, None, None)
-    lora = lora_slots(max_loras, max_lora_rank)
-    name = served_model_name or served_name(model)
-    adapters = parse_adapters(lora_adapter or [], lora, name)
-    lnc = logical_neuron_cores
-    settings = sim_settings(model, target, shape, instance_type, clock, lnc) if device == "sim" else SimSettings()
-    if device == "sim":
+@dataclass(frozen=True)
+class ServePlan:
+    """What ``serve`` runs, decided from its options alone: checked, ``auto`` resolved, nothing fetched yet."""
+
+    #: The server, but for what the edge fills in: the model's directory, the artifact's and the adapters'.
+    request: ServeRequest
+    #: The artifact to serve (``None``: compiled at start, on the simulated device only).
+    identity: CompileIdentity | None
+    adapters: list[LoraAdapter]
+
+
+def plan_serve(options: ServeOptions, vllm_args: Sequence[str] = ()) -> ServePlan:
+    """``serve``'s options checked and resolved into what it runs; bad input is one line and exit 2."""
+    check_device(options.device)
+    check_ports(options.port, options.kv_events_port, options.kv_events_replay_port)
+    engine = load_config(options.config, None, None, None, None, None)
+    lora = lora_slots(options.max_loras, options.max_lora_rank)
+    name = options.served_model_name or served_name(options.model)
+    adapters = parse_adapters(options.lora_adapter or [], lora, name)
+    settings = device_settings(options)
+    if options.device == "sim":
         # The simulated device's step times are the cost model's: `auto` is derived from them.
-        engine = resolve_prefill_cap(engine, step_times(settings.instance_type, settings.shape, engine, lnc))
+        cost = step_times(settings.instance_type, settings.shape, engine, options.logical_neuron_cores)
+        engine = resolve_prefill_cap(engine, cost)
     else:
-        engine = resolve_on_neuron(engine, model, target, shape, instance_type)
-    directory = None
-    if artifact_store is not None:
-        identity = compile_identity(engine, model, revision, target, engine_image, device, logical_neuron_cores, lora)
-        directory = _artifact_directory(
-            engine, identity, artifact_store, artifact_hash, cache_dir, settings, compile_on_start
-        )
-    elif artifact_hash is not None:
+        engine = resolve_on_neuron(engine, options.model, options.target, options.shape, options.instance_type)
+    identity = None
+    if options.artifact_store is not None:
+        identity = identity_of(options, engine, lora)
+    elif options.artifact_hash is not None:
         fail("--artifact-hash needs --artifact-store")
-    elif device == "neuron":
+    elif options.device == "neuron":
         fail("--device neuron needs --artifact-store: compile with `neuronfleet-engine compile` first")
+    request = ServeRequest(
+        engine=engine, device=options.device, model=options.model, served_model_name=name, revision=options.revision,
+        host=options.host, port=options.port, drain_timeout=options.drain_timeout,
+        async_scheduling=options.async_scheduling, sim=settings, kv_events_port=options.kv_events_port,
+        kv_events_replay_port=options.kv_events_replay_port, lora=lora, extra_args=tuple(vllm_args),
+    )  # fmt: skip
+    return ServePlan(request, identity, adapters)
+
+
+def serve(options: ServeOptions, vllm_args: Sequence[str] = ()) -> None:
+    """Serve the OpenAI-compatible API: vLLM's server with the Neuron scheduler. Arguments after -- go to vLLM."""
+    planned = plan_serve(options, vllm_args)
+    request = planned.request
+    directory = None
+    if planned.identity is not None:
+        directory = _artifact_directory(options, request.engine, planned.identity, request.sim)
     exec_vllm_serve(
-        ServeRequest(
-            engine=engine,
-            device=device,
-            model=model_to_load(model, device, settings, engine),
-            served_model_name=name,
-            revision=revision,
-            host=host,
-            port=port,
-            drain_timeout=drain_timeout,
-            async_scheduling=async_scheduling,
+        replace(
+            request,
+            model=model_to_load(options.model, options.device, request.sim, request.engine),
             artifact_dir=directory,
-            sim=settings,
-            kv_events_port=kv_events_port,
-            kv_events_replay_port=kv_events_replay_port,
-            lora=lora,
-            adapters=provision_adapters(adapters, cache_dir),
-            extra_args=tuple(ctx.args),
+            adapters=provision_adapters(planned.adapters, options.cache_dir),
         )
     )
 
@@ -464,24 +298,19 @@ def provision_adapters(adapters: list[LoraAdapter], cache_dir: Path | None) -> d
 
 
 def _artifact_directory(
-    engine: EngineConfig,
-    identity: CompileIdentity,
-    store: str,
-    artifact_hash: str | None,
-    cache_dir: Path | None,
-    settings: SimSettings,
-    compile_on_start: bool,
+    options: ServeOptions, engine: EngineConfig, identity: CompileIdentity, settings: SimSettings
 ) -> Path:
-    """The artifact to serve, verified in the local cache (compiled first with ``compile_on_start``)."""
+    """The artifact to serve, verified in the local cache (compiled first with ``--compile-on-start``)."""
+    assert options.artifact_store is not None
     try:
         artifact = serving_artifact(
             engine,
             identity,
-            store,
-            artifact_hash=artifact_hash,
-            cache=cache_root(cache_dir),
+            options.artifact_store,
+            artifact_hash=options.artifact_hash,
+            cache=cache_root(options.cache_dir),
             settings=settings,
-            compile_on_start=compile_on_start,
+            compile_on_start=options.compile_on_start,
             progress=StderrProgress(),
         )
     except ArtifactError as error:
