@@ -40,17 +40,14 @@ class NeuronCompiledArtifactSpec(CompileIdentity):
         description="How the compile Job runs; from the service that first needed this artifact.",
     )
 
+    @classmethod
+    def compiling(cls, identity: CompileIdentity, compile: CompileSettings) -> NeuronCompiledArtifactSpec:
+        """The artifact of ``identity``, compiled as ``compile`` says."""
+        return cls(**dict(identity), compile=compile)
+
     def identity(self) -> CompileIdentity:
         """The identity alone, without compile settings."""
-        return CompileIdentity(
-            model=self.model,
-            engine=self.engine,
-            target=self.target,
-            image=self.image,
-            device=self.device,
-            logical_neuron_cores=self.logical_neuron_cores,
-            lora=self.lora,
-        )
+        return CompileIdentity(**{name: getattr(self, name) for name in CompileIdentity.model_fields})
 
 
 BucketState = Literal["Pending", "Compiled", "Failed"]

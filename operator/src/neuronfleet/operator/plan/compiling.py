@@ -45,16 +45,7 @@ def compile_job_name(artifact: str) -> str:
 def artifact(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec) -> Obj:
     """The NeuronCompiledArtifact a service needs, owned (not controlled) by it: services share it."""
     identity = spec.identity()
-    artifact_spec = api.NeuronCompiledArtifactSpec(
-        model=identity.model,
-        engine=identity.engine,
-        target=identity.target,
-        image=identity.image,
-        device=identity.device,
-        logical_neuron_cores=identity.logical_neuron_cores,
-        lora=identity.lora,
-        compile=spec.compile,
-    )
+    artifact_spec = api.NeuronCompiledArtifactSpec.compiling(identity, spec.compile)
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.ARTIFACT_KIND.kind,
