@@ -89,7 +89,7 @@ from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.operator import api, plan
-from neuronfleet.operator.kube import (
+from neuronfleet.operator.cluster.kube import (
     ARTIFACTS,
     CONFIGMAPS,
     DEPLOYMENTS,

@@ -56,6 +56,7 @@ from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.engine.fleet import rig
 from neuronfleet.engine.fleet.workloads import PREFIX_MIXES as MIXES
 from neuronfleet.operator import api
+from neuronfleet.operator.plan import picker as picker_plan
 from neuronfleet.operator.plan import routing
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_routing.json"
@@ -175,7 +176,7 @@ def main() -> None:
         scoring = picker.PickerScoring(
             args.prefix_weight, engine.block_size, inflight_tokens=True, step_tokens=engine.max_num_batched_tokens
         )
-        start_router_copy(fleet, PREFIX_AWARE, routing.picker_config(scoring))
+        start_router_copy(fleet, PREFIX_AWARE, picker_plan.picker_config(scoring))
         print(f"[{time.monotonic() - began:5.0f} s] {REPLICAS} replicas Ready behind both pickers", flush=True)
         sides = list(SIDES)
         for mix in args.mixes:

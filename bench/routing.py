@@ -64,6 +64,8 @@ from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.devcluster.realnode.store import NodeImageStore, OciImage
 from neuronfleet.engine.fleet.workloads import LONG_MAX_TOKENS, ROUTING_MIXES, SHORT_TOKENS, stream_seed
 from neuronfleet.operator.plan import RouterImages, routing
+from neuronfleet.operator.plan import envoy as envoy_plan
+from neuronfleet.operator.plan import picker as picker_plan
 
 RESULTS = Path(__file__).resolve().parent / "results" / "routing.json"
 Obj = dict[str, Any]
@@ -222,7 +224,7 @@ def summary(answers: list[Answer], seconds: float, slo_s: float) -> Obj:
         "ttft_p99_s": quantile(ok, 0.99),
         "goodput_rps": sum(1 for latency in ok if latency <= slo_s) / seconds,
         # Envoy names the replica; through the plain Service nothing does (0: not known).
-        "replicas_used": len({a.recorded.get(routing.UPSTREAM_HEADER) for a in answers if a.ok} - {None}),
+        "replicas_used": len({a.recorded.get(envoy_plan.UPSTREAM_HEADER) for a in answers if a.ok} - {None}),
     }
 
 
@@ -244,7 +246,7 @@ def main() -> None:
     windows: dict[str, dict[str, list[list[Answer]]]] = {mix: {side: [] for side in SIDES} for mix in mixes}
     long_failures = {mix: dict.fromkeys(SIDES, 0) for mix in mixes}
     with routed_fleet("bench-routing", ENGINE) as fleet:
-        start_router_copy(fleet, ENGINE_METRICS, routing.picker_config(picker.PickerScoring(inflight_tokens=False)))
+        start_router_copy(fleet, ENGINE_METRICS, picker_plan.picker_config(picker.PickerScoring(inflight_tokens=False)))
         print(f"[{time.monotonic() - began:5.0f} s] service Ready behind both pickers", flush=True)
         sides = list(SIDES)
         for mix in mixes:

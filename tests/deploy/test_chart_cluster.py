@@ -31,7 +31,7 @@ from neuronfleet.devcluster.demo import operator_release
 from neuronfleet.devcluster.images.dockerfile import BuiltImage
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.operator.api import parse_service_spec
-from neuronfleet.operator.kube import ARTIFACTS, Kube
+from neuronfleet.operator.cluster.kube import ARTIFACTS, Kube
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuronfleet"

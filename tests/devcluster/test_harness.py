@@ -38,4 +38,4 @@ def test_the_engine_tests_plugins_do_not_import_kopf() -> None:
 
 def test_the_check_sees_kopf_when_it_is_imported() -> None:
     # The operator's handlers import kopf: the check above would see it.
-    assert kopf_modules_loaded("tests/conftest.py", "neuronfleet.operator.handlers") != "[]"
+    assert kopf_modules_loaded("tests/conftest.py", "neuronfleet.operator.runtime.handlers") != "[]"

@@ -31,7 +31,7 @@ from neuronfleet.engine.serving.serve import (
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.platform import activate
 from neuronfleet.engine.tuning.prefill_cap import derive_prefill_cap
-from neuronfleet.operator.plan import routing
+from neuronfleet.operator.plan import envoy
 
 ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096, max_model_len=8192, tensor_parallel_size=8)
 
@@ -140,7 +140,7 @@ def test_the_routers_envoy_closes_an_idle_engine_connection_before_the_engine_do
     assert env[KEEP_ALIVE_ENV] == str(HTTP_KEEP_ALIVE_S)
     monkeypatch.setenv(KEEP_ALIVE_ENV, env[KEEP_ALIVE_ENV])
     assert vllm_envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE == HTTP_KEEP_ALIVE_S
-    clusters = {c["name"]: c for c in routing.envoy_config()["static_resources"]["clusters"]}
+    clusters = {c["name"]: c for c in envoy.envoy_config()["static_resources"]["clusters"]}
     options = clusters["pool"]["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]

@@ -40,7 +40,7 @@ from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
 
 # pydantic and yaml only, so it imports in the vLLM 0.29 venv of `make compat` too.
-from neuronfleet.operator import canary, scaling
+from neuronfleet.operator.policy import canary, scaling
 
 pytestmark = pytest.mark.vllm_matrix
 
@@ -265,7 +265,7 @@ def test_padding_metrics_match_the_bucket_sets(server: EngineServer) -> None:
 
 
 def test_the_canary_analysis_reads_what_a_served_completion_adds_to_the_engines_metrics(server: EngineServer) -> None:
-    """The operator's canary parser (``neuronfleet.operator.canary``) on the engine's own ``/metrics``."""
+    """The operator's canary parser (``neuronfleet.operator.policy.canary``) on the engine's own ``/metrics``."""
     before = canary.parse_figures(server.request("/metrics").body.decode())
     completion(server, prompt(30), 4)
     added = canary.parse_figures(server.request("/metrics").body.decode()) - before

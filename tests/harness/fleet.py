@@ -35,7 +35,7 @@ from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.faults import FAULTS_PATH
 from neuronfleet.operator import plan
 from neuronfleet.operator.api import API_VERSION, SERVICE_KIND, parse_service_spec
-from neuronfleet.operator.plan import RouterImages, routing
+from neuronfleet.operator.plan import RouterImages, envoy
 
 Obj = dict[str, Any]
 CHART = Path(__file__).resolve().parents[2] / "charts" / "neuronfleet"
@@ -241,7 +241,7 @@ class Fleet:
             max_tokens=max_tokens,
             header=ARTIFACT_HEADER,
             model=model,
-            record=(*RECORDED_HEADERS, routing.UPSTREAM_HEADER, routing.ROUTER_HEADER, routing.TRACK_HEADER),
+            record=(*RECORDED_HEADERS, envoy.UPSTREAM_HEADER, envoy.ROUTER_HEADER, envoy.TRACK_HEADER),
             prompt=prompt,
             distinct_prompts=distinct_prompts,
             keep_alive=keep_alive,

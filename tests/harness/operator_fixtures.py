@@ -16,7 +16,7 @@ import pytest
 from harness.services import Services
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.operator.kube import Kube
+from neuronfleet.operator.cluster.kube import Kube
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

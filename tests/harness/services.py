@@ -14,7 +14,7 @@ from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.controlplane.status import observed, phase_of, ready_at
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator.api import API_VERSION
-from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Kube
+from neuronfleet.operator.cluster.kube import ARTIFACTS, PODS, SERVICES_NIS, Kube
 
 Obj = dict[str, Any]
 

@@ -21,7 +21,8 @@ from neuronfleet.contract import picker as scoring_rules
 from neuronfleet.devcluster.images import node_images
 from neuronfleet.devcluster.images.inputs import checkout
 from neuronfleet.devcluster.realnode.store import OciImage
-from neuronfleet.operator.plan import routing
+from neuronfleet.operator.plan import envoy as envoy_plan
+from neuronfleet.operator.plan import picker as picker_plan
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +152,7 @@ def test_the_pickers_epp_loads_the_operators_scoring(
     ran = subprocess.run(
         [
             str(epp),
-            *routing.picker_args("llama", "serving", scoring),
+            *picker_plan.picker_args("llama", "serving", scoring),
         ],
         env={"KUBECONFIG": str(kubeconfig)},
         capture_output=True,
@@ -179,7 +180,7 @@ def test_the_pickers_epp_loads_the_operators_scoring(
     assert (inflight in effective) == inflight_tokens, effective
     # Pods are read with the engine mapping of ours, the default for pods without an engine-type label.
     engines = [entry.get("engine") for entry in logged if entry["msg"] == "Registered engine mapping"]
-    assert engines[0] == routing.ENGINE
+    assert engines[0] == picker_plan.ENGINE
 
 
 def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tmp_path: Path) -> None:
@@ -197,7 +198,7 @@ def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tm
 
     def validate(filter_name: str, processor: str) -> subprocess.CompletedProcess[str]:
         # The bootstrap the operator gives each router pod (its ConfigMap), with one filter renamed.
-        text = json.dumps(routing.envoy_config())
+        text = json.dumps(envoy_plan.envoy_config())
         config = tmp_path / f"{filter_name}.json"
         config.write_text(text.replace("envoy.filters.http.ext_proc", filter_name).replace("ext_proc.v3", processor))
         argv = [str(binary), "--mode", "validate", "-c", str(config), "--log-level", "error"]
@@ -210,7 +211,7 @@ def test_envoy_is_the_pinned_release_with_ext_proc_and_no_python(envoy: Path, tm
     missing = validate("envoy.filters.http.no_such_filter", "no_such_filter.v3")
     assert missing.returncode != 0
     # A canary's split, given inline as the router pods give it.
-    split = json.dumps(routing.envoy_config(routing.RevisionSplit("rev-a", 10)))
+    split = json.dumps(envoy_plan.envoy_config(envoy_plan.RevisionSplit("rev-a", 10)))
     argv = [str(binary), "--mode", "validate", "--config-yaml", split, "--log-level", "error"]
     inline = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert inline.returncode == 0, inline.stdout[-2000:] + inline.stderr[-2000:]

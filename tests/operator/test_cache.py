@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuronfleet.operator.cache import (
+from neuronfleet.operator.cluster.cache import (
     APPLIED_ANNOTATION,
     ObjectCache,
     contains,
@@ -13,7 +13,7 @@ from neuronfleet.operator.cache import (
     stamped,
     would_change,
 )
-from neuronfleet.operator.kube import CONFIGMAPS, DEPLOYMENTS
+from neuronfleet.operator.cluster.kube import CONFIGMAPS, DEPLOYMENTS
 
 Obj = dict[str, Any]
 

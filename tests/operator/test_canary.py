@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from neuronfleet.operator import api, canary, decide, plan
-from neuronfleet.operator.canary import CanaryInput, Figures, Verdict
-from neuronfleet.operator.status import Reason
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.policy import canary, rollout
+from neuronfleet.operator.policy.canary import CanaryInput, Figures, Verdict
+from neuronfleet.operator.policy.conditions import Reason
 
 T0 = datetime.datetime(2026, 12, 5, 6, 0, tzinfo=datetime.UTC)
 #: vLLM's own bounds for time to first token (seconds), the start of them.
@@ -177,7 +178,7 @@ def test_a_canary_is_aborted_at_the_first_failed_analysis_even_within_a_pause() 
     state, _ = step(canary.start(CANARY, "abc", 2), at=0)
     aborted, events = step(state, analysis=FAIL, at=5)
     assert (aborted.phase, aborted.canary_replicas, aborted.analysis) == ("Aborted", 0, FAIL.message)
-    # The Ready condition's move to CanaryAborted is the event (decide.service_status).
+    # The Ready condition's move to CanaryAborted is the event (service_status.service_status).
     assert events == []
     assert step(aborted, analysis=PASS, at=60) == (aborted, [])
 
@@ -247,4 +248,4 @@ ROLLED = {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "readyRe
 def test_the_router_routes_by_a_split_once_every_pod_was_made_for_it_and_none_other_drains(
     body: dict[str, Any] | None, split: plan.RevisionSplit | None, routes: bool
 ) -> None:
-    assert decide.router_routes_by(body, split) is routes
+    assert rollout.router_routes_by(body, split) is routes

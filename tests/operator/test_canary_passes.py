@@ -8,8 +8,8 @@ from typing import cast
 
 import pytest
 
-from neuronfleet.operator import drive
 from neuronfleet.operator.reconcilers import Manager
+from neuronfleet.operator.runtime import drive
 
 
 class Reconciled:

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from neuronfleet.operator.api import describe_errors, parse_service_spec, rules
-from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
+from neuronfleet.operator.api.rule import Rule
+from neuronfleet.operator.cluster.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
 
 # The operator's fixtures (`api`, `operator`, `services`), for the modules that run it alone.
 pytest_plugins = ["harness.operator_fixtures"]
@@ -98,7 +99,7 @@ EXAMPLES = [(rule, example) for rule in rules.SERVICE_SPEC_RULES for example in 
     EXAMPLES,
     ids=[f"{rule.name}-{rule.examples.index(example)}" for rule, example in EXAMPLES],
 )
-def test_admission_and_the_operator_say_the_same_thing(api: Kube, rule: rules.Rule[Any], example: Obj) -> None:
+def test_admission_and_the_operator_say_the_same_thing(api: Kube, rule: Rule[Any], example: Obj) -> None:
     # One declaration, two checks: the API server's CEL and the models' Python (what a spec that slipped
     # past admission shows in its status) refuse the same spec on the same field with the same message.
     name = f"same-{rule.name}-{rule.examples.index(example)}"

@@ -19,8 +19,8 @@ from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.operator import scaling
-from neuronfleet.operator.kube import DEPLOYMENTS, SCALED_OBJECTS, SERVICES_NIS, Kube
+from neuronfleet.operator.cluster.kube import DEPLOYMENTS, SCALED_OBJECTS, SERVICES_NIS, Kube
+from neuronfleet.operator.policy import scaling
 
 pytest_plugins = ["harness.operator_fixtures"]
 

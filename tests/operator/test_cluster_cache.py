@@ -21,10 +21,10 @@ from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import plan
-from neuronfleet.operator.cache import APPLIED_ANNOTATION, CachedKube, ObjectCache
-from neuronfleet.operator.kube import ARTIFACTS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
+from neuronfleet.operator.cluster.cache import APPLIED_ANNOTATION, CachedKube, ObjectCache
+from neuronfleet.operator.cluster.kube import ARTIFACTS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
+from neuronfleet.operator.policy.conditions import Event, Reason
 from neuronfleet.operator.reconcilers import Manager
-from neuronfleet.operator.status import Event, Reason
 
 pytest_plugins = ["harness.operator_fixtures"]
 

@@ -19,8 +19,8 @@ from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.fleet import InstanceShape, NodePool
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.operator.kube import DEVICE_CLASSES, NOT_FOUND, PODS, ApiError, Kube, Resource
-from neuronfleet.operator.status import Reason
+from neuronfleet.operator.cluster.kube import DEVICE_CLASSES, NOT_FOUND, PODS, ApiError, Kube, Resource
+from neuronfleet.operator.policy.conditions import Reason
 
 pytest_plugins = ["harness.operator_fixtures"]
 

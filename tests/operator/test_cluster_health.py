@@ -17,7 +17,7 @@ from neuronfleet.devcluster.controlplane.kwok import FAIL_ANNOTATION, FAIL_MESSA
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import plan
-from neuronfleet.operator.kube import EVENTS, PODS, SERVICES_NIS, Kube
+from neuronfleet.operator.cluster.kube import EVENTS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.metrics import QUARANTINED
 
 pytest_plugins = ["harness.operator_fixtures"]

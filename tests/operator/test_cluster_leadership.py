@@ -14,7 +14,7 @@ from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.status import observed, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.operator.leadership import Election
+from neuronfleet.operator.cluster.leadership import Election
 
 # The operator's fixtures (`api`, `services`), for the modules that run it themselves.
 pytest_plugins = ["harness.operator_fixtures"]

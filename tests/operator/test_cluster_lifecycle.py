@@ -18,7 +18,7 @@ from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION, 
 from neuronfleet.devcluster.controlplane.status import condition, observed, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import crdgen, plan
-from neuronfleet.operator.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
+from neuronfleet.operator.cluster.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
 from neuronfleet.operator.reconcilers import Manager
 
 # The operator's fixtures (`api`, `operator`, `services`), for the modules that run it alone.

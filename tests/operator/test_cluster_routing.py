@@ -22,7 +22,7 @@ from neuronfleet.devcluster.controlplane.kwok import READY_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import plan
-from neuronfleet.operator.kube import (
+from neuronfleet.operator.cluster.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
     INFERENCE_POOLS,

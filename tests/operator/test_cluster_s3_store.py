@@ -29,7 +29,7 @@ from neuronfleet.devcluster.controlplane.kwok import FAIL_ANNOTATION, FAIL_MESSA
 from neuronfleet.devcluster.controlplane.status import condition
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import api, plan
-from neuronfleet.operator.kube import JOBS, PODS, Kube
+from neuronfleet.operator.cluster.kube import JOBS, PODS, Kube
 
 pytest_plugins = ["harness.operator_fixtures"]
 

@@ -16,7 +16,7 @@ import yaml
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from neuronfleet.operator import crdgen
-from neuronfleet.operator.kube import BY_KIND
+from neuronfleet.operator.cluster.kube import BY_KIND
 
 ROOT = Path(__file__).resolve().parents[2]
 RunCli = Callable[..., subprocess.CompletedProcess[str]]

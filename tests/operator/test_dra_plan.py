@@ -8,7 +8,8 @@ import pytest
 
 from neuronfleet.contract import dra
 from neuronfleet.contract.hardware import INSTANCE_TYPES, NEURON_DEVICE_RESOURCE, get_instance_type
-from neuronfleet.operator import api, decide, plan
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.policy import rollout
 from neuronfleet.operator.reconcilers.devices import NeuronDevices
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
@@ -142,5 +143,5 @@ def test_the_spec_chooses_the_way_and_a_simulated_replica_claims_devices_only_wh
 def test_a_deployments_claim_template_is_kept_with_its_config_map() -> None:
     planned = serving(spec(engine={"tensor_parallel_size": 8}))
     applied = {**planned.deployment, "status": {}}
-    view = decide.DeploymentView.of(applied, plan.CONFIG_VOLUME)
+    view = rollout.DeploymentView.of(applied, plan.CONFIG_VOLUME)
     assert view.pod_inputs == planned.pod_inputs

@@ -7,7 +7,7 @@ from typing import Any, cast
 import kopf
 import pytest
 
-from neuronfleet.operator.handlers import spec_unobserved
+from neuronfleet.operator.runtime.handlers import spec_unobserved
 
 
 def service(generation: int, observed: int | None) -> kopf.Body:

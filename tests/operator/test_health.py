@@ -7,9 +7,10 @@ from typing import Any
 
 from neuronfleet.contract.faults import NeuronRuntimeError, runtime_status, termination_message
 from neuronfleet.contract.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
-from neuronfleet.operator import api, canary, health, plan
-from neuronfleet.operator.health import Fault, FaultKind
-from neuronfleet.operator.status import ConditionType, Reason, transitions
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.policy import canary, health
+from neuronfleet.operator.policy.conditions import ConditionType, Reason, transitions
+from neuronfleet.operator.policy.health import Fault, FaultKind
 
 SERVICE = "llama"
 T0 = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)

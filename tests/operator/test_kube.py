@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from neuronfleet.devcluster.addons.metrics import parse_samples
-from neuronfleet.operator.kube import (
+from neuronfleet.operator.cluster.kube import (
     ARTIFACTS,
     CONFIGMAPS,
     CONNECTION_FAILED,
@@ -29,8 +29,8 @@ from neuronfleet.operator.kube import (
     EventRecorder,
     Kube,
 )
+from neuronfleet.operator.policy.conditions import Event
 from neuronfleet.operator.reconcilers import Manager
-from neuronfleet.operator.status import Event
 
 TOKEN = "s3cr3t-token"
 

@@ -8,7 +8,7 @@ import socket
 import pytest
 from kubernetes.client import V1LeaseSpec
 
-from neuronfleet.operator.leadership import Election, candidate_identity, holder_pod, released
+from neuronfleet.operator.cluster.leadership import Election, candidate_identity, holder_pod, released
 
 
 def test_client_gos_defaults_elect_safely() -> None:

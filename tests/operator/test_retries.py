@@ -6,14 +6,9 @@ import asyncio
 
 import pytest
 
-from neuronfleet.operator.kube import NO_RESPONSE, TIMEOUT, ApiError
+from neuronfleet.operator.cluster.kube import NO_RESPONSE, TIMEOUT, ApiError
 from neuronfleet.operator.reconcilers import RetryLater
-from neuronfleet.operator.retries import (
-    API_ERROR_SECONDS,
-    RETRY_LATER_SECONDS,
-    Retries,
-    retry_delay,
-)
+from neuronfleet.operator.runtime.retries import API_ERROR_SECONDS, RETRY_LATER_SECONDS, Retries, retry_delay
 
 QUICK = 0.01
 

@@ -12,9 +12,11 @@ from neuronfleet.contract import picker
 from neuronfleet.contract.metrics import LORA_INFO, REQUESTS_IN_FLIGHT
 from neuronfleet.contract.names import HTTP_PORT, LABEL_SERVICE, LABEL_TRACK, TRACK_CANARY
 from neuronfleet.operator import api, plan
-from neuronfleet.operator.decide import ArtifactView, RoutingState, ServiceStatusInput, decide, service_status
-from neuronfleet.operator.plan import routing
-from neuronfleet.operator.status import Reason
+from neuronfleet.operator.plan import envoy as envoy_plan
+from neuronfleet.operator.plan import picker as picker_plan
+from neuronfleet.operator.policy.conditions import Reason
+from neuronfleet.operator.policy.rollout import ArtifactView, decide
+from neuronfleet.operator.policy.service_status import RoutingState, ServiceStatusInput, service_status
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
 NS = "serving"
@@ -44,7 +46,7 @@ def test_the_pool_selects_serving_pods_of_every_revision_at_the_engine_port() ->
     assert pool["spec"]["endpointPickerRef"] == {
         "kind": "Service",
         "name": "llama-epp",
-        "port": {"number": routing.PICKER_PORT},
+        "port": {"number": picker_plan.PICKER_PORT},
         "failureMode": "FailClose",
     }
     assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -57,6 +59,17 @@ def test_router_pods_are_never_selected_by_the_engine_service() -> None:
     assert not engine_selector.items() <= pod_labels.items()
     # Yet the Deployment carries the service label: the operator's watch of Deployments sees it.
     assert objects[("Deployment", "llama-router")]["metadata"]["labels"][LABEL_SERVICE] == "llama"
+
+
+def test_removing_a_router_deletes_everything_any_router_applies_its_pods_first() -> None:
+    removal = [(obj["kind"], obj["metadata"]["name"]) for obj in plan.router_removal(OWNER, NS)]
+    assert removal[0] == ("Deployment", "llama-router")
+    # Whatever a service's routing asks for (replicas, placement, a canary's picker), the same objects.
+    routing = api.Routing(replicas=3, node_selector={"pool": "cpu"})
+    split = plan.RevisionSplit("0123456789abcdef", 10)
+    applied = plan.router_objects(OWNER, NS, routing, IMAGES, split=split, canary_pool=True)
+    assert sorted(removal) == sorted((obj["kind"], obj["metadata"]["name"]) for obj in applied)
+    assert "InferencePool" not in {kind for kind, _ in removal}
 
 
 def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
@@ -80,18 +93,18 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
     assert "--pool-name=llama" in picker["args"]
     assert "--pool-namespace=serving" in picker["args"]
     # Ready once the pool has synced, and not before ext_proc listens (GIE's health says nothing of it).
-    assert picker["readinessProbe"]["grpc"]["port"] == routing.PICKER_HEALTH_PORT
-    assert picker["startupProbe"]["tcpSocket"]["port"] == routing.PICKER_PORT == picker["ports"][0]["containerPort"]
+    assert picker["readinessProbe"]["grpc"]["port"] == picker_plan.PICKER_HEALTH_PORT
+    assert picker["startupProbe"]["tcpSocket"]["port"] == picker_plan.PICKER_PORT == picker["ports"][0]["containerPort"]
     # Stopping, a router pod leaves the endpoints at once and routes what it holds for a while: both containers
     # wait before their SIGTERM (the picker too, which Envoy asks about every request), the kubelet longer.
     # Envoy first starts its own drain, so that each answer closes its kept-alive connection (the real-node
     # routing rollout shows it), then waits as long.
-    drain = routing.ROUTER_DRAIN_SECONDS
+    drain = picker_plan.ROUTER_DRAIN_SECONDS
     assert pod["terminationGracePeriodSeconds"] > drain
     assert picker["lifecycle"] == {"preStop": {"sleep": {"seconds": drain}}}
     (shell, flag, script) = envoy["lifecycle"]["preStop"]["exec"]["command"]
     assert (shell, flag) == ("/bin/bash", "-c")
-    assert f"/dev/tcp/127.0.0.1/{routing.ENVOY_ADMIN_PORT}" in script
+    assert f"/dev/tcp/127.0.0.1/{envoy_plan.ENVOY_ADMIN_PORT}" in script
     assert "POST /drain_listeners?graceful HTTP/1.1" in script
     assert script.endswith(f"; sleep {drain}")
     assert envoy["args"][-4:] == ["--drain-strategy", "immediate", "--drain-time-s", str(drain - 5)]
@@ -107,7 +120,7 @@ def test_the_router_runs_the_picker_for_its_pool_with_envoy_beside_it() -> None:
     # Users send requests to the router's port 8000; a Gateway reaches the picker at the pool's reference.
     services = {name: o["spec"]["ports"][0] for (kind, name), o in objects.items() if kind == "Service"}
     assert services["llama-router"]["port"] == HTTP_PORT
-    assert services["llama-router"]["targetPort"] == routing.ENVOY_PORT
+    assert services["llama-router"]["targetPort"] == envoy_plan.ENVOY_PORT
     assert (
         services["llama-epp"]["port"] == plan.inference_pool(OWNER, NS)["spec"]["endpointPickerRef"]["port"]["number"]
     )
@@ -187,14 +200,14 @@ def test_the_pickers_role_reads_only_what_it_watches() -> None:
 
 def test_envoy_asks_the_picker_and_sends_each_request_where_it_says() -> None:
     configmap = plan.router_objects(OWNER, NS, api.Routing(), IMAGES)[3]
-    config = json.loads(configmap["data"][routing.ENVOY_FILE])
+    config = json.loads(configmap["data"][envoy_plan.ENVOY_FILE])
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
     assert clusters["pool"]["type"] == "ORIGINAL_DST"
-    assert clusters["pool"]["original_dst_lb_config"]["http_header_name"] == routing.DESTINATION_HEADER
+    assert clusters["pool"]["original_dst_lb_config"]["http_header_name"] == envoy_plan.DESTINATION_HEADER
     picker_address = clusters["picker"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-    assert picker_address["address"]["socket_address"]["port_value"] == routing.PICKER_PORT
+    assert picker_address["address"]["socket_address"]["port_value"] == picker_plan.PICKER_PORT
     (listener,) = config["static_resources"]["listeners"]
-    assert listener["address"]["socket_address"]["port_value"] == routing.ENVOY_PORT
+    assert listener["address"]["socket_address"]["port_value"] == envoy_plan.ENVOY_PORT
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     ext_proc, router = manager["http_filters"]
     assert ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "picker"
@@ -207,7 +220,7 @@ def test_envoy_asks_the_picker_and_sends_each_request_where_it_says() -> None:
         h["header"]["key"]: h["header"]["value"]
         for h in manager["route_config"]["virtual_hosts"][0]["response_headers_to_add"]
     }
-    assert named == {routing.UPSTREAM_HEADER: "%UPSTREAM_HOST%", routing.ROUTER_HEADER: "%HOSTNAME%"}
+    assert named == {envoy_plan.UPSTREAM_HEADER: "%UPSTREAM_HOST%", envoy_plan.ROUTER_HEADER: "%HOSTNAME%"}
 
 
 def test_routing_is_checked_at_admission() -> None:
@@ -309,10 +322,10 @@ def test_a_canary_behind_the_router_has_a_pool_of_its_own_and_the_stable_pool_ho
     assert canary_pool["metadata"]["name"] == plan.canary_pool_name("llama") == "llama-canary"
     # Its picker is the router pods' second one, on a port of the picker's Service of its own.
     ref = canary_pool["spec"]["endpointPickerRef"]
-    assert (ref["name"], ref["port"]["number"]) == ("llama-epp", routing.CANARY_PICKER_PORT)
+    assert (ref["name"], ref["port"]["number"]) == ("llama-epp", picker_plan.CANARY_PICKER_PORT)
     services = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(), IMAGES, canary_pool=True))
     ports = {p["name"]: p["port"] for p in services[("Service", "llama-epp")]["spec"]["ports"]}
-    assert ports == {"grpc": routing.PICKER_PORT, "canary-grpc": routing.CANARY_PICKER_PORT}
+    assert ports == {"grpc": picker_plan.PICKER_PORT, "canary-grpc": picker_plan.CANARY_PICKER_PORT}
 
 
 def test_with_a_split_each_router_pod_runs_a_picker_for_each_pool_and_names_the_split() -> None:
@@ -323,16 +336,16 @@ def test_with_a_split_each_router_pod_runs_a_picker_for_each_pool_and_names_the_
     assert set(containers) == {"epp", "epp-canary", "envoy"}
     canary_args = containers["epp-canary"]["args"]
     assert "--pool-name=llama-canary" in canary_args
-    assert f"--grpc-port={routing.CANARY_PICKER_PORT}" in canary_args
+    assert f"--grpc-port={picker_plan.CANARY_PICKER_PORT}" in canary_args
     assert "--pool-name=llama" in containers["epp"]["args"]
     # Every port of the pod is its own, by number and by name (15 characters at most).
     ports = [p for c in containers.values() for p in c.get("ports", [])]
     assert len({p["containerPort"] for p in ports}) == len({p["name"] for p in ports}) == len(ports)
     assert max(len(p["name"]) for p in ports) <= 15
-    assert containers["epp-canary"]["startupProbe"]["tcpSocket"]["port"] == routing.CANARY_PICKER_PORT
+    assert containers["epp-canary"]["startupProbe"]["tcpSocket"]["port"] == picker_plan.CANARY_PICKER_PORT
     # The split is the pod's own (inline), so a pod never routes by a split it was not made for.
     args = containers["envoy"]["args"]
-    assert json.loads(args[args.index("--config-yaml") + 1]) == routing.envoy_config(SPLIT)
+    assert json.loads(args[args.index("--config-yaml") + 1]) == envoy_plan.envoy_config(SPLIT)
     # Without a split, nothing of it: the pods a router ran before canaries existed stay as they are.
     plain = by_kind_and_name(plan.router_objects(OWNER, NS, api.Routing(replicas=2), IMAGES))
     plain_template = plain[("Deployment", "llama-router")]["spec"]["template"]
@@ -341,7 +354,7 @@ def test_with_a_split_each_router_pod_runs_a_picker_for_each_pool_and_names_the_
 
 
 def test_envoy_sends_each_request_to_one_revisions_listener_by_weight_and_each_asks_its_own_picker() -> None:
-    config = routing.envoy_config(SPLIT)["static_resources"]
+    config = envoy_plan.envoy_config(SPLIT)["static_resources"]
     listeners = {listener["name"]: listener for listener in config["listeners"]}
     clusters = {cluster["name"]: cluster for cluster in config["clusters"]}
 
@@ -354,13 +367,13 @@ def test_envoy_sends_each_request_to_one_revisions_listener_by_weight_and_each_a
         return int(endpoint["address"]["socket_address"]["port_value"])
 
     front = manager(listeners["http"])
-    assert listeners["http"]["address"]["socket_address"]["port_value"] == routing.ENVOY_PORT
+    assert listeners["http"]["address"]["socket_address"]["port_value"] == envoy_plan.ENVOY_PORT
     # The front listener asks no picker: it only splits.
     assert [f["name"] for f in front["http_filters"]] == ["envoy.filters.http.router"]
     (route,) = front["route_config"]["virtual_hosts"][0]["routes"]
     weights = {c["name"]: c["weight"] for c in route["route"]["weighted_clusters"]["clusters"]}
     assert weights == {"stable": 90, "canary": 10}
-    pickers = {"stable": routing.PICKER_PORT, "canary": routing.CANARY_PICKER_PORT}
+    pickers = {"stable": picker_plan.PICKER_PORT, "canary": picker_plan.CANARY_PICKER_PORT}
     for track, picker_port in pickers.items():
         listener = listeners[track]
         # Each revision's listener is on loopback, reached through its cluster, and asks its picker.
@@ -371,5 +384,5 @@ def test_envoy_sends_each_request_to_one_revisions_listener_by_weight_and_each_a
         host = manager(listener)["route_config"]["virtual_hosts"][0]
         assert host["routes"][0]["route"]["cluster"] == "pool"
         headers = {h["header"]["key"]: h["header"]["value"] for h in host["response_headers_to_add"]}
-        assert headers[routing.TRACK_HEADER] == track
-        assert headers[routing.UPSTREAM_HEADER] == "%UPSTREAM_HOST%"
+        assert headers[envoy_plan.TRACK_HEADER] == track
+        assert headers[envoy_plan.UPSTREAM_HEADER] == "%UPSTREAM_HOST%"

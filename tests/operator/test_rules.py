@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from neuronfleet.operator import crdgen
 from neuronfleet.operator.api import DrainSettings, describe_errors, is_bucket_error, parse_service_spec, rules
+from neuronfleet.operator.api.rule import Rule
 
 MODEL = {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0e9e39f"}
 EXAMPLES = [(rule, example) for rule in rules.SERVICE_SPEC_RULES for example in rule.examples]
@@ -48,7 +49,7 @@ def test_the_crds_carry_every_rule_and_no_other() -> None:
     EXAMPLES,
     ids=[f"{rule.name}-{rule.examples.index(example)}" for rule, example in EXAMPLES],
 )
-def test_each_example_breaks_its_rule_alone_in_the_models(rule: rules.Rule[Any], example: dict[str, Any]) -> None:
+def test_each_example_breaks_its_rule_alone_in_the_models(rule: Rule[Any], example: dict[str, Any]) -> None:
     if rule.checked_by == "admission":
         # Only the API server sees the old object: the operator takes what it let through.
         parse_service_spec({"model": MODEL, **example})
@@ -85,7 +86,7 @@ def test_a_rule_with_values_fills_the_same_template_in_cel_and_python() -> None:
 
 def test_a_python_check_is_only_for_rules_the_operator_checks() -> None:
     with pytest.raises(ValueError, match="a Python check is for rules the operator checks"):
-        rules.Rule(name="x", field="", cel="true", message="m", checked_by="admission", check=lambda _: None)
+        Rule(name="x", field="", cel="true", message="m", checked_by="admission", check=lambda _: None)
 
 
 @pytest.mark.parametrize(

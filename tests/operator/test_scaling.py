@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from neuronfleet.operator import api, plan, scaling
-from neuronfleet.operator.decide import ArtifactView, ServiceStatusInput, decide, service_status
-from neuronfleet.operator.status import ConditionType, Reason
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.policy import scaling
+from neuronfleet.operator.policy.conditions import ConditionType, Reason
+from neuronfleet.operator.policy.rollout import ArtifactView, decide
+from neuronfleet.operator.policy.service_status import ServiceStatusInput, service_status
 
 OWNER = plan.Owner(api.API_VERSION, "NeuronInferenceService", "llama", "uid-1")
 NS = "serving"

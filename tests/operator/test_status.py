@@ -6,16 +6,9 @@ import datetime
 from typing import Any
 
 from neuronfleet.operator import api
+from neuronfleet.operator.policy.artifact_status import artifact_status, awaiting_pod
+from neuronfleet.operator.policy.conditions import ConditionType, Reason, condition, merge_conditions, transitions
 from neuronfleet.operator.reconcilers.status_writer import merge_patch
-from neuronfleet.operator.status import (
-    ConditionType,
-    Reason,
-    artifact_status,
-    awaiting_pod,
-    condition,
-    merge_conditions,
-    transitions,
-)
 
 SPEC = api.NeuronCompiledArtifactSpec.model_validate(
     {

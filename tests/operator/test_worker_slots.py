@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from neuronfleet.operator.drive import FOLLOW_UP, SPEC_CHANGE, WorkerSlots
+from neuronfleet.operator.runtime.drive import FOLLOW_UP, SPEC_CHANGE, WorkerSlots
 
 
 class Recorder:

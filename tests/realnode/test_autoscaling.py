@@ -28,7 +28,8 @@ from neuronfleet.contract.names import LABEL_ARTIFACT
 from neuronfleet.devcluster.addons.autoscaling_rig import AutoscalingRig, AutoscalingRigError
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.realnode.node import RealNode
-from neuronfleet.operator import plan, scaling
+from neuronfleet.operator import plan
+from neuronfleet.operator.policy import scaling
 
 Obj = dict[str, Any]
 

@@ -51,6 +51,7 @@ from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import RealNode
 from neuronfleet.engine.artifacts.adapters import adapter_digest
 from neuronfleet.operator.plan import RouterImages, routing
+from neuronfleet.operator.plan import envoy as envoy_plan
 
 #: Long generations a second (about 8 s each): two replicas run them with room, one alone just keeps up.
 DRAIN_RATE = 0.5
@@ -95,7 +96,7 @@ def replica(answer_endpoint: str | None) -> str | None:
 
 def served_by(answer: Answer) -> str | None:
     """The pod IP of the replica the picker sent a request to, as Envoy named it in the answer."""
-    return replica(answer.recorded.get(routing.UPSTREAM_HEADER))
+    return replica(answer.recorded.get(envoy_plan.UPSTREAM_HEADER))
 
 
 def endpoints(pods: list[Obj]) -> dict[str, str]:
@@ -195,16 +196,16 @@ def test_the_picker_spreads_load_reads_the_engines_metrics_and_a_rollout_adding_
     assert len(adapter.answers) >= RATE * AFTER_S * 0.8, adapter.summary
     assert {a.header for a in adapter.answers} == {new}
     # Both router pods routed the load: the old one until it went, the new one after.
-    routers = Counter(a.recorded.get(routing.ROUTER_HEADER) for a in result.answers)
+    routers = Counter(a.recorded.get(envoy_plan.ROUTER_HEADER) for a in result.answers)
     assert set(routers) & old_routers, routers
     assert set(routers) - old_routers, routers
     before = result.sent_between(result.answers[0].sent_at, applied_at)
     # Both replicas took requests through the picker before the change: it spreads, it does not pin.
-    assert {replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in before} == set(pods)
+    assert {replica(a.recorded.get(envoy_plan.UPSTREAM_HEADER)) for a in before} == set(pods)
     after = result.sent_between(done_at)
     assert len(after) >= RATE * AFTER_S * 0.8, len(after)
     assert {a.header for a in after} == {new}
-    assert {replica(a.recorded.get(routing.UPSTREAM_HEADER)) for a in after} <= set(new_pods)
+    assert {replica(a.recorded.get(envoy_plan.UPSTREAM_HEADER)) for a in after} <= set(new_pods)
     assert {a.header for a in result.answers} == {old, new}
     # The metrics, read under load: integer cache labels, the request gauges, a KV usage fraction.
     assert busy["running"] >= 1, busy
@@ -231,7 +232,7 @@ def test_a_short_request_sent_right_behind_a_long_one_goes_to_the_other_replica(
         f"    body = json.dumps({{'model': {model!r}, 'prompt': prompt, 'max_tokens': max_tokens}}).encode()\n"
         f"    request = urllib.request.Request({url!r}, data=body, headers={{'Content-Type': 'application/json'}})\n"
         "    with urllib.request.urlopen(request, timeout=60) as answer:\n"
-        f"        out[key] = answer.headers[{routing.UPSTREAM_HEADER!r}]\n"
+        f"        out[key] = answer.headers[{envoy_plan.UPSTREAM_HEADER!r}]\n"
         "pairs = []\n"
         f"for pair in range({PAIRS}):\n"
         "    out = {}\n"
@@ -302,7 +303,7 @@ def test_a_pod_that_is_not_ready_is_never_picked(routed: Fleet) -> None:
         # what kept it out.
         fleet.wait(
             lambda: any(
-                o["index"] > paused_bound and replica(o["recorded"].get(routing.UPSTREAM_HEADER)) == victim_ip
+                o["index"] > paused_bound and replica(o["recorded"].get(envoy_plan.UPSTREAM_HEADER)) == victim_ip
                 for o in load.answered_so_far()
             ),
             f"{name} picked again",
@@ -380,7 +381,7 @@ def when_router_routes(fleet: Fleet, pod: Obj, action: str = "", timeout: float 
     It waits for a request to start, not for one to be in flight: one seen in its last milliseconds would be
     answered before the action lands."""
     envoy = fleet.container_pid(pod, "envoy")
-    stat = f"http://127.0.0.1:{routing.ENVOY_ADMIN_PORT}/stats?filter=^http\\.router\\.downstream_rq_(active|total)$"
+    stat = f"http://127.0.0.1:{envoy_plan.ENVOY_ADMIN_PORT}/stats?filter=^http\\.router\\.downstream_rq_(active|total)$"
     script = (
         "import os, signal, time, urllib.request\n"
         "def gauges():\n"
@@ -416,7 +417,7 @@ def routes(fleet: Fleet, router: Obj) -> bool:
     """Whether the router pod answers a completion itself: Ready says its containers started (a restarted
     picker too), this that its picker has replicas to pick."""
     try:
-        fleet.complete_on(router, max_tokens=1, port=routing.ENVOY_PORT)
+        fleet.complete_on(router, max_tokens=1, port=envoy_plan.ENVOY_PORT)
     except AssertionError:
         return False
     return True
@@ -451,7 +452,7 @@ def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other
     with fleet.load("router-lost", through=ROUTER, keep_alive=False) as load:
         fleet.wait(
             lambda: (
-                {o["recorded"].get(routing.ROUTER_HEADER) for o in load.answered_so_far()}
+                {o["recorded"].get(envoy_plan.ROUTER_HEADER) for o in load.answered_so_far()}
                 >= {name, other["metadata"]["name"]}
             ),
             "both routers routing",
@@ -472,7 +473,7 @@ def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other
         result = load.stop()
     report("a router pod killed", result, killed=killed_at, back=back_at)
     failed = [a for a in result.answers if not a.ok]
-    by_router = Counter(a.recorded.get(routing.ROUTER_HEADER) for a in result.answers if a.ok)
+    by_router = Counter(a.recorded.get(envoy_plan.ROUTER_HEADER) for a in result.answers if a.ok)
     print(
         f"    {routing_then} routed by {name} as it was killed; {len(failed)} failed "
         f"({dict(Counter(a.result for a in failed))}); answers by router: {dict(by_router)}",
@@ -484,14 +485,16 @@ def test_a_router_pod_killed_under_load_fails_only_what_went_to_it_and_the_other
     for answer in failed:
         assert answer.done_at > killed_at - 1, answer
         assert answer.sent_at < back_at, answer
-        from_it = answer.result == "500" and answer.recorded.get(routing.ROUTER_HEADER) == name
+        from_it = answer.result == "500" and answer.recorded.get(envoy_plan.ROUTER_HEADER) == name
         assert answer.result in {REFUSED, TRANSPORT_ERROR} or from_it, answer
     # The other router routed on throughout, and the killed one routes again once back.
-    assert other["metadata"]["name"] in {a.recorded.get(routing.ROUTER_HEADER) for a in result.sent_between(killed_at)}
+    assert other["metadata"]["name"] in {
+        a.recorded.get(envoy_plan.ROUTER_HEADER) for a in result.sent_between(killed_at)
+    }
     after = result.sent_between(back_at)
     assert len(after) >= RATE * AFTER_S * 0.8, len(after)
     assert all(a.ok for a in after), [a for a in after if not a.ok]
-    assert name in {a.recorded.get(routing.ROUTER_HEADER) for a in after}
+    assert name in {a.recorded.get(envoy_plan.ROUTER_HEADER) for a in after}
     assert {a.header for a in result.answers if a.ok} == {serving}
 
 
@@ -527,7 +530,7 @@ def test_a_router_pod_deleted_under_load_finishes_what_it_routes_and_none_fails(
         time.sleep(AFTER_S)
         result = load.stop()
     report("a router pod deleted", result, deleted=deleted_at, left=left_at, replaced=replaced_at)
-    held = [a for a in result.in_flight_at(deleted_at) if a.recorded.get(routing.ROUTER_HEADER) == name]
+    held = [a for a in result.in_flight_at(deleted_at) if a.recorded.get(envoy_plan.ROUTER_HEADER) == name]
     print(f"    {routing_then} routed by {name} as it was deleted, {len(held)} of them answered", flush=True)
     assert routing_then >= 1
     assert held, f"nothing {name} held at its deletion was answered through it"
@@ -535,9 +538,9 @@ def test_a_router_pod_deleted_under_load_finishes_what_it_routes_and_none_fails(
     assert all(a.tokens == DRAIN_TOKENS for a in result.answers)
     # Once out of the endpoints it took nothing new; kube-proxy rewrites its rules at most once a second.
     after = result.sent_between(left_at + KUBE_PROXY_SYNC_S)
-    late = [a for a in after if a.recorded.get(routing.ROUTER_HEADER) == name]
+    late = [a for a in after if a.recorded.get(envoy_plan.ROUTER_HEADER) == name]
     assert not late, (left_at - deleted_at, late)
-    assert other["metadata"]["name"] in {a.recorded.get(routing.ROUTER_HEADER) for a in result.answers}
+    assert other["metadata"]["name"] in {a.recorded.get(envoy_plan.ROUTER_HEADER) for a in result.answers}
     assert {a.header for a in result.answers} == {serving}
 
 
@@ -612,12 +615,12 @@ def test_a_canary_behind_the_router_takes_each_steps_weight_and_is_promoted_with
     for started_at, weight in zip(steps, (10, 50), strict=True):
         # Its pause, less the second the status rounds its start to.
         window = result.sent_between(started_at + 1, started_at + SPLIT_PAUSE_S)
-        tracks = Counter(a.recorded.get(routing.TRACK_HEADER) for a in window)
+        tracks = Counter(a.recorded.get(envoy_plan.TRACK_HEADER) for a in window)
         share = tracks["canary"] / len(window)
         print(f"    step at {weight}%: the canary took {share:.1%} of {len(window)} ({dict(tracks)})", flush=True)
         assert len(window) >= 200, len(window)
         assert within_chance(share, weight / 100, len(window)), (share, len(window))
-        assert all((a.recorded.get(routing.TRACK_HEADER) == "canary") == (a.header == new) for a in window)
+        assert all((a.recorded.get(envoy_plan.TRACK_HEADER) == "canary") == (a.header == new) for a in window)
     assert {a.header for a in result.sent_between(done_at)} == {new}
     assert {a.header for a in result.sent_between(result.answers[0].sent_at, applied_at)} == {old}
     # Back to a spec without a canary for whatever runs after.

@@ -27,6 +27,7 @@ from neuronfleet.contract.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BU
 from neuronfleet.contract.names import GROUP
 from neuronfleet.operator import api
 from neuronfleet.operator.api import rules
+from neuronfleet.operator.api.rule import Rule
 
 Schema = dict[str, Any]
 
@@ -44,7 +45,7 @@ class Kind:
     status: type[BaseModel]
     description: str
     columns: list[Schema]
-    root_rules: tuple[rules.Rule[Any], ...] = ()
+    root_rules: tuple[Rule[Any], ...] = ()
     scale: bool = False
 
     @property

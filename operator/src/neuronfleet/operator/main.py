@@ -17,17 +17,17 @@ import typer
 from rich.console import Console
 
 from neuronfleet.operator import crdgen
-from neuronfleet.operator.api.service import MAX_ARTIFACT_HISTORY
-from neuronfleet.operator.cache import CachedKube, ObjectCache
-from neuronfleet.operator.drive import RECONCILE_WORKERS
-from neuronfleet.operator.handlers import build_registry
-from neuronfleet.operator.kube import EventRecorder
-from neuronfleet.operator.leadership import Election, Leadership, LeaseUnavailable, answering_liveness
+from neuronfleet.operator.api.rollout import MAX_ARTIFACT_HISTORY
+from neuronfleet.operator.cluster.cache import CachedKube, ObjectCache
+from neuronfleet.operator.cluster.kube import EventRecorder
+from neuronfleet.operator.cluster.leadership import Election, Leadership, LeaseUnavailable, answering_liveness
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.plan import RouterImages
 from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.reconcilers.devices import NeuronDevices, NeuronDevicesSetting
 from neuronfleet.operator.reconcilers.service import DEFAULT_ARTIFACT_HISTORY_LIMIT
+from neuronfleet.operator.runtime.drive import RECONCILE_WORKERS
+from neuronfleet.operator.runtime.handlers import build_registry
 
 #: Exit status for bad input (credentials that do not load, CRDs out of date), as typer's for bad options.
 EXIT_INVALID = 2

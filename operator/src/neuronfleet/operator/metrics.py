@@ -35,7 +35,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from neuronfleet.operator.api import ArtifactPhase, ServicePhase
-from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS
+from neuronfleet.operator.cluster.kube import ARTIFACTS, SERVICES_NIS
 
 #: Reconciles take milliseconds to a few seconds (a slow API server, a large namespace).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

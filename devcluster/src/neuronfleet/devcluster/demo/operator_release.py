@@ -83,7 +83,7 @@ def install(
 def leader(cluster: LocalCluster, namespace: str) -> str:
     """The pod whose operator holds the release's Lease, the one that reconciles; ``""`` before any does."""
     holder = cluster.kubectl("get", "lease", RELEASE, "--namespace", namespace, "-o", "jsonpath={.spec.holderIdentity}")
-    # The operator names itself <pod>_<random> (neuronfleet.operator.leadership.candidate_identity).
+    # The operator names itself <pod>_<random> (neuronfleet.operator.cluster.leadership.candidate_identity).
     return holder.stdout.rsplit("_", 1)[0] if holder.returncode == 0 and holder.stdout else ""
 
 

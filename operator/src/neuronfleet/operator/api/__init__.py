@@ -7,9 +7,9 @@ reads with the same models, so a spec that slips past admission (an older CRD, a
 direct write) gets the same message in its status.
 
 ``k8s`` holds what both kinds are made of, ``common`` the compile settings they
-share, ``service`` and ``artifact`` one kind each, and ``rules`` every admission
-rule, declared once for the CRDs, the models and the parity test. The names the
-rest of the operator uses are re-exported here: ``api.NeuronInferenceServiceSpec``.
+share, ``service`` and ``artifact`` one kind each (``rollout``: how a service moves to a new revision), ``rule``
+what an admission rule is and ``rules`` every one, declared once for the CRDs, the models and the parity test.
+The names the rest of the operator uses are re-exported here: ``api.NeuronInferenceServiceSpec``.
 """
 
 from neuronfleet.operator.api import rules
@@ -37,22 +37,18 @@ from neuronfleet.operator.api.k8s import (
     field_errors,
     is_bucket_error,
 )
+from neuronfleet.operator.api.rollout import Canary, CanaryAnalysis, CanaryStep, DrainSettings, RolloutSettings
 from neuronfleet.operator.api.service import (
     DEFAULT_IMAGE,
     MAX_AUTOSCALED_REPLICAS,
     ArtifactStatusRef,
     Autoscaling,
-    Canary,
-    CanaryAnalysis,
     CanaryStatus,
-    CanaryStep,
     DeviceAllocation,
-    DrainSettings,
     Lora,
     NeuronInferenceServiceSpec,
     NeuronInferenceServiceStatus,
     Placement,
-    RolloutSettings,
     Routing,
     ServicePhase,
     ServingResources,

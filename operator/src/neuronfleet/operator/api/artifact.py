@@ -17,6 +17,7 @@ from neuronfleet.contract.identity import CompileIdentity
 from neuronfleet.operator.api import rules
 from neuronfleet.operator.api.common import CompileSettings
 from neuronfleet.operator.api.k8s import K8sModel
+from neuronfleet.operator.api.rule import Rule, add_cel
 
 ArtifactPhase = Literal["Pending", "Compiling", "Ready", "Failed"]
 
@@ -29,11 +30,11 @@ class NeuronCompiledArtifactSpec(CompileIdentity):
         validate_by_name=True,
         validate_by_alias=True,
         serialize_by_alias=True,
-        json_schema_extra=rules.add_cel,
+        json_schema_extra=add_cel,
     )
 
     #: Admission only: the operator never sees the old object.
-    admission_rules: ClassVar[tuple[rules.Rule[Any], ...]] = rules.ARTIFACT_SPEC
+    admission_rules: ClassVar[tuple[Rule[Any], ...]] = rules.ARTIFACT_SPEC
 
     compile: CompileSettings = Field(
         default_factory=CompileSettings,

@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from neuronfleet.contract import names
-from neuronfleet.operator.api.rules import Rule, add_cel
+from neuronfleet.operator.api.rule import Rule, add_cel
 
 VERSION = "v1alpha1"
 API_VERSION = f"{names.GROUP}/{VERSION}"

@@ -6,8 +6,11 @@ operator builds the same objects again.
 
 - ``shared``: owners, names, labels, the engine file, the artifact store, security contexts.
 - ``compiling``: a service's artifact; the artifact's ConfigMap and compile Job.
-- ``serving``: a service's engine ConfigMap, Deployment, Service and PodDisruptionBudget (a :class:`ServingPlan`).
-- ``routing``: a service's InferencePool, and with ``spec.routing`` its Endpoint Picker and Envoy.
+- ``serving``: a service's engine ConfigMap, Deployment, Service and PodDisruptionBudget (a :class:`ServingPlan`);
+  ``devices``: how its pods get their Neuron devices (the device plugin, or a DRA claim template).
+- ``routing``: a service's InferencePool, and with ``spec.routing`` its router: the pods, their access, config and
+  Services, wired from ``picker`` (GIE's Endpoint Picker: its config, command line and container) and ``envoy``
+  (Envoy in front of it: its bootstrap, the revision split and its container).
 """
 
 from neuronfleet.operator.plan.compiling import (
@@ -18,9 +21,10 @@ from neuronfleet.operator.plan.compiling import (
     compile_job,
     compile_job_name,
 )
+from neuronfleet.operator.plan.devices import LNC_ENV, NEURON_CLAIM, claim_template, neuron_claim
+from neuronfleet.operator.plan.envoy import RevisionSplit
 from neuronfleet.operator.plan.routing import (
     SPLIT_ANNOTATION,
-    RevisionSplit,
     RouterImages,
     canary_inference_pool,
     canary_pool_name,
@@ -28,11 +32,10 @@ from neuronfleet.operator.plan.routing import (
     picker_name,
     router_name,
     router_objects,
+    router_removal,
     scoring_of,
 )
 from neuronfleet.operator.plan.serving import (
-    LNC_ENV,
-    NEURON_CLAIM,
     SIM_CPU,
     SIM_MEMORY,
     STARTUP_PROBE_PERIOD_S,
@@ -40,11 +43,9 @@ from neuronfleet.operator.plan.serving import (
     ServingPlan,
     canary_name,
     canary_plan,
-    claim_template,
     deployment,
     disruption_budget,
     engine_configmap,
-    neuron_claim,
     serve_invocation,
     service,
     serving_objects,
@@ -114,6 +115,7 @@ __all__ = [
     "picker_name",
     "router_name",
     "router_objects",
+    "router_removal",
     "scoring_of",
     "serve_invocation",
     "served_engine",

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from neuronfleet.contract import dra
 from neuronfleet.contract.hardware import INSTANCE_TYPE_LABEL, NEURON_DEVICE_RESOURCE, NEURON_TAINT_KEY
 from neuronfleet.contract.invocation import ServeInvocation
 from neuronfleet.contract.names import (
@@ -25,6 +22,7 @@ from neuronfleet.contract.names import (
 from neuronfleet.contract.sim_settings import START_TIME_SCALE_ENV, Device
 from neuronfleet.contract.start_time import predict_model_start
 from neuronfleet.operator import api
+from neuronfleet.operator.plan.devices import NEURON_CLAIM, claim_template, claims_devices, lnc_env, pod_claims
 from neuronfleet.operator.plan.shared import (
     CONFIG_DIR,
     ENGINE_COMMAND,
@@ -46,13 +44,6 @@ from neuronfleet.operator.plan.shared import (
     store_access,
     store_path,
 )
-
-#: The name of a serving pod's Neuron claim (and of the request in it) when DRA hands out its devices.
-NEURON_CLAIM = "neuron"
-#: The Neuron runtime's logical-NeuronCore setting, for a container whose devices the device plugin gives.
-LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
-#: Hex digits of a claim template's content hash in its name.
-CLAIM_HASH_LENGTH = 10
 
 #: What a replica on the simulated device asks for when resources.cpu and resources.memory are unset:
 #: vLLM's API server and engine core with a small model, on CPU.
@@ -190,60 +181,6 @@ def _resources(spec: api.NeuronInferenceServiceSpec, claim: Obj | None) -> Obj:
     return resources
 
 
-def neuron_claim(spec: api.NeuronInferenceServiceSpec) -> Obj:
-    """What one replica claims of the Neuron DRA driver: the devices its tensor parallelism needs, on its instance
-    type, all in one NeuronLink-connected group, configured at its logical-NeuronCore setting."""
-    instance = spec.instance
-    attributes = f"device.attributes['{dra.DRIVER}']"
-    selector = (
-        f"{attributes}.{dra.RESOURCE_TYPE} == '{dra.NEURON_DEVICE}'"
-        f" && {attributes}.{dra.INSTANCE_TYPE} == '{instance.name}'"
-    )
-    devices: Obj = {
-        "requests": [
-            {
-                "name": NEURON_CLAIM,
-                "exactly": {
-                    "deviceClassName": dra.DEVICE_CLASS,
-                    "allocationMode": "ExactCount",
-                    "count": spec.neuron_devices,
-                    "selectors": [{"cel": {"expression": selector}}],
-                },
-            }
-        ]
-    }
-    group = dra.connected_group(instance, spec.neuron_devices)
-    if group is not None:
-        devices["constraints"] = [{"requests": [NEURON_CLAIM], "matchAttribute": dra.connected_group_attribute(group)}]
-    lnc = spec.placement.logical_neuron_cores or instance.chip.default_lnc
-    parameters = {"apiVersion": dra.CONFIG_API_VERSION, "kind": dra.CONFIG_KIND, "logicalNeuronCore": lnc}
-    devices["config"] = [{"requests": [NEURON_CLAIM], "opaque": {"driver": dra.DRIVER, "parameters": parameters}}]
-    return {"devices": devices}
-
-
-def claims_devices(spec: api.NeuronInferenceServiceSpec, devices: api.DeviceAllocation) -> bool:
-    """Whether replicas claim their devices through DRA: Neuron ones by the way in force (``devices``), simulated
-    ones only when their spec says ``dra`` (a rehearsal of placement against a driver publishing simulated devices)."""
-    if spec.device == "sim":
-        return spec.placement.devices == "dra"
-    return devices == "dra"
-
-
-def claim_template(owner: Owner, namespace: str, spec: api.NeuronInferenceServiceSpec) -> Obj:
-    """The ResourceClaimTemplate each serving pod's claim is made from. Named by content, like the engine
-    ConfigMap: a changed claim is a new template, and old pods' replacements keep theirs during a rollout."""
-    claim = neuron_claim(spec)
-    digest = hashlib.sha256(json.dumps(claim, sort_keys=True).encode()).hexdigest()[:CLAIM_HASH_LENGTH]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": owner.child_metadata(
-            f"{owner.name}-neuron-{digest}", namespace, {**service_labels(owner.name), **MANAGED_BY}
-        ),
-        "spec": {"metadata": {"labels": service_labels(owner.name)}, "spec": claim},
-    }
-
-
 def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
     """Neuron replicas go to the instance type's nodes, tolerating their taint; simulated ones where the user says."""
     selector = dict(spec.node_selector)
@@ -260,7 +197,7 @@ def _placement(spec: api.NeuronInferenceServiceSpec) -> Obj:
 
 
 def _away_from_faults() -> Obj:
-    """Off the nodes of pods quarantined for a Neuron fault, any service's (``neuronfleet.operator.health``):
+    """Off the nodes of pods quarantined for a Neuron fault, any service's (``neuronfleet.operator.policy.health``):
     strictly for a node's fault, by preference for a device's (healing in place beats staying short)."""
 
     def near(selector: Obj) -> Obj:
@@ -311,7 +248,7 @@ def deployment(
             {"name": "NEURONFLEET_ARTIFACT_HASH", "value": served.hash},
             # Every answer names its replica (X-Neuronfleet-Replica).
             {"name": REPLICA_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            *_lnc_env(spec, claim),
+            *lnc_env(spec, claim),
             *_start_time_env(spec, start_time_scale),
             *access.env,
         ],
@@ -352,7 +289,7 @@ def deployment(
                     "securityContext": pod_security(),
                     "containers": [container],
                     "volumes": [config_volume, *access.volumes, {"name": "tmp", "emptyDir": {}}, *adapter_volumes],
-                    **_claims(claim),
+                    **pod_claims(claim),
                 },
             },
         },
@@ -380,20 +317,6 @@ def node_adapters(lora: api.Lora | None) -> tuple[list[Obj], list[Obj]]:
         for volume, adapter in zip(volumes, local, strict=True)
     ]
     return volumes, mounts
-
-
-def _claims(claim: Obj | None) -> Obj:
-    if claim is None:
-        return {}
-    return {"resourceClaims": [{"name": NEURON_CLAIM, "resourceClaimTemplateName": claim["metadata"]["name"]}]}
-
-
-def _lnc_env(spec: api.NeuronInferenceServiceSpec, claim: Obj | None) -> list[Obj]:
-    """The runtime's LNC, set where the device plugin gives the devices (a DRA claim's config sets it otherwise)."""
-    lnc = spec.placement.logical_neuron_cores
-    if spec.device != "neuron" or claim is not None or lnc is None:
-        return []
-    return [{"name": LNC_ENV, "value": str(lnc)}]
 
 
 def service(owner: Owner, namespace: str) -> Obj:

@@ -11,12 +11,13 @@ from enum import Enum
 from pydantic import ValidationError
 
 from neuronfleet.operator import api, plan
-from neuronfleet.operator.kube import ARTIFACTS, CONFLICT, EVENTS, JOBS, PODS, SERVICES_NIS, ApiError, Kube
+from neuronfleet.operator.cluster.kube import ARTIFACTS, CONFLICT, EVENTS, JOBS, PODS, SERVICES_NIS, ApiError, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.policy.artifact_status import FAILED_CREATE, artifact_status, awaiting_pod
+from neuronfleet.operator.policy.conditions import Event, Reason
 from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater, previous_status
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
-from neuronfleet.operator.status import FAILED_CREATE, Event, Reason, artifact_status, awaiting_pod
 
 #: Label the Job controller puts on a Job's pods.
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from neuronfleet.operator import api, plan, scaling
-from neuronfleet.operator.kube import FORBIDDEN, NOT_FOUND, SCALED_OBJECTS, SERVICES_NIS, ApiError, Kube
-from neuronfleet.operator.status import ConditionType
+from neuronfleet.operator.cluster.kube import FORBIDDEN, NOT_FOUND, SCALED_OBJECTS, SERVICES_NIS, ApiError, Kube
+from neuronfleet.operator.policy import scaling
+from neuronfleet.operator.policy.conditions import ConditionType
+from neuronfleet.operator.reconcilers.common import ServicePass
 
 log = logging.getLogger(__name__)
 
@@ -19,17 +20,11 @@ class Autoscaler:
         #: The Prometheus URL KEDA's triggers query (``None``: autoscaling is not set up).
         self.prometheus = prometheus
 
-    def reconcile(
-        self,
-        owner: plan.Owner,
-        namespace: str,
-        spec: api.NeuronInferenceServiceSpec,
-        previous: api.NeuronInferenceServiceStatus,
-        *,
-        serving: bool,
-    ) -> scaling.ScalingState | None:
+    def reconcile(self, service: ServicePass) -> scaling.ScalingState | None:
         """Start the service at minReplicas (if spec.replicas is unset) and apply its ScaledObject (paused while
         no revision serves); or delete a ScaledObject it no longer wants."""
+        owner, namespace, spec, previous = service.owner, service.namespace, service.spec, service.previous
+        serving = service.deployment is not None
         if spec.autoscaling is None:
             # The condition says a ScaledObject may exist; without it there is nothing to ask the API server.
             if any(c.type == ConditionType.AUTOSCALING for c in previous.conditions):

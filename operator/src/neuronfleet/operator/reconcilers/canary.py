@@ -1,7 +1,7 @@
 """A service's canary: its Deployment, and the engines' metrics its analysis reads.
 
 Observe the canary Deployment and every serving pod's ``/metrics`` (the stable revision's and the canary's,
-each at its pod IP); decide with :mod:`neuronfleet.operator.canary`; act: apply the canary's replicas, or
+each at its pod IP); decide with :mod:`neuronfleet.operator.policy.canary`; act: apply the canary's replicas, or
 delete them once it was aborted or its revision serves from the service's own Deployment.
 
 Behind a router, the canary's replicas take its step's share only once every router pod routes by the
@@ -19,10 +19,11 @@ import urllib.request
 from collections.abc import Callable
 
 from neuronfleet.contract.names import HTTP_PORT, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_TRACK, TRACK_CANARY
-from neuronfleet.operator import api, canary, decide, health, plan
-from neuronfleet.operator.kube import DEPLOYMENTS, PODS, Kube
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.cluster.kube import DEPLOYMENTS, PODS, Kube
+from neuronfleet.operator.policy import canary, health, rollout
+from neuronfleet.operator.policy.conditions import Event, now
 from neuronfleet.operator.reconcilers.common import Obj
-from neuronfleet.operator.status import Event, now
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Canaries:
         namespace: str,
         spec: api.NeuronInferenceServiceSpec,
         served: plan.ServedArtifact,
-        stable: decide.DeploymentView,
+        stable: rollout.DeploymentView,
         previous: api.CanaryStatus | None,
         devices: api.DeviceAllocation,
         routes_by: RoutesBy,
@@ -78,7 +79,7 @@ class Canaries:
             return state, self._inputs_kept(owner, namespace, spec, served, devices, unrouted), [], None
         # Observe: the canary's Deployment, and the figures of both revisions' ready pods.
         body = self.kube.get(DEPLOYMENTS, namespace, plan.canary_name(owner.name))
-        view = decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
+        view = rollout.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
         # Its Ready replicas once rolled out to this revision (none before): a step wants them all.
         replicas_ready = view.ready if view is not None and view.artifact_hash == served.hash and view.rolled_out else 0
         routed = spec.routing is not None

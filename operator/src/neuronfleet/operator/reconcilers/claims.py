@@ -1,7 +1,7 @@
 """A service's claims: on the artifacts it needs (their owner references) and on its engine ConfigMaps.
 
 Services share an artifact by each owning it, and keep owning the ones in their artifact
-history (:func:`neuronfleet.operator.decide.revision_history`); an artifact no service owns any
+history (:func:`neuronfleet.operator.policy.rollout.revision_history`); an artifact no service owns any
 more is deleted (its files stay in the store, so compiling the same identity again finds them).
 Each step observes the objects, decides from what it read, then acts, and a write that
 raced another service's (409) is read again.
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Collection
 
 from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE
-from neuronfleet.operator.kube import (
+from neuronfleet.operator.cluster.kube import (
     ARTIFACTS,
     CONFIGMAPS,
     CONFLICT,
@@ -22,8 +22,8 @@ from neuronfleet.operator.kube import (
     ApiError,
     Kube,
 )
+from neuronfleet.operator.policy.conditions import Event, Reason
 from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater
-from neuronfleet.operator.status import Event, Reason
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from neuronfleet.contract import dra
 from neuronfleet.operator import api
-from neuronfleet.operator.kube import DEVICE_CLASSES, FORBIDDEN, NOT_FOUND, ApiError, Kube
+from neuronfleet.operator.cluster.kube import DEVICE_CLASSES, FORBIDDEN, NOT_FOUND, ApiError, Kube
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from neuronfleet.operator import plan
-from neuronfleet.operator.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
+from neuronfleet.operator.cluster.kube import ARTIFACTS, SERVICES_NIS, ApiError, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers.artifact import ArtifactReconciler
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler

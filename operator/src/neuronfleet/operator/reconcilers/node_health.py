@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from neuronfleet.operator import health
+from neuronfleet.operator.policy import health
 from neuronfleet.operator.reconcilers.common import Obj
 
 
 class NodeHealth:
-    """Each faulty node's fault (:func:`neuronfleet.operator.health.node_fault`), by node name."""
+    """Each faulty node's fault (:func:`neuronfleet.operator.policy.health.node_fault`), by node name."""
 
     def __init__(self) -> None:
         self._faults: dict[str, health.Fault] = {}

@@ -1,25 +1,17 @@
 """The router of a service: its InferencePool, and with ``spec.routing`` the Endpoint Picker in front of it.
 
 A canary behind the router adds its own pool and picker, and the router splits requests between the
-revisions by the step's weight (:func:`neuronfleet.operator.canary.revision_split`).
+revisions by the step's weight (:func:`neuronfleet.operator.policy.canary.revision_split`).
 """
 
 from __future__ import annotations
 
-from neuronfleet.operator import api, canary, plan
-from neuronfleet.operator.decide import RoutingState
-from neuronfleet.operator.kube import (
-    CONFIGMAPS,
-    DEPLOYMENTS,
-    INFERENCE_POOLS,
-    PDBS,
-    ROLE_BINDINGS,
-    ROLES,
-    SERVICE_ACCOUNTS,
-    SERVICES,
-    Kube,
-)
-from neuronfleet.operator.status import ConditionType, Reason
+from neuronfleet.operator import plan
+from neuronfleet.operator.cluster.kube import BY_KIND, DEPLOYMENTS, INFERENCE_POOLS, Kube
+from neuronfleet.operator.policy import canary
+from neuronfleet.operator.policy.conditions import ConditionType, Reason
+from neuronfleet.operator.policy.service_status import RoutingState
+from neuronfleet.operator.reconcilers.common import ServicePass
 
 #: The Routing condition's reasons while the operator runs a picker for the service.
 _PICKER_REASONS = frozenset({Reason.PICKER_READY, Reason.PICKER_STARTING})
@@ -32,18 +24,12 @@ class Router:
         self.kube = kube
         self.images = images
 
-    def reconcile(
-        self,
-        owner: plan.Owner,
-        namespace: str,
-        spec: api.NeuronInferenceServiceSpec,
-        previous: api.NeuronInferenceServiceStatus,
-        trial: api.CanaryStatus | None = None,
-        stable_revision: str | None = None,
-        split: plan.RevisionSplit | None = None,
-    ) -> RoutingState:
+    def reconcile(self, service: ServicePass) -> RoutingState:
         """Apply the pool (where the cluster serves the kind) and, with ``spec.routing``, the router; with a
-        canary behind it (``trial`` beside ``stable_revision``), a pool for each revision, and its ``split``."""
+        canary behind it (on trial beside the serving revision), a pool for each revision, and its split."""
+        owner, namespace, spec, split = service.owner, service.namespace, service.spec, service.split
+        stable_revision = service.deployment.artifact_hash if service.deployment is not None else None
+        trial, previous = service.trial, service.previous
         if not self.kube.serves(INFERENCE_POOLS):
             return RoutingState(pool_served=False)
         behind = spec.routing is not None
@@ -53,7 +39,7 @@ class Router:
         self._canary_pool(owner, namespace, canary_pool)
         if spec.routing is None:
             if any(c.type == ConditionType.ROUTING and c.reason in _PICKER_REASONS for c in previous.conditions):
-                self._delete_router(owner.name, namespace)
+                self._delete_router(owner, namespace)
             return RoutingState(pool_served=True)
         ready = 0
         scoring = plan.scoring_of(spec, self.images)
@@ -71,17 +57,7 @@ class Router:
         elif self.kube.get(INFERENCE_POOLS, namespace, plan.canary_pool_name(owner.name)) is not None:
             self.kube.delete(INFERENCE_POOLS, namespace, plan.canary_pool_name(owner.name))
 
-    def _delete_router(self, service: str, namespace: str) -> None:
-        # The pods first, then what they used; the pool stays (a Gateway may route through it).
-        router, picker = plan.router_name(service), plan.picker_name(service)
-        for resource, name in (
-            (DEPLOYMENTS, router),
-            (PDBS, router),
-            (SERVICES, router),
-            (SERVICES, picker),
-            (CONFIGMAPS, router),
-            (ROLE_BINDINGS, picker),
-            (ROLES, picker),
-            (SERVICE_ACCOUNTS, picker),
-        ):
-            self.kube.delete(resource, namespace, name)
+    def _delete_router(self, owner: plan.Owner, namespace: str) -> None:
+        # What the plan applies for a router, the pods first; the pool stays (a Gateway may route through it).
+        for obj in plan.router_removal(owner, namespace):
+            self.kube.delete(BY_KIND[obj["kind"]], namespace, obj["metadata"]["name"])

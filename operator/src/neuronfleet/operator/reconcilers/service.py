@@ -5,7 +5,7 @@ Deployment (observe); decides the rollout on that (decide); applies the serving
 objects, or only the replica count while the new artifact compiles (act); then,
 on the Deployment as applied, decides what to release and what the status says,
 and acts on that: the autoscaler's and the router's objects, the claims it lets go, the serving pods a
-Neuron fault takes out of service (``neuronfleet.operator.health``), the status.
+Neuron fault takes out of service (``neuronfleet.operator.policy.health``), the status.
 """
 
 from __future__ import annotations
@@ -14,23 +14,26 @@ import functools
 
 from pydantic import ValidationError
 
-from neuronfleet.operator import api, canary, decide, health, plan
-from neuronfleet.operator.kube import DEPLOYMENTS, PODS, SERVICES_NIS, Kube
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.cluster.kube import DEPLOYMENTS, PODS, SERVICES_NIS, Kube
 from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.policy import canary, health, rollout, service_status
+from neuronfleet.operator.policy.conditions import Event, Reason, now
+from neuronfleet.operator.policy.scaling import ScalingState
+from neuronfleet.operator.policy.service_status import RoutingState
 from neuronfleet.operator.reconcilers.autoscaling import Autoscaler
 from neuronfleet.operator.reconcilers.canary import Canaries, RoutesBy
 from neuronfleet.operator.reconcilers.claims import ArtifactClaims
-from neuronfleet.operator.reconcilers.common import Obj, RetryLater, previous_status
+from neuronfleet.operator.reconcilers.common import ChildReconciler, Obj, RetryLater, ServicePass, previous_status
 from neuronfleet.operator.reconcilers.devices import NeuronDevices
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
-from neuronfleet.operator.status import Event, Reason, now
 
 
-def _deployment_view(body: Obj | None) -> decide.DeploymentView | None:
-    return decide.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
+def _deployment_view(body: Obj | None) -> rollout.DeploymentView | None:
+    return rollout.DeploymentView.of(body, plan.CONFIG_VOLUME) if body is not None else None
 
 
 #: How many artifacts a service served before keeps for a rollback, unless its spec says.
@@ -59,8 +62,9 @@ class ServiceReconciler:
         self.kube = kube
         self.status = status
         self.claims = claims
-        self.autoscaler = autoscaler
-        self.router = router
+        # The children beside the serving objects, each brought to the spec once the serving revision is decided.
+        self.autoscaler: ChildReconciler[ScalingState | None] = autoscaler
+        self.router: ChildReconciler[RoutingState] = router
         self.locks = locks
         self.metrics = metrics
         self.nodes = nodes
@@ -100,28 +104,30 @@ class ServiceReconciler:
             spec = api.parse_service_spec(body.get("spec") or {})
         except ValidationError as error:
             reason = Reason.INVALID_BUCKETS if api.is_bucket_error(error) else Reason.INVALID_SPEC
-            status, events = decide.invalid_status(api.describe_errors(error), reason, generation, previous, now())
+            status, events = service_status.invalid_status(
+                api.describe_errors(error), reason, generation, previous, now()
+            )
             self.status.write(SERVICES_NIS, body, status, events)
             return
         owner = plan.Owner.of(body)
         artifact_body = self.claims.claim(body, plan.artifact(owner, namespace, spec))
-        target = decide.ArtifactView.of(artifact_body, spec.identity().hash())
+        target = rollout.ArtifactView.of(artifact_body, spec.identity().hash())
         deployment = _deployment_view(self.kube.get(DEPLOYMENTS, namespace, name))
 
         # Decide the rollout (a canary of a Ready target holds the serving revision until promoted), act on it.
-        serve = decide.rollout(target, deployment)
+        serve = rollout.serve(target, deployment)
         devices = self.devices.allocation(spec)
         served = plan.ServedArtifact(target.name, target.hash, api.parse_artifact_spec(artifact_body["spec"]).compile)
         trial, applied, canary_events, split = self._canary(
             owner, namespace, spec, served, deployment, serve, previous, devices
         )
         if trial is not None and trial.phase != "Promoted":
-            serve = decide.Serve.KEEP
-        if serve is decide.Serve.TARGET:
+            serve = rollout.Serve.KEEP
+        if serve is rollout.Serve.TARGET:
             serving = plan.serving_plan(owner, namespace, spec, served, devices, start_time_scale=self.start_time_scale)
             deployment = self._apply(serving)
             applied |= serving.pod_inputs
-        elif serve is decide.Serve.KEEP and deployment is not None and deployment.replicas != spec.desired_replicas:
+        elif serve is rollout.Serve.KEEP and deployment is not None and deployment.replicas != spec.desired_replicas:
             # The serving revision's template stays as it is until the new artifact is Ready.
             patch = {"spec": {"replicas": spec.desired_replicas}}
             deployment = _deployment_view(self.kube.merge_patch(DEPLOYMENTS, namespace, name, patch))
@@ -129,23 +135,23 @@ class ServiceReconciler:
         # Decide what to keep on the Deployment as applied (it may have finished rolling out since the read:
         # the status must not say Ready without naming the current revision), then act on it.
         history_limit = spec.rollout.artifact_history_limit
-        decision = decide.decide(
+        decision = rollout.decide(
             target,
             deployment,
             previous.current_revision,
             previous.previous_revisions,
             history_limit=self.artifact_history_limit if history_limit is None else history_limit,
         )
-        scaling_state = self.autoscaler.reconcile(owner, namespace, spec, previous, serving=deployment is not None)
-        stable_revision = deployment.artifact_hash if deployment is not None else None
-        routing_state = self.router.reconcile(owner, namespace, spec, previous, trial, stable_revision, split)
+        service = ServicePass(owner, namespace, spec, previous, deployment, trial, split)
+        scaling_state = self.autoscaler.reconcile(service)
+        routing_state = self.router.reconcile(service)
         if decision.keep is not None:
             self.claims.release(
                 body, decision.keep, applied | decision.keep_pod_inputs, claim_templates=devices == "dra"
             )
         # Its serving pods and those quarantined from it.
         pods = self.kube.list(PODS, namespace, plan.serving_pod_selector(name)) if deployment is not None else []
-        unschedulable = decide.unschedulable_messages(pods)
+        unschedulable = service_status.unschedulable_messages(pods)
         healing = None
         heal_events: list[Event] = []
         if deployment is not None:
@@ -153,7 +159,7 @@ class ServiceReconciler:
             desired = spec.desired_replicas + canary.replicas_in_play(trial)
             healing = health.assess(name, pods, self.nodes.faults(), desired, unplaceable=bool(unschedulable))
             heal_events = self._heal(owner, namespace, healing)
-        given = decide.ServiceStatusInput(
+        given = service_status.ServiceStatusInput(
             name=name,
             generation=generation,
             spec=spec,
@@ -166,7 +172,7 @@ class ServiceReconciler:
             health=healing,
             canary=trial,
         )
-        status, events = decide.service_status(given, previous, now())
+        status, events = service_status.service_status(given, previous, now())
         self.status.write(SERVICES_NIS, body, status, [*heal_events, *canary_events, *events])
 
     def _canary(
@@ -175,8 +181,8 @@ class ServiceReconciler:
         namespace: str,
         spec: api.NeuronInferenceServiceSpec,
         served: plan.ServedArtifact,
-        deployment: decide.DeploymentView | None,
-        serve: decide.Serve,
+        deployment: rollout.DeploymentView | None,
+        serve: rollout.Serve,
         previous: api.NeuronInferenceServiceStatus,
         devices: api.DeviceAllocation,
     ) -> tuple[api.CanaryStatus | None, frozenset[str], list[Event], plan.RevisionSplit | None]:
@@ -184,7 +190,7 @@ class ServiceReconciler:
         spec asks for a canary; else the last canary of the target (if any) as it ended. With it, the objects
         the canary's pods read, its events, and the split for the router."""
         on_trial = (
-            serve is decide.Serve.TARGET
+            serve is rollout.Serve.TARGET
             and spec.rollout.canary is not None
             and deployment is not None
             and deployment.artifact_hash not in (None, served.hash)
@@ -219,7 +225,9 @@ class ServiceReconciler:
         (the Service splits a canary's requests by replica count)."""
         if spec.routing is None:
             return lambda split: True
-        return functools.partial(decide.router_routes_by, self.kube.get(DEPLOYMENTS, namespace, plan.router_name(name)))
+        return functools.partial(
+            rollout.router_routes_by, self.kube.get(DEPLOYMENTS, namespace, plan.router_name(name))
+        )
 
     def _heal(self, owner: plan.Owner, namespace: str, healing: health.HealthPlan) -> list[Event]:
         """Quarantine the faulty serving pods, delete the quarantined ones no longer needed; the events to post."""
@@ -236,12 +244,12 @@ class ServiceReconciler:
                 events.append(Event("Normal", Reason.QUARANTINE_RELEASED, f"quarantined pod {name} deleted"))
         return events
 
-    def _apply(self, serving: plan.ServingPlan) -> decide.DeploymentView:
+    def _apply(self, serving: plan.ServingPlan) -> rollout.DeploymentView:
         """Apply the serving objects, the config before the pods that mount it; the Deployment as applied."""
         self.kube.apply(serving.configmap)
         if serving.claim_template is not None:
             self.kube.apply(serving.claim_template)
-        deployment = decide.DeploymentView.of(self.kube.apply(serving.deployment), plan.CONFIG_VOLUME)
+        deployment = rollout.DeploymentView.of(self.kube.apply(serving.deployment), plan.CONFIG_VOLUME)
         self.kube.apply(serving.service)
         self.kube.apply(serving.disruption_budget)
         return deployment

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from neuronfleet.operator import api
-from neuronfleet.operator.kube import Kube, Resource
+from neuronfleet.operator.cluster.kube import Kube, Resource
 from neuronfleet.operator.metrics import OperatorMetrics
+from neuronfleet.operator.policy.conditions import Event
 from neuronfleet.operator.reconcilers.common import Emit, Obj
-from neuronfleet.operator.status import Event
 
 
 class StatusWriter:

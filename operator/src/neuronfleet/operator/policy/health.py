@@ -28,7 +28,7 @@ from typing import Any
 from neuronfleet.contract.faults import DEVICE_FAULT_PREFIX, parse_termination_message, status_in_text
 from neuronfleet.contract.names import ANNOTATION_FAULT, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api
-from neuronfleet.operator.status import ConditionType, Reason, condition
+from neuronfleet.operator.policy.conditions import ConditionType, Reason, condition
 
 Obj = dict[str, Any]
 

@@ -12,14 +12,14 @@
 - A service whose canary is progressing -> the service, every few seconds (its analysis reads the engines): the
   drive's canary passes, over the services the cache holds.
 - A periodic resync reconciles everything, behind the watches.
-- Every watched kind feeds the reconcilers' cache (``neuronfleet.operator.cache``), before any handler runs.
+- Every watched kind feeds the reconcilers' cache (``neuronfleet.operator.cluster.cache``), before any handler runs.
 
 Status writes never wake a handler: services are reconciled on a generation their status has not
 observed, never on their own status. Every handler is an event handler, so kopf keeps no record of its
 own on the objects (no last-handled spec, no progress annotations: one write less per change), and a
 failed reconcile is retried by the drive. The handlers need no finalizer: children are owned and
 garbage-collected by Kubernetes. What runs a reconcile
-(worker threads, retries, the resync) is ``neuronfleet.operator.drive``.
+(worker threads, retries, the resync) is ``neuronfleet.operator.runtime.drive``.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from typing import Any
 import kopf
 
 from neuronfleet.contract.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
-from neuronfleet.operator import api, health, plan
-from neuronfleet.operator.cache import WATCHED, ObjectCache
-from neuronfleet.operator.drive import FOLLOW_UP, SPEC_CHANGE, Drive, Progressing
-from neuronfleet.operator.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
+from neuronfleet.operator import api, plan
+from neuronfleet.operator.cluster.cache import WATCHED, ObjectCache
+from neuronfleet.operator.cluster.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
+from neuronfleet.operator.policy import health
 from neuronfleet.operator.reconcilers import Manager
+from neuronfleet.operator.runtime.drive import FOLLOW_UP, SPEC_CHANGE, Drive, Progressing
 
 Obj = dict[str, Any]
 

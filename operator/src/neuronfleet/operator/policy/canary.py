@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from neuronfleet.contract import metrics
 from neuronfleet.operator import api, plan
-from neuronfleet.operator.status import Event, Reason
+from neuronfleet.operator.policy.conditions import Event, Reason
 
 #: The engine's completion endpoints, as vLLM's HTTP metrics name their handler.
 COMPLETION_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions"})

@@ -1,7 +1,7 @@
 """How kopf's handlers reach the reconcilers: on kopf's worker threads, in order of urgency, retried, and
 the periodic resync.
 
-The handlers (``neuronfleet.operator.handlers``) only say which change wakes which reconcile; this is
+The handlers (``neuronfleet.operator.runtime.handlers``) only say which change wakes which reconcile; this is
 what runs it: each reconcile on a worker thread, a service's spec change ahead of what its children's
 events wake (:class:`WorkerSlots`), a failed one retried alone (``retries``), every ``resync_seconds``
 a full pass over everything, behind the watches, and every :data:`CANARY_INTERVAL_S` a pass over the
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neuronfleet.operator.reconcilers import Manager
-from neuronfleet.operator.retries import Retries
+from neuronfleet.operator.runtime.retries import Retries
 
 T = TypeVar("T")
 

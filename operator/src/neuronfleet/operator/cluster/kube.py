@@ -19,7 +19,7 @@ import urllib3
 
 from neuronfleet.contract.names import FIELD_MANAGER, GROUP
 from neuronfleet.operator import api
-from neuronfleet.operator.status import Event
+from neuronfleet.operator.policy.conditions import Event
 
 Obj = dict[str, Any]
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 
-from neuronfleet.operator.kube import ApiError
+from neuronfleet.operator.cluster.kube import ApiError
 from neuronfleet.operator.reconcilers import RetryLater
 
 #: Seconds before a reconcile that found the cluster mid-change runs again.

@@ -8,20 +8,22 @@ from typing import Any
 import pytest
 
 from neuronfleet.operator import api
-from neuronfleet.operator.decide import (
+from neuronfleet.operator.policy.conditions import Reason
+from neuronfleet.operator.policy.rollout import (
     ArtifactView,
     Decision,
     DeploymentView,
     Serve,
-    ServiceStatusInput,
     decide,
-    invalid_status,
     revision_history,
-    rollout,
+    serve,
+)
+from neuronfleet.operator.policy.service_status import (
+    ServiceStatusInput,
+    invalid_status,
     service_status,
     unschedulable_messages,
 )
-from neuronfleet.operator.status import Reason
 
 T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
@@ -315,7 +317,7 @@ def test_unschedulable_messages_come_from_the_scheduler() -> None:
 
 
 def test_the_rollout_is_decided_on_the_artifact_and_whether_a_deployment_exists() -> None:
-    assert rollout(NEW, None) is Serve.TARGET
-    assert rollout(NEW, deployment(OLD)) is Serve.TARGET
-    assert rollout(artifact("Compiling"), deployment(OLD)) is Serve.KEEP
-    assert rollout(artifact("Failed"), None) is Serve.NOTHING
+    assert serve(NEW, None) is Serve.TARGET
+    assert serve(NEW, deployment(OLD)) is Serve.TARGET
+    assert serve(artifact("Compiling"), deployment(OLD)) is Serve.KEEP
+    assert serve(artifact("Failed"), None) is Serve.NOTHING

@@ -38,7 +38,7 @@ from typing import Any
 import kubernetes
 
 from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL
-from neuronfleet.operator.kube import (
+from neuronfleet.operator.cluster.kube import (
     ARTIFACTS,
     BY_KIND,
     CONFIGMAPS,

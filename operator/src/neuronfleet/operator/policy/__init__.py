@@ -1,0 +1,1 @@
+"""Pure decisions on what was observed: rollout, status, canaries, health and scaling; no I/O."""

@@ -1,0 +1,1 @@
+"""How the operator runs: kopf's handlers, the queue that drives the reconcilers, and their retries."""
