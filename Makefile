@@ -25,7 +25,7 @@ export NEURONFLEET_STAGES ?= $(CURDIR)/.stages.tsv
 # STAGE NAME CACHED_REGEX COMMAND...: run and record one stage ("-": a stage without a cache).
 STAGE := tools/stages.sh run
 
-.PHONY: help room setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit engine-suites compat lock crds clean \
+.PHONY: help room demo-room setup packages tools tool-kube tool-node tool-s3 tool-dra tool-prometheus tool-keda tool-argocd tool-gie tool-envoy images demo test lint typecheck unit engine-suites compat lock crds clean \
 	bench bench-calibration bench-padding bench-scheduler bench-stalls bench-kv bench-serving bench-operator bench-routing bench-prefix bench-canary
 
 help:  ## List the targets.
@@ -79,8 +79,11 @@ images: setup packages  ## Build the operator and engine images with podman (OCI
 	done
 
 # DEMO_ARGS=--exit-when-ready stops once the service is Ready and has answered (what the test runs).
-demo: room setup  ## The real node, the chart's operator in a pod on it, a simulated service Ready and answering; Ctrl-C tears down.
-	$(MAKE) --no-print-directory -j3 tools images
+# The demo builds only what it shows: the control plane and helm, the real node's containerd and DRA plugin, the
+# images; not the S3 server, Prometheus, KEDA, Argo CD or the router's picker and Envoy, which only tests use.
+DEMO_TOOLS := kube node dra
+demo: demo-room setup  ## The real node, the chart's operator in a pod on it, a simulated service Ready and answering; Ctrl-C tears down.
+	$(MAKE) --no-print-directory -j3 $(addprefix tool-,$(DEMO_TOOLS)) images
 	$(BIN)/neuronfleet-dev demo $(DEMO_ARGS)
 
 lint: setup  ## ruff, the import layers of docs/architecture.md (import-linter), no function over 80 lines, the rig's budget.
@@ -124,6 +127,8 @@ compat: $(COMPAT_VENV)/.synced  ## The scheduler, its metrics and the simulated 
 # Before the first long step: is there room for what this run will install and build (tools/room.sh)?
 room:
 	@tools/room.sh
+demo-room:
+	@ROOM_TOOLS="$(DEMO_TOOLS)" ROOM_COMPAT=no tools/room.sh
 
 # The stage table is printed whether the checks pass or not.
 test:  ## Everything CI runs, then the table of stages: wall time and whether each came from a cache.

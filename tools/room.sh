@@ -16,9 +16,12 @@ need=0
 why=()
 add() { need=$((need + $1)); why+=("$2: $1 GB"); }
 [[ -f "${root}/.venv/.synced" ]] || add 14 "venv and uv's cache"
-[[ -f "${root}/compat/vllm-0.29/.venv/.synced" ]] || add 5 "vLLM 0.29's venv"
+# `make demo` names the tools it builds (ROOM_TOOLS) and needs no compat venv (ROOM_COMPAT=no).
+if [[ "${ROOM_COMPAT:-yes}" != no ]]; then
+  [[ -f "${root}/compat/vllm-0.29/.venv/.synced" ]] || add 5 "vLLM 0.29's venv"
+fi
 missing_tools=0
-for tool in kube node s3 dra prometheus keda argocd gie envoy; do
+for tool in ${ROOM_TOOLS:-kube node s3 dra prometheus keda argocd gie envoy}; do
   [[ -d "$(NEURONFLEET_CACHE="${cache}" "${root}/tools/${tool}/build.sh" --print-bin-dir 2>/dev/null)" ]] ||
     missing_tools=$((missing_tools + 1))
 done
