@@ -98,15 +98,36 @@ def check_step(engine: OfflineEngine, record: StepRecord | None, in_flight_befor
 
 @pytest.mark.parametrize("options", OPTION_SETS.values(), ids=OPTION_SETS.keys())
 def test_random_workloads_keep_every_invariant(options: SchedulerOptions) -> None:
-    run_random_workloads(options)
+    seen: Counter[str] = Counter()
+    run_random_workloads(options, seen)
+    # The invariants were checked on every kind of step, on both schedulers, padded prefills included, and over
+    # workloads of several requests each (every one finished with all its tokens): not on runs that did nothing.
+    assert seen["examples"] >= 100, seen
+    assert {"prefill steps", "padded prefill steps", "decode steps", "sync", "async"} <= set(+seen), seen
+    assert seen["requests"] > seen["examples"], seen
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), async_scheduling=st.booleans())
-def run_random_workloads(options: SchedulerOptions, data: st.DataObject, async_scheduling: bool) -> None:
+def run_random_workloads(
+    options: SchedulerOptions, seen: Counter[str], data: st.DataObject, async_scheduling: bool
+) -> None:
     scenario = data.draw(scenarios(options))
-    engine = run_scenario(scenario, async_scheduling=async_scheduling, after_step=check_step, max_iterations=20_000)
+
+    def checked(engine: OfflineEngine, record: StepRecord | None, in_flight_before: int) -> None:
+        check_step(engine, record, in_flight_before)
+        prefills = [] if record is None else [item for item in record.scheduled if item.is_prefill]
+        if prefills:
+            seen["prefill steps"] += 1
+            seen["padded prefill steps"] += any(item.num_tokens_padded > item.num_tokens for item in prefills)
+        elif record is not None and record.scheduled:
+            seen["decode steps"] += 1
+
+    engine = run_scenario(scenario, async_scheduling=async_scheduling, after_step=checked, max_iterations=20_000)
+    seen["examples"] += 1
+    seen["async" if async_scheduling else "sync"] += 1
     for request in scenario.requests:
         progress = engine.progress[request.req_id]
         assert progress.finished, request.req_id
         assert len(progress.output_tokens) == request.max_tokens, request.req_id
+        seen["requests"] += 1
