@@ -19,8 +19,14 @@ from rich.console import Console
 from neuronfleet.operator import crdgen
 from neuronfleet.operator.api.rollout import MAX_ARTIFACT_HISTORY
 from neuronfleet.operator.cluster.cache import CachedKube, ObjectCache
-from neuronfleet.operator.cluster.kube import EventRecorder
-from neuronfleet.operator.cluster.leadership import Election, Leadership, LeaseUnavailable, answering_liveness
+from neuronfleet.operator.cluster.kube import EventRecorder, named_client
+from neuronfleet.operator.cluster.leadership import (
+    Election,
+    Leadership,
+    LeaseUnavailable,
+    answering_liveness,
+    candidate_identity,
+)
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.plan import RouterImages
 from neuronfleet.operator.reconcilers import Manager
@@ -93,13 +99,15 @@ async def operate(
     artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
     neuron_devices: NeuronDevicesSetting = "devicePlugin",
     simulated_start_time_scale: float = 1.0,
+    identity: str | None = None,
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
-    """Run the operator until ``stop_flag`` is set (or a signal, in the main thread)."""
+    """Run the operator until ``stop_flag`` is set (or a signal, in the main thread); its requests name it as
+    ``identity`` (its candidacy's, when elected)."""
     # The reconcilers read what the watches deliver (kopf fills the cache) and write through the client.
     cache = ObjectCache()
-    kube = CachedKube(kubernetes.client.ApiClient(configuration), cache)
+    kube = CachedKube(named_client(configuration, identity or candidate_identity()), cache)
     # What no watch brings, and whether the cluster serves InferencePools, before the first reconcile.
     every: list[str | None] = list(namespaces) if namespaces is not None else [None]
     for namespace in every:
@@ -151,7 +159,7 @@ async def lead(
     async with answering_liveness(liveness):
         await leadership.acquire()
     try:
-        await operate(configuration, liveness=liveness, **options)
+        await operate(configuration, liveness=liveness, identity=election.identity, **options)
     finally:
         leadership.release()  # in the loop: its executor is shut down, and nothing else runs any more
 

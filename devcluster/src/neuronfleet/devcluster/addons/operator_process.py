@@ -31,6 +31,7 @@ class OperatorProcess:
         resync_seconds: float = 5.0,
         prometheus: str | None = None,
         leader_election: str | None = None,
+        options: tuple[str, ...] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces
@@ -40,6 +41,8 @@ class OperatorProcess:
         self.prometheus = prometheus
         #: The namespace of the Lease it is elected on (``--leader-election-namespace``); none: it always leads.
         self.leader_election = leader_election
+        #: More of ``run``'s options, as given (``--renew-deadline-seconds 6``).
+        self.options = options
         self.managed: ManagedProcess | None = None
         self.runs = 0
         self.metrics_port = 0
@@ -69,6 +72,7 @@ class OperatorProcess:
             argv += ["--prometheus-address", self.prometheus]
         if self.leader_election is not None:
             argv += ["--leader-election-namespace", self.leader_election]
+        argv += self.options
         self.managed = ManagedProcess.spawn("operator", argv, self.log)
         self.managed.wait_ready(
             f"http://127.0.0.1:{port}/healthz", timeout=timeout, what="the operator's liveness endpoint", wait=wait_for

@@ -64,6 +64,11 @@ class LocalCluster:
         return self.state.kubeconfig
 
     @property
+    def audit_log(self) -> Path:
+        """The API server's audit log of the admin's writes (``controlplane.components.Layout.audit_log``)."""
+        return self.state.workdir / "audit.log"
+
+    @property
     def server(self) -> str:
         """The API server's URL."""
         return self.state.server

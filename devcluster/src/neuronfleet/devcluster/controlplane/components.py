@@ -123,6 +123,21 @@ class Layout:
             front_proxy_client,
         )
 
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: the admin's writes (``write_audit_policy``), one JSON event a line."""
+        return self.workdir / "audit.log"
+
+    def write_audit_policy(self) -> Path:
+        """Record every write of the admin identity (the operators tests start, the tests), by whom: a test tells
+        from each event's ``userAgent`` which operator process wrote (they name themselves in it)."""
+        writes = ["create", "update", "patch", "delete", "deletecollection"]
+        rules = [{"level": "Metadata", "users": ["neuronfleet-admin"], "verbs": writes}, {"level": "None"}]
+        policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"], "rules": rules}
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(policy))
+        return path
+
     def write_egress_selector(self) -> Path:
         """The API server's egress selector: traffic to nodes, pods and services goes to the egress proxy.
 
@@ -222,6 +237,8 @@ def _apiserver_flags(layout: Layout, ports: dict[str, int]) -> list[str]:
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={layout.front_proxy_client.cert}",
         f"--proxy-client-key-file={layout.front_proxy_client.key}",
+        f"--audit-policy-file={layout.write_audit_policy()}",
+        f"--audit-log-path={layout.audit_log}",
     ]
 
 

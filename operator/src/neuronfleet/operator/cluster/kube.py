@@ -18,7 +18,7 @@ import kubernetes
 import urllib3
 
 from neuronfleet.contract.names import FIELD_MANAGER, GROUP
-from neuronfleet.operator import api
+from neuronfleet.operator import __version__, api
 from neuronfleet.operator.policy.conditions import Event
 
 Obj = dict[str, Any]
@@ -112,6 +112,14 @@ NO_RESPONSE = 0
 #: ``ApiError.reason`` for no answer within the request timeout, and for a connection that failed
 #: (refused, reset, closed mid-response, TLS).
 TIMEOUT, CONNECTION_FAILED = "Timeout", "ConnectionFailed"
+
+
+def named_client(configuration: kubernetes.client.Configuration, identity: str) -> kubernetes.client.ApiClient:
+    """A client whose every request names this operator process in its ``User-Agent``: where several run (one
+    leads, the others stand by), the API server's audit log says which one wrote what."""
+    client = kubernetes.client.ApiClient(configuration)
+    client.user_agent = f"neuronfleet-operator/{__version__} ({identity})"
+    return client
 
 
 class Kube:

@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 import kubernetes
 import urllib3
 from aiohttp import web
-from kubernetes.client import ApiClient, ApiException, CoordinationV1Api, V1Lease
+from kubernetes.client import ApiException, CoordinationV1Api, V1Lease
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+from neuronfleet.operator.cluster.kube import named_client
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class Leadership:
         bounded = copy.copy(configuration)
         bounded.retries = False  # one try is one request, bounded by its timeout
         self.election = election
-        self.lock = _BoundedLeaseLock(election, CoordinationV1Api(ApiClient(bounded)))
+        self.lock = _BoundedLeaseLock(election, CoordinationV1Api(named_client(bounded, election.identity)))
 
     async def acquire(self) -> None:
         """Return once this process holds the Lease; from then on it renews it, or the process exits
