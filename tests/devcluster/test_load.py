@@ -46,7 +46,8 @@ class Handler(BaseHTTPRequestHandler):
         time.sleep(asked.get("delay", 0))
         status = asked.get("status", 200)
         tokens = asked.get("answer_tokens", asked["max_tokens"])
-        body = json.dumps({"usage": {"completion_tokens": tokens}}).encode()
+        answer = {"usage": {"completion_tokens": tokens}} if status < 400 else {"error": {"message": f"no: {status}"}}
+        body = json.dumps(answer).encode()
         # A client that timed out has hung up: nothing to answer.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.send_response(status)
@@ -147,6 +148,9 @@ def test_every_request_is_sent_and_counted_by_status(server: Server) -> None:
     # The other headers asked for, as far as the response carried them, and each 2xx answer's tokens.
     assert {(o.recorded["X-Zone"], len(o.recorded), o.tokens) for o in ok.outcomes} == {("zone-1", 1, 1)}
     assert {o.tokens for o in refused.outcomes} == {None}
+    # A failed answer's own words are kept; a 2xx answer has none.
+    assert {o.error for o in refused.outcomes} == {"no: 503"}
+    assert {o.error for o in ok.outcomes} == {None}
     assert [o.index for o in ok.outcomes] == list(range(10))
     assert (refused.sent, refused.succeeded, refused.failures) == (5, 0, {"503": 5})
     assert len(server.bodies) == 15

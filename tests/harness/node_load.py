@@ -37,6 +37,8 @@ class Answer:
     recorded: Mapping[str, str] = field(default_factory=dict)
     #: A 2xx answer's completion tokens, from its body.
     tokens: int | None = None
+    #: Another answer's own words (its body's error message).
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -159,7 +161,15 @@ class NodeLoad:
         started = float(summary["started_at"])
         outcomes = sorted(map(json.loads, self.outcomes.read_text().splitlines()), key=lambda o: int(o["index"]))
         answers = [
-            Answer(started + o["sent_at_s"], o["latency_s"], o["result"], o["header"], o["recorded"], o["tokens"])
+            Answer(
+                started + o["sent_at_s"],
+                o["latency_s"],
+                o["result"],
+                o["header"],
+                o["recorded"],
+                o["tokens"],
+                o["error"],
+            )
             for o in outcomes
             if o["result"] != DROPPED
         ]

@@ -16,6 +16,7 @@ each leaves it Ready with two replicas.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import os
 import signal
@@ -407,11 +408,12 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
             f"{name} quarantined",
         )
         whole_at = fleet.wait(lambda: fleet.rolled_out_to(serving) and time.time(), "two Ready replicas again")
-        # Deleted gracefully: it drains like any replica, out of service already.
-        deleted_at = fleet.wait(
-            lambda: ((p := pod_named(fleet, name)) is None or p["metadata"].get("deletionTimestamp")) and time.time(),
+        # Deleted gracefully: it drains like any replica, out of service already (seen while it drains).
+        deleting = fleet.wait(
+            lambda: (p := pod_named(fleet, name)) is not None and p["metadata"].get("deletionTimestamp") and p,
             f"{name} deleted",
         )
+        deleted_at = time.time()
         time.sleep(AFTER_S)
         result = load.stop()
     report("device fault", result, faulted=faulted_at, out_of_service=out_at, whole_again=whole_at, deleted=deleted_at)
@@ -430,7 +432,10 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
         assert answer.done_at > faulted_at - 1, answer
         assert answer.sent_at < out_at, answer
         if answer.result == "503":
+            # Its engine's words: the device fault by name, not a drain's refusal.
             assert answer.recorded[REPLICA_HEADER] == name, answer
+            assert answer.error is not None
+            assert "NRT_EXEC_HW_ERR_HBM_UE" in answer.error, answer
         else:
             assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
     lost = [a for a in result.in_flight_at(faulted_at) if not a.ok]
@@ -448,11 +453,17 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
     assert quarantined["metadata"]["labels"][LABEL_QUARANTINED] == "device"
     assert LABEL_SERVICE not in quarantined["metadata"]["labels"]
     assert quarantined["metadata"]["annotations"][ANNOTATION_FAULT].startswith("NRT_EXEC_HW_ERR_HBM_UE (1201)")
-    # A replacement serves in its place (on the real node, the only one that runs containers here), and the
-    # service tells the story: Degraded while short, an event, healthy again.
+    # The replacement was Ready before the faulty pod was deleted (the API server's own times, to the second): the
+    # fleet was never short of the faulty replica and its replacement at once.
     pods = fleet.pods()
     assert name not in {p["metadata"]["name"] for p in pods}
     (replacement,) = [p for p in pods if p["metadata"]["name"] != healthy["metadata"]["name"]]
+    (ready,) = [c for c in replacement["status"]["conditions"] if c["type"] == "Ready"]
+    grace = datetime.timedelta(seconds=int(deleting["metadata"]["deletionGracePeriodSeconds"]))
+    deleted = datetime.datetime.fromisoformat(deleting["metadata"]["deletionTimestamp"]) - grace
+    assert datetime.datetime.fromisoformat(ready["lastTransitionTime"]) <= deleted, (ready, deleting["metadata"])
+    # A replacement serves in its place (on the real node, the only one that runs containers here), and the
+    # service tells the story: Degraded while short, an event, healthy again.
     assert fleet.complete_on(replacement)["usage"]["completion_tokens"] == MAX_TOKENS
     reasons = fleet.kubectl("get", "events", f"--field-selector=involvedObject.name={NAME}", "-o", "json")
     told = {(e["type"], e["reason"]) for e in json.loads(reasons)["items"]}

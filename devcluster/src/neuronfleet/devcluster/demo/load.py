@@ -130,6 +130,8 @@ class Outcome:
     recorded: dict[str, str] = field(default_factory=dict)
     #: A 2xx answer's ``usage.completion_tokens`` (None when its body has none).
     tokens: int | None = None
+    #: Another answer's own words: its body's ``error.message`` (OpenAI's form), else the body's start.
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -224,7 +226,16 @@ async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float
     result = str(response.status_code)
     if plan.exact_tokens and response.is_success and tokens != plan.body.get("max_tokens"):
         result = SHORT
-    return Outcome(index, due, latency, result, header, recorded, tokens)
+    error = None if response.is_success else error_message(response)
+    return Outcome(index, due, latency, result, header, recorded, tokens, error)
+
+
+def error_message(response: httpx.Response) -> str:
+    """What a failed answer says: its OpenAI-style ``error.message``, else the start of its body."""
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
 
 
 def completion_tokens(response: httpx.Response) -> int | None:
