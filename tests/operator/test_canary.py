@@ -106,9 +106,12 @@ def test_a_canary_as_fast_as_the_stable_passes_with_its_figures() -> None:
 @pytest.mark.parametrize(
     ("canary_figures", "broken"),
     [
-        (figures(0.5, 120), "TTFT p99"),
-        (figures(0.05, 120, errors=3), "5xx 2.5% against 0.0%"),
-        (figures(0.05, 120, padding=0.3), "padding 30.0% of prefill tokens against 5.0%"),
+        (figures(0.5, 120), f"TTFT p99 498 ms = 8.32x the stable's 60 ms (limit {LIMITS.max_ttft_p99_ratio:g}x)"),
+        (figures(0.05, 120, errors=3), f"5xx 2.5% against 0.0% (limit +{LIMITS.max_error_rate_increase:.1%})"),
+        (
+            figures(0.05, 120, padding=0.3),
+            f"padding 30.0% of prefill tokens against 5.0% (limit +{LIMITS.max_padding_share_increase:.1%})",
+        ),
     ],
 )
 def test_a_canary_that_breaks_a_limit_fails_naming_it(canary_figures: Figures, broken: str) -> None:

@@ -161,7 +161,8 @@ def _latency_check(name: str, canary: Histogram, stable: Histogram, limit: float
     if ours is None or theirs is None or theirs <= 0:
         return None
     ratio = ours / theirs
-    return ratio <= limit, f"{name} p99 {ours * 1e3:.0f} ms = {ratio:.2f}x the stable's {theirs * 1e3:.0f} ms"
+    words = f"{name} p99 {ours * 1e3:.0f} ms = {ratio:.2f}x the stable's {theirs * 1e3:.0f} ms (limit {limit:g}x)"
+    return ratio <= limit, words
 
 
 def _latency_checks(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> list[tuple[bool, str] | None]:
@@ -200,11 +201,13 @@ def analyse(limits: api.CanaryAnalysis, canary: Figures, stable: Figures) -> Ana
         *_latency_checks(limits, canary, stable),
         (
             canary.error_rate - stable.error_rate <= limits.max_error_rate_increase,
-            f"5xx {canary.error_rate:.1%} against {stable.error_rate:.1%}",
+            f"5xx {canary.error_rate:.1%} against {stable.error_rate:.1%} "
+            f"(limit +{limits.max_error_rate_increase:.1%})",
         ),
         (
             canary.padding_share - stable.padding_share <= limits.max_padding_share_increase,
-            f"padding {canary.padding_share:.1%} of prefill tokens against {stable.padding_share:.1%}",
+            f"padding {canary.padding_share:.1%} of prefill tokens against {stable.padding_share:.1%} "
+            f"(limit +{limits.max_padding_share_increase:.1%})",
         ),
     ]
     made = [check for check in checks if check is not None]
