@@ -89,11 +89,9 @@ demo: demo-room setup  ## The real node, the chart's operator in a pod on it, a 
 lint: setup  ## ruff, the import layers of docs/architecture.md (import-linter), no function over 80 lines, the rig's budget.
 	$(STAGE) lint - bash -c '$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/python tools/function_length.py && $(BIN)/python tools/rig_size.py'
 
-# mypy's cache lives outside the checkout: it checks each file by its hash, so a fresh clone reuses it (1 min -> 3 s).
+# mypy's cache lives outside the checkout (tools/typecheck.sh: a failure on it is checked again on an empty one).
 typecheck: setup  ## mypy, strict.
-	$(STAGE) typecheck - bash -c '$(BIN)/mypy --cache-dir $(CACHE)/mypy/packages \
-		-p neuronfleet.contract -p neuronfleet.engine -p neuronfleet.operator -p neuronfleet.devcluster \
-		&& $(BIN)/mypy --cache-dir $(CACHE)/mypy/tests tests bench'
+	$(STAGE) typecheck - tools/typecheck.sh $(CACHE)/mypy
 
 # The tools and the images are built side by side: most of each is one busy core. tests/engine and its
 # vllm_matrix suites on vLLM 0.29 each keep a core busy (one test at a time; every port they open is a free
