@@ -121,10 +121,10 @@ def test_the_device_plugin_way_is_unchanged_and_sets_the_runtimes_lnc_only_when_
     assert "resourceClaims" not in pod
     (container,) = pod["containers"]
     assert container["resources"]["limits"][NEURON_DEVICE_RESOURCE] == "2"
-    assert plan.LNC_ENV not in {e["name"] for e in container["env"]}
+    assert dra.LNC_ENV not in {e["name"] for e in container["env"]}
     alone = serving(spec(engine={"tensor_parallel_size": 8}, placement={"logicalNeuronCores": 1}), "devicePlugin")
     (container,) = alone.deployment["spec"]["template"]["spec"]["containers"]
-    assert {"name": plan.LNC_ENV, "value": "1"} in container["env"]
+    assert {"name": dra.LNC_ENV, "value": "1"} in container["env"]
     assert container["resources"]["limits"][NEURON_DEVICE_RESOURCE] == "1"
 
 

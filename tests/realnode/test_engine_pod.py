@@ -1,5 +1,5 @@
 """The engine image on the real node, in the operator's own pod template: probes, Service, completion, drain,
-and its devices claimed through DRA and prepared by the node's kubelet.
+and its devices claimed through DRA, prepared by the node's kubelet and handed to its container.
 
 The Deployment, its ConfigMap, its Neuron ResourceClaimTemplate and its Service are what
 :mod:`neuronfleet.operator.plan` renders for a ``device: sim`` trn2.48xlarge service with ``placement.devices:
@@ -20,6 +20,7 @@ import pytest
 from harness.cluster_fixtures import NodeImage
 
 from neuronfleet.contract import dra
+from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.contract.names import HTTP_PORT
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane import devices
@@ -172,6 +173,34 @@ def test_engine_pod_is_ready_only_once_the_engine_answers(
     uid = real_cluster.kubectl("exec", name, "--", "id", "-u")
     assert uid.returncode == 0, uid.stderr
     assert uid.stdout.strip() == str(plan.RUN_AS)
+
+
+def test_the_claim_hands_its_container_the_device_node_and_the_cores_the_runtime_reserves(
+    engine: tuple[Api, Obj, Obj], real_cluster: LocalCluster
+) -> None:
+    api, _, _ = engine
+    # The first pod, Ready since the test above.
+    pod = ready_pod(api)
+    name = pod["metadata"]["name"]
+    (allocated,) = claim_of(api, pod)["status"]["allocation"]["devices"]["results"]
+    published = devices.resource_slice(REAL_NODE, SPEC["instanceType"])["spec"]["devices"]
+    (device,) = [d for d in published if d["name"] == allocated["device"]]
+    device_id = device["attributes"][dra.DEVICE_ID]["int"]
+    # The claim's NeuronConfig asks for the chip's default LNC (2): a device's 8 cores are 4 logical ones.
+    chip = get_instance_type(SPEC["instanceType"]).chip
+    lnc = chip.default_lnc
+    per_device = chip.logical_cores(lnc)
+    cores = list(range(device_id * per_device, (device_id + 1) * per_device))
+    env = real_cluster.kubectl("exec", name, "--", "printenv", dra.VISIBLE_CORES_ENV, dra.LNC_ENV)
+    assert env.returncode == 0, env.stderr
+    assert env.stdout.split() == [f"{cores[0]}-{cores[-1]}", str(lnc)]
+    # The device's node, through CDI: a character device (the simulated one has /dev/null's numbers).
+    node = real_cluster.kubectl("exec", name, "--", "stat", "-c", "%F %t:%T", f"/dev/neuron{device_id}")
+    assert node.returncode == 0, node.stderr
+    assert node.stdout.strip() == "character special file 1:3"
+    # The simulated runtime started on them, as the Neuron runtime reserves what it is handed.
+    log = real_cluster.kubectl("logs", name).stdout
+    assert f"reserving logical NeuronCores {cores} at LNC={lnc}" in log, log[-6000:]
 
 
 def test_completion_through_the_service_returns_the_requested_tokens(

@@ -18,6 +18,11 @@ DEVICE_CLASS = "neuron.aws.com"
 #: The opaque config a claim sets the logical-NeuronCore setting with.
 CONFIG_API_VERSION = "neuron.aws.com/v1"
 CONFIG_KIND = "NeuronConfig"
+#: What a container is handed with its devices, read by the Neuron runtime: the logical NeuronCores it may reserve
+#: (ranges over the node, "0-3,8-11") and the logical-NeuronCore setting they are counted at. The driver sets both
+#: for a claim (the rig's plugin through CDI, ``tools/dra``); with the device plugin the operator sets the setting.
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 #: Device attributes in the driver's domain (``device.attributes['neuron.aws.com'].<name>`` in CEL).
 DEVICE_ID = "deviceId"
 INSTANCE_TYPE = "instanceType"

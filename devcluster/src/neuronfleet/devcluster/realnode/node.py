@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 import psutil
 import yaml
 
-from neuronfleet.contract.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+from neuronfleet.contract.hardware import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY, get_instance_type
 from neuronfleet.devcluster.controlplane import devices
 from neuronfleet.devcluster.controlplane.components import REAL_NODE, REAL_NODE_POD_CIDR, SERVICE_CIDR, Layout
 from neuronfleet.devcluster.controlplane.fleet import (
@@ -113,6 +114,16 @@ class NodePaths:
     def containerd_socket(self) -> Path:
         """containerd's gRPC socket (the kubelet's and crictl's runtime endpoint)."""
         return self.containerd / "containerd.sock"
+
+    @property
+    def cdi(self) -> Path:
+        """The CDI specs the DRA plugin writes for prepared claims, and containerd applies."""
+        return self.root / "cdi"
+
+    @property
+    def device_nodes(self) -> Path:
+        """The node's Neuron device nodes (``neuron<id>``), stand-ins with /dev/null's numbers."""
+        return self.root / "dev"
 
     @property
     def namespace_ready(self) -> Path:
@@ -243,6 +254,9 @@ state = "{c / "state"}"
     restrict_oom_score_adj = true
     enable_unprivileged_ports = true
     enable_unprivileged_icmp = true
+    # What a prepared DRA claim hands its containers: device nodes and the Neuron runtime's environment.
+    enable_cdi = true
+    cdi_spec_dirs = ['{paths.cdi}']
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = 'runc'
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -452,6 +466,12 @@ def _start_dra_plugin(layout: Layout, spawn: Spawn, enter: list[str], paths: Nod
     driver (which the tests create) lets a pod claim them."""
     published = paths.root / "dra-devices.json"
     published.write_text(json.dumps(devices.resource_slice(REAL_NODE, INSTANCE_TYPE)["spec"]["devices"]))
+    instance = get_instance_type(INSTANCE_TYPE)
+    # A simulated device has no driver behind it: its node is a character device that reads and writes as /dev/null.
+    paths.device_nodes.mkdir(exist_ok=True)
+    for index in range(instance.devices):
+        with contextlib.suppress(FileExistsError):
+            os.mknod(paths.device_nodes / f"neuron{index}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     spawn(
         "neuron-dra",
         [
@@ -461,6 +481,10 @@ def _start_dra_plugin(layout: Layout, spawn: Spawn, enter: list[str], paths: Nod
             f"--node-name={REAL_NODE}",
             f"--kubelet-root-dir={paths.root / 'kubelet'}",
             f"--devices={published}",
+            f"--cores-per-device={instance.chip.physical_cores}",
+            f"--default-lnc={instance.chip.default_lnc}",
+            f"--cdi-dir={paths.cdi}",
+            f"--device-node-dir={paths.device_nodes}",
         ],
         None,
     )

@@ -11,6 +11,7 @@ core schedules the next step while the device is busy, as with a real device.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +40,7 @@ from neuronfleet.engine.scheduler.neuron import read_neuron_config
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
 from neuronfleet.engine.sim.faults import FaultInjector, InjectedFault
+from neuronfleet.engine.sim.handed_cores import check_handed_cores
 
 logger = init_logger(__name__)
 
@@ -64,6 +66,11 @@ class SimNeuronWorker:
             dtype_bytes=_DTYPE_BYTES.get(self.dtype, 2),
             logical_neuron_cores=settings.logical_neuron_cores,
         )
+        # The cores this container was handed, refused where the Neuron runtime would refuse them.
+        lnc = settings.logical_neuron_cores or self.cost.instance.chip.default_lnc
+        handed = check_handed_cores(os.environ, self.cost.tensor_parallel_size, lnc)
+        if handed is not None:
+            logger.info("Simulated runtime: reserving logical NeuronCores %s at LNC=%d", list(handed), lnc)
         self.block_size = vllm_config.cache_config.block_size
         neuron_config = read_neuron_config(vllm_config.additional_config)
         self.max_prefills_per_step = int(neuron_config.get("max_prefills_per_step", 1))

@@ -21,7 +21,7 @@ from neuronfleet.operator.plan.compiling import (
     compile_job,
     compile_job_name,
 )
-from neuronfleet.operator.plan.devices import LNC_ENV, NEURON_CLAIM, claim_template, neuron_claim
+from neuronfleet.operator.plan.devices import NEURON_CLAIM, claim_template, neuron_claim
 from neuronfleet.operator.plan.envoy import RevisionSplit
 from neuronfleet.operator.plan.routing import (
     SPLIT_ANNOTATION,
@@ -78,7 +78,6 @@ __all__ = [
     "CONFIG_DIR",
     "CONFIG_VOLUME",
     "ENGINE_FILE",
-    "LNC_ENV",
     "MANAGED_BY",
     "NEURON_CLAIM",
     "RUN_AS",

@@ -16,10 +16,6 @@ from neuronfleet.operator.plan.shared import MANAGED_BY, Obj, Owner, service_lab
 NEURON_CLAIM = "neuron"
 
 
-#: The Neuron runtime's logical-NeuronCore setting, for a container whose devices the device plugin gives.
-LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
-
-
 #: Hex digits of a claim template's content hash in its name.
 CLAIM_HASH_LENGTH = 10
 
@@ -90,4 +86,4 @@ def lnc_env(spec: api.NeuronInferenceServiceSpec, claim: Obj | None) -> list[Obj
     lnc = spec.placement.logical_neuron_cores
     if spec.device != "neuron" or claim is not None or lnc is None:
         return []
-    return [{"name": LNC_ENV, "value": str(lnc)}]
+    return [{"name": dra.LNC_ENV, "value": str(lnc)}]
