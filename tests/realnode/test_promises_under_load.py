@@ -19,7 +19,6 @@ import copy
 import datetime
 import json
 import os
-import re
 import signal
 import time
 from collections import Counter
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
+from harness.canary import latency_checks
 from harness.cluster_fixtures import NodeImage
 from harness.fleet import (
     AFTER_S,
@@ -113,8 +113,6 @@ CANARY = {
     "steps": [{"weight": 10, "pauseSeconds": PAUSE_S}, {"weight": 50, "pauseSeconds": PAUSE_S}],
     "analysis": {"minRequests": 15, "maxTtftP99Ratio": LATENCY_LIMIT, "maxItlP99Ratio": LATENCY_LIMIT},
 }
-#: A broken latency limit as the analysis words it.
-BROKEN_LATENCY = re.compile(r"(TTFT|ITL) p99 \d+ ms = ([\d.]+)x the stable's \d+ ms \(limit (\d+)x\)")
 
 
 def as_canary(manifest: Obj) -> Obj:
@@ -169,10 +167,10 @@ def test_a_slow_canary_is_aborted_and_the_stable_revision_never_loses_a_replica(
     assert "limits broken" in ready["message"]
     # Aborted at its first step (10%), for a latency limit, broken well past the limit the spec set.
     assert (aborted["step"], aborted["weight"]) == (0, 10), aborted
-    broken = BROKEN_LATENCY.findall(ready["message"])
+    broken = latency_checks(ready["message"])
     assert broken, ready["message"]
     assert all(int(limit) == LATENCY_LIMIT for _, _, limit in broken)
-    assert max(float(ratio) for _, ratio, _ in broken) > 2 * LATENCY_LIMIT, ready["message"]
+    assert max(ratio for _, ratio, _ in broken) > 2 * LATENCY_LIMIT, ready["message"]
     on_canary = [a for a in result.sent_between(started_at, aborted_at) if a.header != stable]
     print(f"    {len(on_canary)} answered by the canary before its abort, {aborted_at - slowed_at:.1f} s after slowing")
     assert on_canary

@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.canary import GOOD_CANARY_LATENCY_LIMIT, latency_checks
 from harness.cluster_fixtures import NodeImage
 from harness.fleet import (
     AFTER_S,
@@ -548,17 +548,17 @@ def test_a_router_pod_deleted_under_load_finishes_what_it_routes_and_none_fails(
 #: A canary behind the router: each step held long enough for over 200 requests at CANARY_RATE once every
 #: router pod routes by its split. Short generations: two stable replicas (4 sequences each) keep up with 16
 #: a second of 8 tokens, where 24 tokens saturate them at 8 a second.
-CANARY_RATE, CANARY_TOKENS, SPLIT_PAUSE_S, ROUTED_LATENCY_LIMIT = 16.0, 8, 15, 12
+CANARY_RATE, CANARY_TOKENS, SPLIT_PAUSE_S = 16.0, 8, 15
 CANARY = {
     "steps": [{"weight": 10, "pauseSeconds": SPLIT_PAUSE_S}, {"weight": 50, "pauseSeconds": SPLIT_PAUSE_S}],
-    # Two cores run four engines (one just started, as the router pods roll), the routers and the load: the
-    # canary's p99 rests on its few slowest requests, and a good canary showed 2.9x (8 requests/s) and 5.2x
-    # (6/s) the stable's TTFT p99 at 50%, where a device 6x slower showed 30x (test_promises_under_load): limits
-    # between the two, so the analysis decides the promotion.
-    "analysis": {"minRequests": 15, "maxTtftP99Ratio": ROUTED_LATENCY_LIMIT, "maxItlP99Ratio": ROUTED_LATENCY_LIMIT},
+    # Two cores run four engines (one just started, as the router pods roll), the routers and the load: limits
+    # between a good canary's noise and a slow device's, so the analysis decides the promotion.
+    "analysis": {
+        "minRequests": 15,
+        "maxTtftP99Ratio": GOOD_CANARY_LATENCY_LIMIT,
+        "maxItlP99Ratio": GOOD_CANARY_LATENCY_LIMIT,
+    },
 }
-#: A latency check as the analysis words it: the figure and the limit.
-LATENCY_CHECK = re.compile(r"(TTFT|ITL) p99 \d+ ms = ([\d.]+)x the stable's \d+ ms \(limit (\d+)x\)")
 
 
 def canary_state(fleet: Fleet) -> Obj:
@@ -615,10 +615,10 @@ def test_a_canary_behind_the_router_takes_each_steps_weight_and_is_promoted_with
     )
     assert result.failed == {}, result.summary
     # Promoted by the analysis: its last figures within both latency limits.
-    checks = LATENCY_CHECK.findall(promoted.get("analysis") or "")
+    checks = latency_checks(promoted.get("analysis") or "")
     print(f"    promoted on: {promoted.get('analysis')}", flush=True)
     assert {name for name, _, _ in checks} == {"TTFT", "ITL"}, promoted
-    assert all(float(ratio) <= int(limit) == ROUTED_LATENCY_LIMIT for _, ratio, limit in checks), promoted
+    assert all(ratio <= limit == GOOD_CANARY_LATENCY_LIMIT for _, ratio, limit in checks), promoted
     # Within each step's pause every request went by its weight; the router named the revision it chose, and
     # that revision's engine answered.
     for started_at, weight in zip(steps, (10, 50), strict=True):
