@@ -204,6 +204,9 @@ def test_without_keep_alive_each_request_opens_a_connection_of_its_own(
     # Five requests 50 ms apart, each answered at once: one connection reused, then five of their own.
     assert opened == 1
     assert len(connections) - opened == 5
+    # Each names the connection it opened by its port, as the server saw it; a reused one opened none.
+    assert [o.client_port for o in fresh.outcomes] == [port for _, port in connections[opened:]]
+    assert [o.client_port is None for o in kept.outcomes] == [False, True, True, True, True]
 
 
 def test_load_is_open_loop_a_slow_server_does_not_slow_the_sends(server: Server) -> None:
@@ -221,6 +224,7 @@ def test_timeouts_refusals_and_drops_are_failures_of_their_own(server: Server) -
     slow = load(LoadPlan(server.url, rate=10, duration_s=0.2, body={**BODY, "delay": 2}, timeout_s=0.3))
     bounded = load(LoadPlan(server.url, rate=20, duration_s=0.25, body={**BODY, "delay": 1}, max_in_flight=1))
     assert refused.failures == {REFUSED: 2}
+    assert {o.client_port for o in refused.outcomes} == {None}
     assert slow.failures == {TIMEOUT: 2}
     # One request waits a second; the four due meanwhile are not sent.
     assert (bounded.sent, bounded.succeeded, bounded.failures) == (1, 1, {DROPPED: 4})

@@ -225,7 +225,8 @@ class Fleet:
         """Completions through a Service (the engines', or ``through`` another: the router's) from the node's
         network namespace, until stopped. Each answer records the replica that served it, where Envoy says.
         ``distinct_prompts`` marks each prompt, so the engines' prefix cache never serves one unprefilled;
-        without ``keep_alive`` each request opens its own connection, which kube-proxy sends to any replica.
+        without ``keep_alive`` each request opens its own connection, which kube-proxy sends to any replica, and each
+        answer's ``server`` names the pod IP its connection reached (refused and cut-off ones too).
         ``model``: another model name than the service's (a LoRA adapter's). ``poisson_seed``: Poisson arrivals
         from that seed, not one every 1/rate s."""
         cluster_ip = self.get("service", through)["spec"]["clusterIP"]
@@ -246,6 +247,8 @@ class Fleet:
             distinct_prompts=distinct_prompts,
             keep_alive=keep_alive,
             poisson_seed=poisson_seed,
+            # A connection per request: each one's endpoint is known from the node's connection tracking.
+            track=None if keep_alive else (cluster_ip, HTTP_PORT),
         )
 
     def routed(self) -> bool:

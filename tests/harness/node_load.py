@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from harness.connections import ConnectionLog, match_requests
 from neuronfleet.devcluster.demo.load import DROPPED
 from neuronfleet.devcluster.process.managed import SCRIPTS
 from neuronfleet.devcluster.process.waiting import wait_for
@@ -39,6 +40,9 @@ class Answer:
     tokens: int | None = None
     #: Another answer's own words (its body's error message).
     error: str | None = None
+    #: The endpoint (pod IP) the request's connection reached, from the node's connection tracking, where the load
+    #: tracked it (:mod:`harness.connections`); None where it did not, or found no connection.
+    server: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -99,7 +103,11 @@ class NodeLoad:
         distinct_prompts: bool = False,
         keep_alive: bool = True,
         poisson_seed: int | None = None,
+        track: tuple[str, int] | None = None,
     ) -> None:
+        """``track``: the Service's (ClusterIP, port), to learn from the node's connection tracking which endpoint
+        each request's connection reached (a connection per request: ``keep_alive`` False)."""
+        assert track is None or not keep_alive, "a kept-alive connection carries many requests"
         self.outcomes = workdir / "outcomes.jsonl"
         self.argv = [
             "ip",
@@ -126,11 +134,14 @@ class NodeLoad:
             "--json",
         ]
         self.log = workdir / "load.log"
+        self.connections = None if track is None else ConnectionLog(netns, *track, workdir / "connections.log")
         self.process: subprocess.Popen[str] | None = None
         self.result: LoadResult | None = None
 
     def start(self) -> None:
         """Start sending; return once the first answer came, so what the test does next happens under load."""
+        if self.connections is not None:
+            self.connections.start()
         with self.log.open("w") as log:
             self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log, text=True)
         process = self.process
@@ -160,6 +171,11 @@ class NodeLoad:
         assert summary, f"the load tool reported nothing (exit {self.process.returncode}): {self.log.read_text()}"
         started = float(summary["started_at"])
         outcomes = sorted(map(json.loads, self.outcomes.read_text().splitlines()), key=lambda o: int(o["index"]))
+        outcomes = [o for o in outcomes if o["result"] != DROPPED]
+        servers: list[str | None] = [None] * len(outcomes)
+        if self.connections is not None:
+            sent = [(started + o["sent_at_s"], o["client_port"]) for o in outcomes]
+            servers = [None if c is None else c.server for c in match_requests(sent, self.connections.stop())]
         answers = [
             Answer(
                 started + o["sent_at_s"],
@@ -169,9 +185,9 @@ class NodeLoad:
                 o["recorded"],
                 o["tokens"],
                 o["error"],
+                server,
             )
-            for o in outcomes
-            if o["result"] != DROPPED
+            for o, server in zip(outcomes, servers, strict=True)
         ]
         self.result = LoadResult(summary, answers)
         return self.result
@@ -185,3 +201,5 @@ class NodeLoad:
     ) -> None:
         if self.result is None:
             self.stop()
+        if self.connections is not None:
+            self.connections.__exit__(kind, error, traceback)

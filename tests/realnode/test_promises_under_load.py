@@ -47,6 +47,7 @@ from harness.fleet import (
     report,
     started,
 )
+from harness.node_load import LoadResult
 
 from neuronfleet.contract.faults import DEVICE_FAULT_PREFIX, parse_termination_message
 from neuronfleet.contract.names import (
@@ -345,6 +346,17 @@ def test_a_deleted_pod_finishes_the_requests_running_on_it_and_none_fails(fleet:
     fleet.wait(lambda: fleet.rolled_out_to(serving), "the replacement pod Ready")
 
 
+def reached(result: LoadResult, pods: list[Obj]) -> Counter[tuple[str | None, bool]]:
+    """(pod name, ok) of every request, by the pod its connection reached (the node's connection tracking), after
+    checking that every request's connection was seen and that it agrees with each answer naming its replica."""
+    names = {p["status"]["podIP"]: p["metadata"]["name"] for p in pods}
+    unseen = [a for a in result.answers if a.server is None]
+    assert not unseen, f"{len(unseen)} requests with no connection seen: {unseen[:3]}"
+    disagree = [a for a in result.answers if a.recorded.get(REPLICA_HEADER) not in {None, names.get(a.server or "")}]
+    assert not disagree, disagree[:3]
+    return Counter((names.get(a.server or ""), a.ok) for a in result.answers)
+
+
 def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(fleet: Fleet) -> None:
     serving = fleet.status()["currentRevision"]
     victim = fleet.pods()[0]
@@ -378,8 +390,14 @@ def test_a_killed_engine_fails_only_requests_sent_to_it_and_its_pod_rejoins(flee
         assert answer.result in {REFUSED, TRANSPORT_ERROR}, answer
     # Every answer came whole, and none of the healthy replica's failed: by its header, all it answered.
     by_replica = Counter((a.recorded.get(REPLICA_HEADER), a.ok) for a in result.answers)
-    print(f"    answers by (replica, ok): {dict(by_replica)}", flush=True)
+    by_connection = reached(result, [victim, *fleet.pods()])
+    print(
+        f"    answers by (replica, ok): {dict(by_replica)}; by the pod their connection reached: {dict(by_connection)}",
+        flush=True,
+    )
     assert {replica for replica, ok in by_replica if not ok} <= {None}, by_replica
+    # Refused and cut off included, every failure was on a connection to the killed replica.
+    assert {pod for pod, ok in by_connection if not ok} == {name}, by_connection
     assert all(a.tokens == MAX_TOKENS for a in result.answers if a.ok)
     assert {replica for replica, ok in by_replica if ok} - {name}, "the healthy replica answered nothing"
     # Readiness took the pod out of the Service; the same pod, its container restarted, serves again.
@@ -428,13 +446,17 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
         result = load.stop()
     report("device fault", result, faulted=faulted_at, out_of_service=out_at, whole_again=whole_at, deleted=deleted_at)
     by_replica = Counter((a.recorded.get(REPLICA_HEADER), a.ok) for a in result.answers)
+    by_connection = reached(result, [victim, *fleet.pods()])
     failed = [a for a in result.answers if not a.ok]
     answered_there = [a.sent_at for a in result.answers if a.recorded.get(REPLICA_HEADER) == name]
     print(
         f"    {held:g} held by {name} at the fault; the last answer from it was to a request sent "
-        f"{max(answered_there) - faulted_at:+.2f} s after it; answers by (replica, ok): {dict(by_replica)}",
+        f"{max(answered_there) - faulted_at:+.2f} s after it; answers by (replica, ok): {dict(by_replica)}; "
+        f"by the pod their connection reached: {dict(by_connection)}",
         flush=True,
     )
+    # Refused and cut off included, every failure was on a connection to the faulty replica.
+    assert {pod for pod, ok in by_connection if not ok} == {name}, by_connection
     # Every failure was the faulty replica's: answered 503 naming it (held, or sent before the Service
     # dropped it), or, once it had stopped listening, refused or cut off; none on the other replicas.
     assert failed, "the fault failed nothing: it was injected into an idle replica"

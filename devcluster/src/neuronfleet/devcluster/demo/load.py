@@ -132,6 +132,8 @@ class Outcome:
     tokens: int | None = None
     #: Another answer's own words: its body's ``error.message`` (OpenAI's form), else the body's start.
     error: str | None = None
+    #: The local port of the connection the request opened (None when it reused one, or its connect failed).
+    client_port: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -210,16 +212,27 @@ class LoadReport:
 
 
 async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float) -> Outcome:
+    opened: list[int] = []
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        # The connection this request opened, if it opened one: the port that names it to the network.
+        if event == "connection.connect_tcp.complete":
+            opened.append(info["return_value"].get_extra_info("client_addr")[1])
+
     began = time.monotonic()
+    failed = None
     try:
-        response = await client.post(plan.url, json=plan.request_body())
+        response = await client.post(plan.url, json=plan.request_body(), extensions={"trace": trace})
     except httpx.TimeoutException:
-        return Outcome(index, due, time.monotonic() - began, TIMEOUT)
+        failed = TIMEOUT
     except httpx.ConnectError:
-        return Outcome(index, due, time.monotonic() - began, REFUSED)
+        failed = REFUSED
     except httpx.HTTPError:
-        return Outcome(index, due, time.monotonic() - began, TRANSPORT_ERROR)
+        failed = TRANSPORT_ERROR
     latency = time.monotonic() - began
+    port = opened[0] if opened else None
+    if failed is not None:
+        return Outcome(index, due, latency, failed, client_port=port)
     header = response.headers.get(plan.record_header) if plan.record_header else None
     recorded = {name: response.headers[name] for name in plan.also_record if name in response.headers}
     tokens = completion_tokens(response)
@@ -227,7 +240,7 @@ async def _one(client: httpx.AsyncClient, plan: LoadPlan, index: int, due: float
     if plan.exact_tokens and response.is_success and tokens != plan.body.get("max_tokens"):
         result = SHORT
     error = None if response.is_success else error_message(response)
-    return Outcome(index, due, latency, result, header, recorded, tokens, error)
+    return Outcome(index, due, latency, result, header, recorded, tokens, error, port)
 
 
 def error_message(response: httpx.Response) -> str:
