@@ -8,6 +8,7 @@ from typing import cast
 
 import pytest
 
+from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.runtime import drive
 
@@ -17,6 +18,7 @@ class Reconciled:
 
     def __init__(self) -> None:
         self.services: list[tuple[str, str]] = []
+        self.metrics = OperatorMetrics()
 
     def reconcile_service(self, namespace: str, name: str) -> None:
         self.services.append((namespace, name))

@@ -118,3 +118,28 @@ def test_a_cancelled_waiter_gives_its_turn_on_and_one_that_joined_it_runs_its_ow
         return calls.ran
 
     assert asyncio.run(scenario()) == ["holder", "after", "llama, joined", "last"]
+
+
+def test_each_ask_is_told_how_long_it_waited_for_a_worker_a_joined_one_until_the_run_it_joined() -> None:
+    async def scenario() -> list[tuple[int, float]]:
+        told: list[tuple[int, float]] = []
+        slots, calls = WorkerSlots(1, lambda priority, seconds: told.append((priority, seconds))), Recorder()
+        holder = asyncio.create_task(slots.call(None, FOLLOW_UP, calls.call("holder")))
+        await asyncio.sleep(0)
+        first = asyncio.create_task(slots.run("llama", FOLLOW_UP, calls.call("llama")))
+        await queued(slots, 1)
+        joined = asyncio.create_task(slots.run("llama", SPEC_CHANGE, calls.call("never runs")))
+        await asyncio.sleep(0.05)
+        calls.gate.set()
+        await asyncio.gather(holder, first, joined)
+        return told
+
+    holder, first, joined = asyncio.run(scenario())
+    # A free slot: no wait. Behind the holder: the 50 ms it held the slot, the joined ask as long as the run it joined.
+    assert holder[0] == FOLLOW_UP
+    assert holder[1] < 0.001
+    assert first[0] == FOLLOW_UP
+    assert first[1] >= 0.05
+    # Asked a moment after the sleep began: a hair under it at the least.
+    assert joined[0] == SPEC_CHANGE
+    assert 0.04 <= joined[1] <= first[1]

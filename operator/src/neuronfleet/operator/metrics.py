@@ -16,6 +16,10 @@ Series (all prefixed ``neuronfleet_operator_``):
 - ``resync_objects_total``: objects the full resyncs reconciled (one that failed counts next pass).
 - ``quarantined_replicas_total{fault}``: serving pods taken out of service for a Neuron fault, ``device``
   (their engine reported it) or ``node`` (their node's condition did).
+- ``queue_wait_seconds{priority}``: how long each reconcile asked for waited for a worker, ``spec_change`` (a
+  service's spec changed: what moves its ``observedGeneration``) or ``follow_up`` (what the children's events,
+  the artifacts and the resyncs wake); one that joined a reconcile of the same object still waiting counts
+  until that one began.
 - ``leader``: 1 while this process reconciles, 0 while it stands by for the Lease (``leadership.py``).
 
 ``kind`` is ``NeuronInferenceService`` or ``NeuronCompiledArtifact``.
@@ -41,7 +45,10 @@ from neuronfleet.operator.cluster.kube import ARTIFACTS, SERVICES_NIS
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: A full resync takes from a fraction of a second (a few services) to minutes (a thousand, on 2 cores).
 RESYNC_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: A reconcile waits for a worker from nothing (one is free) to seconds (eight busy under a stream of changes).
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Series names, for readers of ``/metrics`` (tests, the bench) as much as for the registry.
+QUEUE_WAIT = "neuronfleet_operator_queue_wait_seconds"
 RESYNCS = "neuronfleet_operator_resyncs"
 RESYNC_DURATION = "neuronfleet_operator_resync_duration_seconds"
 RESYNC_OBJECTS = "neuronfleet_operator_resync_objects"
@@ -116,6 +123,13 @@ class OperatorMetrics:
         )
         for fault in ("device", "node"):
             self.quarantined.labels(fault)
+        self.queue_wait = Histogram(
+            QUEUE_WAIT,
+            "Seconds a reconcile waited for a worker, by priority (spec_change, follow_up).",
+            ["priority"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
         self.leader = Gauge(
             LEADER, "1 while this operator reconciles, 0 while it stands by for the Lease.", registry=self.registry
         )

@@ -40,6 +40,10 @@ RECONCILE_WORKERS = 8
 #: The order in which waiting reconciles get a worker: a service's spec change (what moves its
 #: ``observedGeneration``) first, then what the children's events, the artifacts and the deletions wake.
 SPEC_CHANGE, FOLLOW_UP = 0, 1
+#: Each priority's name in the operator's metrics.
+PRIORITY_NAMES = {SPEC_CHANGE: "spec_change", FOLLOW_UP: "follow_up"}
+#: Told how long each ask waited for a worker (seconds), with the priority it was asked at.
+Waited = Callable[[int, float], None]
 #: Seconds between two passes of a progressing canary: its analysis, and the end of its step's pause. Not a
 #: kopf timer: kopf puts a finalizer on each object a timer runs for, and the operator may not patch services.
 CANARY_INTERVAL_S = 5.0
@@ -55,6 +59,8 @@ class _Waiter:
     priority: int
     turn: asyncio.Future[None]
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    #: When it got its worker (the event loop's clock).
+    started_at: float = 0.0
     #: Set once it ran: what it raised, for those who joined it to raise too (their retries are the same).
     ran: bool = False
     failure: BaseException | None = None
@@ -66,10 +72,12 @@ class WorkerSlots:
     Without it, a spec change would queue behind every reconcile a rollout's Deployment events woke, in the
     executor's first-come order. A reconcile asked for while one of the same object still waits joins it
     instead of queueing another: the waiting one has read nothing yet, so it sees whatever woke the second
-    (and takes on the more urgent priority of the two). Everything here runs on the event loop.
+    (and takes on the more urgent priority of the two). Everything here runs on the event loop. ``waited`` is
+    told each ask's wait for a worker, a joined one's until the run it joined began.
     """
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, waited: Waited | None = None) -> None:
+        self._waited = waited
         self._free = slots
         self._waiting: list[tuple[int, int, _Waiter]] = []
         self._order = itertools.count()
@@ -77,26 +85,34 @@ class WorkerSlots:
 
     async def run(self, key: Hashable, priority: int, call: Callable[[], Awaitable[object]]) -> None:
         """Await ``call()`` once a worker slot is ours; or the run of ``key`` still waiting for one, if any."""
+        asked = asyncio.get_running_loop().time()
         while (waiting := self._by_key.get(key)) is not None:
             if priority < waiting.priority:
                 waiting.priority = priority
                 heapq.heappush(self._waiting, (priority, next(self._order), waiting))
             await waiting.ended.wait()
             if waiting.ran:
+                self._tell(priority, waiting.started_at - asked)
                 if waiting.failure is not None:
                     raise waiting.failure
                 return
-        await self.call(key, priority, call)
+        await self.call(key, priority, call, asked)
 
-    async def call(self, key: Hashable | None, priority: int, call: Callable[[], Awaitable[T]]) -> T:
-        """``await call()`` once a worker slot is ours, and its result."""
-        waiter = _Waiter(key, priority, asyncio.get_running_loop().create_future())
+    async def call(
+        self, key: Hashable | None, priority: int, call: Callable[[], Awaitable[T]], asked: float | None = None
+    ) -> T:
+        """``await call()`` once a worker slot is ours, and its result (``asked``: when, if before now)."""
+        loop = asyncio.get_running_loop()
+        asked = loop.time() if asked is None else asked
+        waiter = _Waiter(key, priority, loop.create_future())
         try:
             if self._free > 0:
                 # A free slot means nobody waits: a released slot goes to a waiter first.
                 self._free -= 1
             else:
                 await self._wait_for_turn(waiter)
+            waiter.started_at = loop.time()
+            self._tell(priority, waiter.started_at - asked)
             waiter.ran = True
             try:
                 return await call()
@@ -132,6 +148,10 @@ class WorkerSlots:
             return
         self._free += 1
 
+    def _tell(self, priority: int, seconds: float) -> None:
+        if self._waited is not None:
+            self._waited(priority, max(0.0, seconds))
+
     def __len__(self) -> int:
         """How many reconciles wait for a slot."""
         return sum(1 for _, _, waiter in self._waiting if not waiter.turn.done())
@@ -149,7 +169,10 @@ class Drive:
         self.namespaces = namespaces
         self.resync_seconds = resync_seconds
         self.retries = Retries()
-        self.slots = WorkerSlots(RECONCILE_WORKERS)
+        wait = manager.metrics.queue_wait
+        self.slots = WorkerSlots(
+            RECONCILE_WORKERS, lambda priority, s: wait.labels(PRIORITY_NAMES[priority]).observe(s)
+        )
         self.executor: concurrent.futures.Executor | None = None
         self.last_resync: datetime.datetime | None = None
         self._resync: asyncio.Task[None] | None = None
