@@ -20,7 +20,6 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from neuronfleet.devcluster.process.waiting import wait_for
 
@@ -72,7 +71,7 @@ def match_requests(
 
 class ConnectionLog:
     """``conntrack -E`` on the node, for new TCP connections to ``service_ip:port``, from :meth:`start` to
-    :meth:`stop`."""
+    :meth:`stop` (or :meth:`close`)."""
 
     def __init__(self, netns: str, service_ip: str, port: int, path: Path) -> None:
         self.argv = [
@@ -105,15 +104,11 @@ class ConnectionLog:
             self.process.kill()
         return parse_events(self.path.read_text())
 
-    def __enter__(self) -> ConnectionLog:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def close(self) -> None:
+        """Stop listening if it still does (a load that failed before :meth:`stop`)."""
         if self.process is not None and self.process.poll() is None:
-            self.stop()
+            self.process.kill()
+            self.process.wait(timeout=30)
 
 
 def _subscribed(pid: int) -> bool:

@@ -202,4 +202,4 @@ class NodeLoad:
         if self.result is None:
             self.stop()
         if self.connections is not None:
-            self.connections.__exit__(kind, error, traceback)
+            self.connections.close()

@@ -42,9 +42,9 @@ def check_handed_cores(environ: Mapping[str, str], tensor_parallel_size: int, ln
     if visible is None:
         return None
     cores = parse_cores(visible)
-    if len(set(cores)) < tensor_parallel_size:
+    if (handed := len(set(cores))) < tensor_parallel_size:
         raise ValueError(
-            f"the container was handed {len(set(cores))} logical NeuronCores ({dra.VISIBLE_CORES_ENV}={visible}), "
+            f"the container was handed {handed} logical NeuronCores ({dra.VISIBLE_CORES_ENV}={visible}), "
             f"and tensor parallelism {tensor_parallel_size} needs {tensor_parallel_size}"
         )
     return cores
