@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuronfleet.contract.names import LABEL_INSTANCE, LABEL_SERVICE
 from neuronfleet.operator.cluster.cache import (
     APPLIED_ANNOTATION,
     ObjectCache,
@@ -13,7 +17,7 @@ from neuronfleet.operator.cluster.cache import (
     stamped,
     would_change,
 )
-from neuronfleet.operator.cluster.kube import CONFIGMAPS, DEPLOYMENTS
+from neuronfleet.operator.cluster.kube import CONFIGMAPS, DEPLOYMENTS, PODS
 
 Obj = dict[str, Any]
 
@@ -120,3 +124,46 @@ def test_lists_filter_by_namespace_kind_and_equality_selector() -> None:
     assert len(cache.list(DEPLOYMENTS, None, "app")) == 3
     assert cache.list(CONFIGMAPS, "ns") == []
     assert parse_selector("a=b,c") == {"a": "b", "c": None}
+
+
+def pod(name: str, version: int, **labels: str) -> Obj:
+    meta = {"name": name, "namespace": "ns", "uid": name, "resourceVersion": str(version), "labels": labels}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
+
+
+LABELS = st.fixed_dictionaries(
+    {},
+    optional={
+        LABEL_SERVICE: st.sampled_from(["llama", "mistral"]),
+        LABEL_INSTANCE: st.sampled_from(["llama", "mistral"]),
+        "app.kubernetes.io/component": st.sampled_from(["serving", "router"]),
+    },
+)
+# Observe a pod (its labels may change from one version to the next, as a quarantine's do), or forget it.
+STEPS = st.lists(st.tuples(st.sampled_from("abcdef"), st.booleans(), LABELS), max_size=40)
+
+
+@given(STEPS)
+def test_a_list_by_an_indexed_label_finds_what_a_scan_of_every_object_finds(steps: list[tuple[str, bool, Obj]]) -> None:
+    cache = ObjectCache()
+    latest: dict[str, Obj] = {}
+    for version, (name, deleted, labels) in enumerate(steps, start=1):
+        if deleted and name in latest:
+            cache.forget(latest.pop(name))
+        elif not deleted:
+            latest[name] = pod(name, version, **labels)
+            cache.observe(latest[name])
+    for selector in (
+        f"{LABEL_SERVICE}=llama",
+        f"{LABEL_INSTANCE}=mistral,app.kubernetes.io/component=serving",
+        f"{LABEL_SERVICE}=llama,{LABEL_INSTANCE}=llama",
+        "app.kubernetes.io/component=router",
+    ):
+        wanted = parse_selector(selector)
+        scanned = [
+            body["metadata"]["name"]
+            for body in latest.values()
+            if all(body["metadata"]["labels"].get(key) == value for key, value in wanted.items())
+        ]
+        found = [body["metadata"]["name"] for body in cache.list(PODS, "ns", selector)]
+        assert sorted(found) == sorted(scanned), selector

@@ -371,3 +371,26 @@ def test_neuron_pods_name_no_device_so_pods_from_before_keep_their_spec() -> Non
     _, artifact = artifact_spec()
     assert "--device" not in container(plan.deployment(OWNER, NS, neuron, served(neuron)))["args"]
     assert "--device" not in plan.compile_invocation(artifact).args()
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        EngineConfig(),
+        EngineConfig(
+            max_num_seqs=16,
+            max_num_batched_tokens=2048,
+            num_batched_tokens_buckets=[128, 512, 2048],
+            num_seqs_buckets=[1, 4, 16],
+        ),
+        EngineConfig(tensor_parallel_size=8, dtype="float16", decode_context_length_buckets=[1024, 4096]),
+    ],
+)
+def test_the_engine_file_rendered_once_by_content_is_the_configuration_written_out(engine: EngineConfig) -> None:
+    rendered = plan.engine_yaml(engine)
+    # What the pods read: every field, the bucket sets as compiled.
+    assert yaml.safe_load(rendered) == plan.served_engine(engine).model_dump(mode="json")
+    # An equal configuration parsed anew gets the same text; a changed one, its own.
+    again = EngineConfig.model_validate(engine.model_dump())
+    assert plan.engine_yaml(again) is rendered
+    assert plan.engine_yaml(engine.model_copy(update={"block_size": 64})) != rendered

@@ -18,6 +18,9 @@ ARTIFACT_PLURAL = "neuroncompiledartifacts"
 
 #: On every object the operator makes for a service, and the serving pods' selector: the service's name.
 LABEL_SERVICE = "neuronfleet.io/service"
+#: Kubernetes' recommended label, on a service's serving and router pods: the service's name. A quarantined pod
+#: keeps it (it loses ``LABEL_SERVICE``).
+LABEL_INSTANCE = "app.kubernetes.io/instance"
 #: On an artifact, its compile objects and the pods that serve it: the artifact's hash.
 LABEL_ARTIFACT = "neuronfleet.io/artifact"
 #: On a serving pod the operator took out of service for a Neuron fault: ``device`` (its engine reported a

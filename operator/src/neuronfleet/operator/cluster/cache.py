@@ -37,13 +37,14 @@ from typing import Any
 
 import kubernetes
 
-from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_INSTANCE, LABEL_SERVICE, MANAGED_BY_LABEL
 from neuronfleet.operator.cluster.kube import (
     ARTIFACTS,
     BY_KIND,
     CONFIGMAPS,
     DEPLOYMENTS,
     INFERENCE_POOLS,
+    JOB_NAME_LABEL,
     JOBS,
     NOT_FOUND,
     PDBS,
@@ -149,6 +150,57 @@ def would_change(intent: Obj, live: Obj | None) -> bool:
     return live is None or not contains(live, stamped(intent))
 
 
+#: Labels whose values the cache indexes: the reconcilers list a service's (or a Job's) objects by one of them,
+#: which would otherwise scan every pod of the namespace on every reconcile.
+INDEXED_LABELS = (LABEL_SERVICE, LABEL_INSTANCE, JOB_NAME_LABEL)
+
+
+class _Shelf:
+    """The objects of one kind in one namespace, by name and by the values of :data:`INDEXED_LABELS`, each in the
+    order first seen."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Obj] = {}
+        # Ordered sets of names (a dict's keys).
+        self._named: dict[tuple[str, str], dict[str, None]] = {}
+
+    def put(self, body: Obj) -> None:
+        name = body["metadata"]["name"]
+        current = self.objects.get(name)
+        terms = _indexed_terms(body)
+        if current is not None and _indexed_terms(current) != terms:
+            self._unindex(name, current)
+            current = None
+        self.objects[name] = body
+        if current is None:
+            for term in terms:
+                self._named.setdefault(term, {})[name] = None
+
+    def pop(self, name: str) -> None:
+        body = self.objects.pop(name, None)
+        if body is not None:
+            self._unindex(name, body)
+
+    def select(self, selector: Mapping[str, str | None]) -> list[Obj]:
+        terms = [(key, value) for key, value in selector.items() if key in INDEXED_LABELS and value is not None]
+        if not terms:
+            return [body for body in self.objects.values() if _matches(body, selector)]
+        names = min((self._named.get(term, {}) for term in terms), key=len)
+        return [body for name in names if _matches(body := self.objects[name], selector)]
+
+    def _unindex(self, name: str, body: Obj) -> None:
+        for term in _indexed_terms(body):
+            names = self._named[term]
+            del names[name]
+            if not names:
+                del self._named[term]
+
+
+def _indexed_terms(body: Obj) -> list[tuple[str, str]]:
+    labels = body["metadata"].get("labels") or {}
+    return [(key, labels[key]) for key in INDEXED_LABELS if key in labels]
+
+
 class ObjectCache:
     """The watched objects by kind, namespace and name; safe from kopf's loop and the worker threads at once.
 
@@ -157,7 +209,7 @@ class ObjectCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[tuple[str, str], dict[str, Obj]] = {}
+        self._shelves: dict[tuple[str, str], _Shelf] = {}
 
     def observe(self, body: Obj) -> None:
         """Keep an object as a watch, a write or a read returned it, unless the cache already holds a newer one."""
@@ -166,10 +218,10 @@ class ObjectCache:
             return
         meta = body["metadata"]
         with self._lock:
-            objects = self._objects.setdefault((resource.plural, meta["namespace"]), {})
-            current = objects.get(meta["name"])
+            shelf = self._shelves.setdefault((resource.plural, meta["namespace"]), _Shelf())
+            current = shelf.objects.get(meta["name"])
             if current is None or not _older(body, current):
-                objects[meta["name"]] = body
+                shelf.put(body)
 
     def forget(self, body: Obj) -> None:
         """Drop a deleted object (unless a newer one of the same name took its place)."""
@@ -178,40 +230,40 @@ class ObjectCache:
             return
         meta = body["metadata"]
         with self._lock:
-            objects = self._objects.get((resource.plural, meta["namespace"]), {})
-            current = objects.get(meta["name"])
-            if current is not None and current["metadata"].get("uid") == meta.get("uid"):
-                del objects[meta["name"]]
+            shelf = self._shelves.get((resource.plural, meta["namespace"]))
+            current = shelf.objects.get(meta["name"]) if shelf is not None else None
+            if shelf is not None and current is not None and current["metadata"].get("uid") == meta.get("uid"):
+                shelf.pop(meta["name"])
 
     def replace(self, resource: Resource, namespace: str | None, items: Sequence[Obj], version: str) -> None:
         """A fresh list at ``version``: objects missing from it that are no newer were deleted unseen."""
         listed = {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in items}
         at = {"metadata": {"resourceVersion": version}}
         with self._lock:
-            for (plural, ns), objects in self._objects.items():
+            for (plural, ns), shelf in self._shelves.items():
                 if plural != resource.plural or namespace not in (None, ns):
                     continue
-                for name in [n for n, body in objects.items() if (ns, n) not in listed and not _older(at, body)]:
-                    del objects[name]
+                for name in [n for n, body in shelf.objects.items() if (ns, n) not in listed and not _older(at, body)]:
+                    shelf.pop(name)
         for item in items:
             self.observe(item)
 
     def get(self, resource: Resource, namespace: str, name: str) -> Obj | None:
         """The object, or ``None``."""
         with self._lock:
-            return self._objects.get((resource.plural, namespace), {}).get(name)
+            shelf = self._shelves.get((resource.plural, namespace))
+            return shelf.objects.get(name) if shelf is not None else None
 
     def list(self, resource: Resource, namespace: str | None, labels: str | None = None) -> list[Obj]:
         """Objects of a kind in a namespace (all for ``None``) whose labels match an equality selector."""
         selector = parse_selector(labels)
         with self._lock:
-            found = [
+            return [
                 body
-                for (plural, ns), objects in self._objects.items()
+                for (plural, ns), shelf in self._shelves.items()
                 if plural == resource.plural and namespace in (None, ns)
-                for body in objects.values()
+                for body in shelf.select(selector)
             ]
-        return [body for body in found if _matches(body, selector)]
 
 
 def _plural(body: Obj) -> str:

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds to wait for one API request.
 REQUEST_TIMEOUT = 30
+#: Kubernetes' label on a Job's pods: the Job's name.
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 @dataclass(frozen=True)

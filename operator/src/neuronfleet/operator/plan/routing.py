@@ -28,6 +28,7 @@ from neuronfleet.contract.names import (
     HTTP_PORT,
     HTTP_PORT_NAME,
     LABEL_ARTIFACT,
+    LABEL_INSTANCE,
     LABEL_SERVICE,
     LABEL_TRACK,
     TRACK_CANARY,
@@ -133,7 +134,7 @@ def router_pods(service: str) -> dict[str, str]:
     """The labels of a service's router pods (never the service label alone: the engine's Service selects on it)."""
     return {
         "app.kubernetes.io/name": "neuronfleet-router",
-        "app.kubernetes.io/instance": service,
+        LABEL_INSTANCE: service,
         LABEL_COMPONENT: "router",
         **MANAGED_BY,
     }

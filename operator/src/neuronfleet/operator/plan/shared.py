@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ import yaml
 from neuronfleet.contract.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV
-from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME
+from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_INSTANCE, LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME
 from neuronfleet.operator import api
 
 Obj = dict[str, Any]
@@ -85,7 +86,7 @@ def serving_labels(service: str, artifact_hash: str) -> dict[str, str]:
     """Labels of serving pods: pinned to the artifact they load."""
     return {
         "app.kubernetes.io/name": "neuronfleet-engine",
-        "app.kubernetes.io/instance": service,
+        LABEL_INSTANCE: service,
         LABEL_COMPONENT: "serving",
         **MANAGED_BY,
         **service_labels(service),
@@ -95,7 +96,7 @@ def serving_labels(service: str, artifact_hash: str) -> dict[str, str]:
 
 def serving_pod_selector(service: str) -> str:
     """The label selector of a service's serving pods, of every revision, quarantined ones included."""
-    return f"app.kubernetes.io/instance={service},{LABEL_COMPONENT}=serving"
+    return f"{LABEL_INSTANCE}={service},{LABEL_COMPONENT}=serving"
 
 
 def artifact_labels(artifact_hash: str) -> dict[str, str]:
@@ -120,6 +121,14 @@ def served_engine(engine: EngineConfig) -> EngineConfig:
 
 def engine_yaml(engine: EngineConfig) -> str:
     """``engine.yaml`` as mounted into compile and serving pods."""
+    # Every service reconcile renders it twice (the ConfigMap and its name), and a fleet has few configurations:
+    # rendered once each, by content.
+    return _engine_yaml(engine.model_dump_json())
+
+
+@functools.lru_cache(maxsize=256)
+def _engine_yaml(engine_json: str) -> str:
+    engine = EngineConfig.model_validate_json(engine_json)
     return yaml.safe_dump(served_engine(engine).model_dump(mode="json"), sort_keys=False)
 
 

@@ -11,16 +11,23 @@ from enum import Enum
 from pydantic import ValidationError
 
 from neuronfleet.operator import api, plan
-from neuronfleet.operator.cluster.kube import ARTIFACTS, CONFLICT, EVENTS, JOBS, PODS, SERVICES_NIS, ApiError, Kube
+from neuronfleet.operator.cluster.kube import (
+    ARTIFACTS,
+    CONFLICT,
+    EVENTS,
+    JOB_NAME_LABEL,
+    JOBS,
+    PODS,
+    SERVICES_NIS,
+    ApiError,
+    Kube,
+)
 from neuronfleet.operator.metrics import OperatorMetrics
 from neuronfleet.operator.policy.artifact_status import FAILED_CREATE, artifact_status, awaiting_pod
 from neuronfleet.operator.policy.conditions import Event, Reason
 from neuronfleet.operator.reconcilers.common import Emit, Obj, RetryLater, previous_status
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
-
-#: Label the Job controller puts on a Job's pods.
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 class CompileAction(Enum):

@@ -32,7 +32,7 @@ from typing import Any
 
 import kopf
 
-from neuronfleet.contract.names import GROUP, LABEL_ARTIFACT, LABEL_QUARANTINED, LABEL_SERVICE
+from neuronfleet.contract.names import GROUP, LABEL_ARTIFACT, LABEL_INSTANCE, LABEL_QUARANTINED, LABEL_SERVICE
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.cluster.cache import WATCHED, ObjectCache
 from neuronfleet.operator.cluster.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
@@ -41,6 +41,26 @@ from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.runtime.drive import FOLLOW_UP, SPEC_CHANGE, Drive, Progressing
 
 Obj = dict[str, Any]
+
+
+class NoChangeDetection(kopf.DiffBaseStorage):
+    """kopf's record of an object's last handled state, kept nowhere and built from nothing.
+
+    kopf copies every event's whole body to diff it for change handlers (``on.create``, ``on.update``), even
+    when there are none: here there are none, so each event would pay a deep copy of a Deployment or pod for
+    nothing. A change handler would find no state to diff against: the registry has none (a test checks).
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        """Nothing: no handler diffs."""
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """Nothing was stored."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to store."""
 
 
 def _owner_name(body: Obj, kind: str) -> str | None:
@@ -79,7 +99,7 @@ def _services_on(cache: ObjectCache, node: str) -> dict[tuple[str, str], None]:
     services: dict[tuple[str, str], None] = {}
     for pod in cache.list(PODS, None, LABEL_ARTIFACT):
         labels = pod["metadata"].get("labels") or {}
-        service = labels.get(LABEL_SERVICE) or labels.get("app.kubernetes.io/instance")
+        service = labels.get(LABEL_SERVICE) or labels.get(LABEL_INSTANCE)
         if pod.get("spec", {}).get("nodeName") == node and service:
             services[pod["metadata"]["namespace"], service] = None
     return services
@@ -170,6 +190,7 @@ def _on_lifecycle(
             if selector is not None:
                 settings.watching.label_selectors[resource.group or resource.version, resource.plural] = selector
         settings.posting.level = logging.WARNING
+        settings.persistence.diffbase_storage = NoChangeDetection()
         settings.execution.executor = executor
         drive.start(executor, canaries)
 
