@@ -167,3 +167,16 @@ def test_a_list_by_an_indexed_label_finds_what_a_scan_of_every_object_finds(step
         ]
         found = [body["metadata"]["name"] for body in cache.list(PODS, "ns", selector)]
         assert sorted(found) == sorted(scanned), selector
+
+
+def test_the_cache_keeps_no_managed_fields_and_the_rest_of_the_object_as_it_came() -> None:
+    cache = ObjectCache()
+    live = deployment("llama", "7", app="x")
+    live["metadata"]["managedFields"] = [{"manager": "neuronfleet", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]
+    cache.observe(live)
+    found = cache.get(DEPLOYMENTS, "ns", "llama")
+    assert found is not None
+    assert "managedFields" not in found["metadata"]
+    assert found == {**live, "metadata": {k: v for k, v in live["metadata"].items() if k != "managedFields"}}
+    # What was handed in is left as it was (a write's caller still reads its answer whole).
+    assert live["metadata"]["managedFields"]

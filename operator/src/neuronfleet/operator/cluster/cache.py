@@ -216,6 +216,7 @@ class ObjectCache:
         resource = _BY_PLURAL.get(_plural(body))
         if resource is None:
             return
+        body = _without_managed_fields(body)
         meta = body["metadata"]
         with self._lock:
             shelf = self._shelves.setdefault((resource.plural, meta["namespace"]), _Shelf())
@@ -264,6 +265,15 @@ class ObjectCache:
                 if plural == resource.plural and namespace in (None, ns)
                 for body in shelf.select(selector)
             ]
+
+
+def _without_managed_fields(body: Obj) -> Obj:
+    # Server-side apply's record of who set each field: nearly half of a Deployment's or a pod's JSON, and no
+    # reconciler reads it (controller-runtime's caches drop it too).
+    meta = body["metadata"]
+    if "managedFields" not in meta:
+        return body
+    return {**body, "metadata": {key: value for key, value in meta.items() if key != "managedFields"}}
 
 
 def _plural(body: Obj) -> str:
