@@ -16,6 +16,7 @@ from neuronfleet.operator.policy.rollout import (
     Serve,
     decide,
     revision_history,
+    rollout_state,
     serve,
 )
 from neuronfleet.operator.policy.service_status import (
@@ -321,3 +322,24 @@ def test_the_rollout_is_decided_on_the_artifact_and_whether_a_deployment_exists(
     assert serve(NEW, deployment(OLD)) is Serve.TARGET
     assert serve(artifact("Compiling"), deployment(OLD)) is Serve.KEEP
     assert serve(artifact("Failed"), None) is Serve.NOTHING
+
+
+def test_a_deployments_rollout_state_moves_with_its_generation_and_counts_not_its_conditions_times() -> None:
+    def deployment(generation: int, ready: int, updated_at: str) -> dict[str, Any]:
+        condition = {
+            "type": "Progressing",
+            "status": "True",
+            "lastUpdateTime": updated_at,
+            "reason": "ReplicaSetUpdated",
+        }
+        return {
+            "metadata": {"name": "llama", "generation": generation},
+            "status": {"observedGeneration": generation, "readyReplicas": ready, "conditions": [condition]},
+        }
+
+    state = rollout_state(deployment(2, 1, "12:00:00"))
+    # The controller stamping its progress again: nothing a reconcile reads.
+    assert rollout_state(deployment(2, 1, "12:00:05")) == state
+    # A replica Ready, or a new template or replica count (the generation): the service must look.
+    assert rollout_state(deployment(2, 2, "12:00:05")) != state
+    assert rollout_state(deployment(3, 1, "12:00:00")) != state

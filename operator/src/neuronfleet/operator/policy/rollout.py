@@ -19,6 +19,7 @@ says what to release and which revision is current, for the status
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -93,6 +94,14 @@ class DeploymentView:
             and self.total <= self.updated
             and self.available >= self.updated
         )
+
+
+def rollout_state(deployment: Obj) -> str:
+    """All a service's reconcile reads of one of its Deployments (:class:`DeploymentView`, :func:`router_routes_by`):
+    the spec through its generation (a new pod template or replica count bumps it) and the status's counts. Not the
+    status's conditions: their times move at every step of a rollout, and nothing reads them."""
+    status = {key: value for key, value in (deployment.get("status") or {}).items() if key != "conditions"}
+    return json.dumps([deployment["metadata"].get("generation"), status], sort_keys=True)
 
 
 class Serve(Enum):

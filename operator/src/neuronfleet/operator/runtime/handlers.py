@@ -5,8 +5,9 @@
 - An artifact's creation, and every artifact on the first listing -> the artifact reconciler (its compile Job);
   its deletion -> its services.
 - A compile Job's events -> its artifact, then its services when the artifact's status changed.
-- A serving Deployment's events, a serving pod the scheduler cannot place, whose engine reported a device
-  fault, or Ready while its service holds quarantined pods -> its service.
+- A service's Deployment deleted or its rollout state moved (not a condition's time), a serving pod the scheduler
+  cannot place, whose engine reported a device fault, or Ready while its service holds quarantined pods -> its
+  service.
 - A node whose Neuron fault appeared, changed or cleared -> the services with pods on it.
 - A service's deletion -> its claims on artifacts dropped (the garbage collector would, later).
 - A service whose canary is progressing -> the service, every few seconds (its analysis reads the engines): the
@@ -36,7 +37,7 @@ from neuronfleet.contract.names import GROUP, LABEL_ARTIFACT, LABEL_INSTANCE, LA
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.cluster.cache import WATCHED, ObjectCache
 from neuronfleet.operator.cluster.kube import ARTIFACTS, PODS, SERVICES_NIS, Resource
-from neuronfleet.operator.policy import health
+from neuronfleet.operator.policy import health, rollout
 from neuronfleet.operator.reconcilers import Manager
 from neuronfleet.operator.runtime.drive import FOLLOW_UP, SPEC_CHANGE, Drive, Progressing
 
@@ -248,9 +249,31 @@ def _on_children(registry: kopf.OperatorRegistry, drive: Drive, cache: ObjectCac
         if artifact is not None:
             await drive.reconcile_artifact(_namespaced(namespace), artifact)
 
-    @kopf.on.event("apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT}, registry=registry)
-    async def serving_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
-        """A serving Deployment's event -> reconcile its service."""
+    # The rollout state each of a service's Deployments last showed, and those whose last event moved it.
+    states: dict[tuple[str | None, str], str] = {}
+    moved: set[tuple[str | None, str]] = set()
+
+    @kopf.index(
+        "apps", "v1", "deployments", id="rollout_states", labels={LABEL_SERVICE: kopf.PRESENT}, registry=registry
+    )
+    async def rollout_state(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+        state = rollout.rollout_state(dict(body))
+        if states.get((namespace, name)) != state:
+            states[namespace, name] = state
+            moved.add((namespace, name))
+
+    def rollout_moved(type: str | None, namespace: str | None, name: str, **_: Any) -> bool:
+        # Evaluated after the index took the event in. A condition's time moving wakes nothing.
+        return type == "DELETED" or (namespace, name) in moved
+
+    @kopf.on.event(
+        "apps", "v1", "deployments", labels={LABEL_SERVICE: kopf.PRESENT}, when=rollout_moved, registry=registry
+    )
+    async def serving_deployment(body: kopf.Body, type: str | None, namespace: str | None, name: str, **_: Any) -> None:
+        """A service's Deployment deleted, or its rollout state moved -> reconcile its service."""
+        moved.discard((namespace, name))
+        if type == "DELETED":
+            states.pop((namespace, name), None)
         service = _owner_name(dict(body), SERVICES_NIS.kind)
         if service is not None:
             await drive.reconcile_service(_namespaced(namespace), service)
