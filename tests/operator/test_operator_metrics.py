@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from prometheus_client import generate_latest
 
@@ -46,6 +49,11 @@ def test_full_resyncs_are_counted_by_outcome_timed_and_their_objects_summed() ->
         metrics.resync_objects.inc(3)
     with metrics.resyncing():
         metrics.resync_objects.inc(2)
+        # CPU the pass's own thread spends counts; a wait (the pass letting the event loop turn) does not.
+        spent = time.thread_time()
+        while time.thread_time() - spent < 0.05:
+            pass
+        threading.Event().wait(0.2)
     with pytest.raises(KeyError), metrics.resyncing():
         raise KeyError("the list failed")
     samples = scrape(metrics)
@@ -53,6 +61,7 @@ def test_full_resyncs_are_counted_by_outcome_timed_and_their_objects_summed() ->
     assert samples[(resyncs, (("outcome", "error"),))] == 1
     assert samples[("neuronfleet_operator_resync_duration_seconds_count", ())] == 3
     assert samples[("neuronfleet_operator_resync_objects_total", ())] == 5
+    assert 0.05 <= samples[("neuronfleet_operator_resync_cpu_seconds_total", ())] < 0.2
 
 
 def phase(value: str | None, **more: str) -> dict[str, str]:

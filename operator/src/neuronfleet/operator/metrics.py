@@ -14,6 +14,8 @@ Series (all prefixed ``neuronfleet_operator_``):
   ``error`` when a list failed and ended the pass early.
 - ``resync_duration_seconds``: how long each full resync took.
 - ``resync_objects_total``: objects the full resyncs reconciled (one that failed counts next pass).
+- ``resync_cpu_seconds_total``: CPU time the full resyncs spent, on the thread each runs on: what the safety net
+  costs, apart from what the changes cost.
 - ``quarantined_replicas_total{fault}``: serving pods taken out of service for a Neuron fault, ``device``
   (their engine reported it) or ``node`` (their node's condition did).
 - ``queue_wait_seconds{priority}``: how long each reconcile asked for waited for a worker, ``spec_change`` (a
@@ -52,6 +54,7 @@ QUEUE_WAIT = "neuronfleet_operator_queue_wait_seconds"
 RESYNCS = "neuronfleet_operator_resyncs"
 RESYNC_DURATION = "neuronfleet_operator_resync_duration_seconds"
 RESYNC_OBJECTS = "neuronfleet_operator_resync_objects"
+RESYNC_CPU = "neuronfleet_operator_resync_cpu_seconds"
 QUARANTINED = "neuronfleet_operator_quarantined_replicas"
 LEADER = "neuronfleet_operator_leader"
 #: Artifact phases that end a compile.
@@ -115,6 +118,9 @@ class OperatorMetrics:
             RESYNC_DURATION, "Seconds per full resync.", buckets=RESYNC_BUCKETS, registry=self.registry
         )
         self.resync_objects = Counter(RESYNC_OBJECTS, "Objects reconciled by full resyncs.", registry=self.registry)
+        self.resync_cpu = Counter(
+            RESYNC_CPU, "CPU seconds the full resyncs spent on their own thread.", registry=self.registry
+        )
         self.quarantined = Counter(
             QUARANTINED,
             "Serving pods taken out of service for a Neuron fault, by where it was seen (device, node).",
@@ -145,9 +151,16 @@ class OperatorMetrics:
             lambda outcome: self.reconciles.labels(kind, outcome), self.reconcile_duration.labels(kind), retryable
         )
 
-    def resyncing(self) -> contextlib.AbstractContextManager[None]:
-        """Time one full resync and count its outcome; errors pass through."""
-        return _timed(self.resyncs.labels, self.resync_duration)
+    @contextlib.contextmanager
+    def resyncing(self) -> Iterator[None]:
+        """Time one full resync, which runs on the calling thread, count its outcome and its CPU time; errors pass
+        through."""
+        cpu = time.thread_time()
+        try:
+            with _timed(self.resyncs.labels, self.resync_duration):
+                yield
+        finally:
+            self.resync_cpu.inc(time.thread_time() - cpu)
 
     def status_written(
         self, kind: str, namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]
