@@ -180,3 +180,15 @@ def test_the_cache_keeps_no_managed_fields_and_the_rest_of_the_object_as_it_came
     assert found == {**live, "metadata": {k: v for k, v in live["metadata"].items() if k != "managedFields"}}
     # What was handed in is left as it was (a write's caller still reads its answer whole).
     assert live["metadata"]["managedFields"]
+
+
+def test_a_childs_read_is_a_copy_of_its_own_so_a_reader_cannot_change_the_cache() -> None:
+    cache = ObjectCache()
+    cache.observe(deployment("llama", "7", app="x"))
+    read = cache.get(DEPLOYMENTS, "ns", "llama")
+    assert read is not None
+    read["spec"]["replicas"] = 5
+    read["metadata"]["labels"]["app"] = "y"
+    again = cache.get(DEPLOYMENTS, "ns", "llama")
+    assert again == deployment("llama", "7", app="x")
+    assert [d["metadata"]["name"] for d in cache.list(DEPLOYMENTS, "ns", "app=x")] == ["llama"]

@@ -33,6 +33,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
@@ -94,17 +95,6 @@ def _version(body: Obj) -> int | None:
     return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
-def _older(new: Obj, old: Obj) -> bool:
-    # An unparseable version is taken as newer: a watch never goes wrong by being believed.
-    new_version, old_version = _version(new), _version(old)
-    return new_version is not None and old_version is not None and new_version < old_version
-
-
-def _matches(body: Obj, selector: Mapping[str, str | None]) -> bool:
-    labels = body["metadata"].get("labels") or {}
-    return all(key in labels if value is None else labels.get(key) == value for key, value in selector.items())
-
-
 def parse_selector(selector: str | None) -> dict[str, str | None]:
     """An equality label selector (``a=b,c``) as a mapping; ``None`` as the value means "present"."""
     parsed: dict[str, str | None] = {}
@@ -154,57 +144,94 @@ def would_change(intent: Obj, live: Obj | None) -> bool:
 #: which would otherwise scan every pod of the namespace on every reconcile.
 INDEXED_LABELS = (LABEL_SERVICE, LABEL_INSTANCE, JOB_NAME_LABEL)
 
+#: Kinds kept as compact JSON text and decoded on each read: a service's children, several per service and each
+#: read only by its own service's reconcile. A decoded object takes about seven times its JSON's size, so at
+#: thousands of services they would be most of the operator's memory. The operator's own kinds stay decoded: a
+#: fleet's few artifacts are read by every reconcile, and the services by every canary pass.
+ENCODED = frozenset({DEPLOYMENTS, PODS, CONFIGMAPS, SERVICES, PDBS})
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One cached object: what the cache itself reads of it, and the object, decoded or as compact JSON."""
+
+    version: int | None
+    uid: str | None
+    labels: Mapping[str, str]
+    stored: Obj | str
+
+    @classmethod
+    def of(cls, body: Obj, *, encoded: bool) -> _Entry:
+        meta = body["metadata"]
+        stored = json.dumps(body, separators=(",", ":")) if encoded else body
+        return cls(_version(body), meta.get("uid"), meta.get("labels") or {}, stored)
+
+    def read(self) -> Obj:
+        """The object: for an encoded kind, a copy of its own."""
+        return json.loads(self.stored) if isinstance(self.stored, str) else self.stored
+
+    def newer_than(self, version: int | None) -> bool:
+        # An unparseable version is taken as newer: a watch never goes wrong by being believed.
+        return self.version is not None and version is not None and self.version > version
+
+    def indexed_terms(self) -> list[tuple[str, str]]:
+        return [(key, self.labels[key]) for key in INDEXED_LABELS if key in self.labels]
+
+    def matches(self, selector: Mapping[str, str | None]) -> bool:
+        return all(
+            key in self.labels if value is None else self.labels.get(key) == value for key, value in selector.items()
+        )
+
 
 class _Shelf:
     """The objects of one kind in one namespace, by name and by the values of :data:`INDEXED_LABELS`, each in the
     order first seen."""
 
-    def __init__(self) -> None:
-        self.objects: dict[str, Obj] = {}
+    def __init__(self, *, encoded: bool) -> None:
+        self.encoded = encoded
+        self.entries: dict[str, _Entry] = {}
         # Ordered sets of names (a dict's keys).
         self._named: dict[tuple[str, str], dict[str, None]] = {}
 
     def put(self, body: Obj) -> None:
+        """Keep ``body``, unless the shelf holds a newer version of it."""
+        entry = _Entry.of(body, encoded=self.encoded)
         name = body["metadata"]["name"]
-        current = self.objects.get(name)
-        terms = _indexed_terms(body)
-        if current is not None and _indexed_terms(current) != terms:
+        current = self.entries.get(name)
+        if current is not None and current.newer_than(entry.version):
+            return
+        terms = entry.indexed_terms()
+        if current is not None and current.indexed_terms() != terms:
             self._unindex(name, current)
             current = None
-        self.objects[name] = body
+        self.entries[name] = entry
         if current is None:
             for term in terms:
                 self._named.setdefault(term, {})[name] = None
 
     def pop(self, name: str) -> None:
-        body = self.objects.pop(name, None)
-        if body is not None:
-            self._unindex(name, body)
+        entry = self.entries.pop(name, None)
+        if entry is not None:
+            self._unindex(name, entry)
 
-    def select(self, selector: Mapping[str, str | None]) -> list[Obj]:
+    def select(self, selector: Mapping[str, str | None]) -> list[_Entry]:
         terms = [(key, value) for key, value in selector.items() if key in INDEXED_LABELS and value is not None]
-        if not terms:
-            return [body for body in self.objects.values() if _matches(body, selector)]
-        names = min((self._named.get(term, {}) for term in terms), key=len)
-        return [body for name in names if _matches(body := self.objects[name], selector)]
+        names = min((self._named.get(term, {}) for term in terms), key=len) if terms else self.entries
+        return [entry for name in names if (entry := self.entries[name]).matches(selector)]
 
-    def _unindex(self, name: str, body: Obj) -> None:
-        for term in _indexed_terms(body):
+    def _unindex(self, name: str, entry: _Entry) -> None:
+        for term in entry.indexed_terms():
             names = self._named[term]
             del names[name]
             if not names:
                 del self._named[term]
 
 
-def _indexed_terms(body: Obj) -> list[tuple[str, str]]:
-    labels = body["metadata"].get("labels") or {}
-    return [(key, labels[key]) for key in INDEXED_LABELS if key in labels]
-
-
 class ObjectCache:
     """The watched objects by kind, namespace and name; safe from kopf's loop and the worker threads at once.
 
-    Stored objects are shared, never copied: readers must not change them.
+    Objects of the :data:`ENCODED` kinds are read as copies of their own; the others are shared, never copied:
+    readers must change neither.
     """
 
     def __init__(self) -> None:
@@ -217,12 +244,10 @@ class ObjectCache:
         if resource is None:
             return
         body = _without_managed_fields(body)
-        meta = body["metadata"]
         with self._lock:
-            shelf = self._shelves.setdefault((resource.plural, meta["namespace"]), _Shelf())
-            current = shelf.objects.get(meta["name"])
-            if current is None or not _older(body, current):
-                shelf.put(body)
+            key = (resource.plural, body["metadata"]["namespace"])
+            shelf = self._shelves.get(key) or self._shelves.setdefault(key, _Shelf(encoded=resource in ENCODED))
+            shelf.put(body)
 
     def forget(self, body: Obj) -> None:
         """Drop a deleted object (unless a newer one of the same name took its place)."""
@@ -232,19 +257,20 @@ class ObjectCache:
         meta = body["metadata"]
         with self._lock:
             shelf = self._shelves.get((resource.plural, meta["namespace"]))
-            current = shelf.objects.get(meta["name"]) if shelf is not None else None
-            if shelf is not None and current is not None and current["metadata"].get("uid") == meta.get("uid"):
+            current = shelf.entries.get(meta["name"]) if shelf is not None else None
+            if shelf is not None and current is not None and current.uid == meta.get("uid"):
                 shelf.pop(meta["name"])
 
     def replace(self, resource: Resource, namespace: str | None, items: Sequence[Obj], version: str) -> None:
         """A fresh list at ``version``: objects missing from it that are no newer were deleted unseen."""
         listed = {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in items}
-        at = {"metadata": {"resourceVersion": version}}
+        at = int(version) if version.isdigit() else None
         with self._lock:
             for (plural, ns), shelf in self._shelves.items():
                 if plural != resource.plural or namespace not in (None, ns):
                     continue
-                for name in [n for n, body in shelf.objects.items() if (ns, n) not in listed and not _older(at, body)]:
+                gone = [n for n, entry in shelf.entries.items() if (ns, n) not in listed and not entry.newer_than(at)]
+                for name in gone:
                     shelf.pop(name)
         for item in items:
             self.observe(item)
@@ -253,18 +279,20 @@ class ObjectCache:
         """The object, or ``None``."""
         with self._lock:
             shelf = self._shelves.get((resource.plural, namespace))
-            return shelf.objects.get(name) if shelf is not None else None
+            entry = shelf.entries.get(name) if shelf is not None else None
+        return entry.read() if entry is not None else None
 
     def list(self, resource: Resource, namespace: str | None, labels: str | None = None) -> list[Obj]:
         """Objects of a kind in a namespace (all for ``None``) whose labels match an equality selector."""
         selector = parse_selector(labels)
         with self._lock:
-            return [
-                body
+            found = [
+                entry
                 for (plural, ns), shelf in self._shelves.items()
                 if plural == resource.plural and namespace in (None, ns)
-                for body in shelf.select(selector)
+                for entry in shelf.select(selector)
             ]
+        return [entry.read() for entry in found]
 
 
 def _without_managed_fields(body: Obj) -> Obj:
