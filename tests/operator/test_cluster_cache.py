@@ -13,16 +13,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from harness.services import Services
 from kubernetes.client import ApiClient
 
-from neuronfleet.contract.names import LABEL_ARTIFACT
+from neuronfleet.contract.names import LABEL_ARTIFACT, MANAGED_BY_LABEL, OPERATOR_NAME
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import phase_of
 from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import plan
-from neuronfleet.operator.cluster.cache import APPLIED_ANNOTATION, CachedKube, ObjectCache
-from neuronfleet.operator.cluster.kube import ARTIFACTS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
+from neuronfleet.operator.cluster import cache as cache_module
+from neuronfleet.operator.cluster.cache import APPLIED_ANNOTATION, CACHED, CachedKube, ObjectCache
+from neuronfleet.operator.cluster.kube import ARTIFACTS, CONFIGMAPS, DEPLOYMENTS, JOBS, SERVICES_NIS, Kube
 from neuronfleet.operator.policy.conditions import Event, Reason
 from neuronfleet.operator.reconcilers import Manager
 
@@ -191,3 +193,42 @@ def test_a_resync_lets_event_driven_reconciles_finish_before_its_next_object(
     assert not resync.is_alive()
     assert turns[1].is_set()
     assert [phase_of(services.get(name)) for name in ("a", "b")] == ["Compiling", "Compiling"]
+
+
+class PagesCounted(CachedKube):
+    """A :class:`CachedKube` that counts the pages its lists asked for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pages = 0
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Obj:
+        if any(key == "limit" for key, _ in kwargs.get("query") or []):
+            self.pages += 1
+        return super().request(method, path, **kwargs)
+
+
+def test_a_resync_lists_by_pages_keeps_every_object_listed_and_drops_what_was_deleted_unseen(
+    kube: ApiClient, api: Kube, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cache_module, "RELIST_PAGE", 2)
+    labels = {MANAGED_BY_LABEL: OPERATOR_NAME}
+    created = [
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": f"cm-{i}", "namespace": namespace, "labels": labels},
+            }
+        )
+        for i in range(5)
+    ]
+    cached = PagesCounted(kube, ObjectCache())
+    # Seen before the list, deleted since with no event: older than the list's snapshot.
+    gone = {**created[0], "metadata": {**created[0]["metadata"], "name": "deleted-unseen", "uid": "gone"}}
+    cached.cache.observe(gone)
+    cached.relist(namespace)
+    names = sorted(c["metadata"]["name"] for c in cached.list(CONFIGMAPS, namespace))
+    assert names == [f"cm-{i}" for i in range(5)]
+    # Five ConfigMaps two to a page, and one page for each other kind the resync lists.
+    assert cached.pages == 3 + len(CACHED) - 1

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,8 @@ LISTED: dict[Resource, str | None] = {
     ROLES: MANAGED_BY_LABEL,
     ROLE_BINDINGS: MANAGED_BY_LABEL,
 }
+#: Objects per page of a resync's lists.
+RELIST_PAGE = 500
 #: Kinds a cluster may not serve (an optional CRD): a list that finds none is no error.
 OPTIONAL = frozenset({INFERENCE_POOLS})
 CACHED = {**WATCHED, **LISTED}
@@ -263,7 +265,14 @@ class ObjectCache:
 
     def replace(self, resource: Resource, namespace: str | None, items: Sequence[Obj], version: str) -> None:
         """A fresh list at ``version``: objects missing from it that are no newer were deleted unseen."""
-        listed = {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in items}
+        for item in items:
+            self.observe(item)
+        self.prune(
+            resource, namespace, {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in items}, version
+        )
+
+    def prune(self, resource: Resource, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
+        """Drop the objects a fresh list at ``version`` did not hold, (namespace, name) ``listed``, unless newer."""
         at = int(version) if version.isdigit() else None
         with self._lock:
             for (plural, ns), shelf in self._shelves.items():
@@ -272,8 +281,6 @@ class ObjectCache:
                 gone = [n for n, entry in shelf.entries.items() if (ns, n) not in listed and not entry.newer_than(at)]
                 for name in gone:
                     shelf.pop(name)
-        for item in items:
-            self.observe(item)
 
     def get(self, resource: Resource, namespace: str, name: str) -> Obj | None:
         """The object, or ``None``."""
@@ -373,11 +380,22 @@ class CachedKube(Kube):
         return self._served.get(resource, False)
 
     def _relist(self, resource: Resource, namespace: str | None) -> None:
+        # By pages: at thousands of services one list of pods would be tens of megabytes of JSON, and seven times
+        # that decoded, at every resync. Every page comes from the first one's snapshot (its resourceVersion).
         selector = CACHED[resource]
-        query = [("labelSelector", selector)] if selector else []
-        answer = self.request("GET", resource.path(namespace), query=query)
-        items = [{**item, "apiVersion": resource.api_version, "kind": resource.kind} for item in answer["items"]]
-        self.cache.replace(resource, namespace, items, answer["metadata"]["resourceVersion"])
+        listed: set[tuple[str, str]] = set()
+        token = ""
+        while True:
+            query = [("labelSelector", selector)] if selector else []
+            query += [("limit", str(RELIST_PAGE)), *([("continue", token)] if token else [])]
+            answer = self.request("GET", resource.path(namespace), query=query)
+            for item in answer["items"]:
+                self.cache.observe({**item, "apiVersion": resource.api_version, "kind": resource.kind})
+                listed.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+            token = answer["metadata"].get("continue") or ""
+            if not token:
+                break
+        self.cache.prune(resource, namespace, listed, answer["metadata"]["resourceVersion"])
 
     def create(self, body: Obj) -> Obj:
         """Create, and keep what the server made."""
