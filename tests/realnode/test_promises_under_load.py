@@ -414,6 +414,21 @@ def pod_named(fleet: Fleet, name: str) -> Obj | None:
     return dict(json.loads(found)) if found.strip() else None
 
 
+#: What waiting for a pod's deletion returns once the pod is gone before its deletion was seen.
+GONE: Obj = {"gone": True}
+
+
+def deletion_time(fleet: Fleet, seen: Obj, name: str) -> datetime.datetime:
+    """When the operator deleted the pod, to the second: its deletion timestamp less its grace period if the test
+    saw it terminating; else the operator's ``QuarantineReleased`` event for it, posted right after the delete."""
+    if seen is not GONE:
+        grace = datetime.timedelta(seconds=int(seen["metadata"]["deletionGracePeriodSeconds"]))
+        return datetime.datetime.fromisoformat(seen["metadata"]["deletionTimestamp"]) - grace
+    found = fleet.kubectl("get", "events", f"--field-selector=involvedObject.name={NAME}", "-o", "json")
+    (event,) = [e for e in json.loads(found)["items"] if e["reason"] == "QuarantineReleased" and name in e["message"]]
+    return datetime.datetime.fromisoformat(event.get("firstTimestamp") or event["eventTime"])
+
+
 def last_words(pod: Obj) -> Obj:
     """The engine container's termination record: its state's while stopped, its last state's once restarted."""
     container = pod["status"]["containerStatuses"][0]
@@ -436,9 +451,9 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
             f"{name} quarantined",
         )
         whole_at = fleet.wait(lambda: fleet.rolled_out_to(serving) and time.time(), "two Ready replicas again")
-        # Deleted gracefully: it drains like any replica, out of service already (seen while it drains).
+        # Deleted: seen while it drains like any replica, or gone already (a crashed engine has nothing to drain).
         deleting = fleet.wait(
-            lambda: (p := pod_named(fleet, name)) is not None and p["metadata"].get("deletionTimestamp") and p,
+            lambda: GONE if (p := pod_named(fleet, name)) is None else p["metadata"].get("deletionTimestamp") and p,
             f"{name} deleted",
         )
         deleted_at = time.time()
@@ -491,9 +506,8 @@ def test_a_device_fault_fails_only_what_its_replica_held_and_a_replacement_takes
     assert name not in {p["metadata"]["name"] for p in pods}
     (replacement,) = [p for p in pods if p["metadata"]["name"] != healthy["metadata"]["name"]]
     (ready,) = [c for c in replacement["status"]["conditions"] if c["type"] == "Ready"]
-    grace = datetime.timedelta(seconds=int(deleting["metadata"]["deletionGracePeriodSeconds"]))
-    deleted = datetime.datetime.fromisoformat(deleting["metadata"]["deletionTimestamp"]) - grace
-    assert datetime.datetime.fromisoformat(ready["lastTransitionTime"]) <= deleted, (ready, deleting["metadata"])
+    deleted = deletion_time(fleet, deleting, name)
+    assert datetime.datetime.fromisoformat(ready["lastTransitionTime"]) <= deleted, (ready, deleting)
     # A replacement serves in its place (on the real node, the only one that runs containers here), and the
     # service tells the story: Degraded while short, an event, healthy again.
     assert fleet.complete_on(replacement)["usage"]["completion_tokens"] == MAX_TOKENS
