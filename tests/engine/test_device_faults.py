@@ -63,7 +63,7 @@ def decode_seconds_per_step(server: EngineServer) -> tuple[float, float]:
     samples = server.metrics()
     seconds = steps = 0.0
     for (name, labels), value in samples.items():
-        if name == "neuronfleet:sim_device_seconds_total" and ("kind", "decode") in labels:
+        if name == "neuronfleet:device_busy_seconds_total" and ("kind", "decode") in labels:
             seconds += value
         elif name == "neuronfleet:decode_steps_total":
             steps += value

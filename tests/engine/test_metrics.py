@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from neuronfleet.engine.offline.driver import run_scenario
+from neuronfleet.contract import metrics
+from neuronfleet.contract.config import EngineConfig
+from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler, run_scenario
 from neuronfleet.engine.offline.scenarios import SCENARIOS
 from neuronfleet.engine.scheduler.metrics import NeuronMetrics, SchedulerObserver, chunk_bounds
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler
@@ -67,3 +69,27 @@ def test_chunk_bounds() -> None:
     assert chunk_bounds(256) == [float(b) for b in range(16, 257, 16)]
     assert chunk_bounds(1000)[-1] == 1000.0
     assert len(chunk_bounds(1_048_576)) <= 64
+
+
+def test_the_prefill_backlog_gauge_counts_every_prompt_token_not_yet_prefilled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three prompts of 3,000 tokens through 1,024-token chunks: after every step the gauge is what was sent less
+    what the steps prefilled (the waiting requests' whole prompts, the running one's rest)."""
+    registry = CollectorRegistry()
+    engine = EngineConfig(max_num_seqs=4, max_num_batched_tokens=1024, max_model_len=4096)
+    observer = SchedulerObserver(NeuronMetrics(registry, 1024))
+    monkeypatch.setattr(NeuronScheduler, "step_observers", [observer])
+    offline = OfflineEngine(build_scheduler(engine, num_kv_blocks=1024, async_scheduling=False))
+    for index in range(3):
+        offline.add_request(f"r{index}", [index + 1] * 3000, max_tokens=4)
+    prefilled, seen = 0, []
+    while offline.has_work:
+        record = offline.step()
+        if record is None:
+            continue
+        prefilled += sum(request.num_tokens for request in record.scheduled if request.is_prefill)
+        seen.append(sample(registry, metrics.PREFILL_TOKENS_PENDING))
+        assert seen[-1] == 9000 - prefilled
+    assert seen[0] == 9000 - 1024, "the first chunk is counted out as it is scheduled"
+    assert seen[-1] == 0

@@ -111,6 +111,14 @@ def test_the_replica_spends_a_neuron_replicas_start_time_scaled_as_the_tests_ask
     assert "Replica start, as a Neuron replica of llama-3.1-8b from hf takes" in server.log.read_text()
 
 
+def test_the_replica_publishes_the_prefill_rate_its_warm_up_timed(server: EngineServer) -> None:
+    """What KEDA's prefill backlog divides by: the fastest prefill bucket's tokens a second (the largest, here)."""
+    cost = CostModel(get_instance_type("inf2.xlarge"), get_shape("llama-3.1-8b"), 2)
+    published = {name: value for (name, _), value in server.metrics().items()}
+    assert published[metrics.PREFILL_TOKENS_PER_SECOND] == pytest.approx(512 / cost.prefill_seconds(512, 0), rel=1e-6)
+    assert 512 / cost.prefill_seconds(512, 0) > 128 / cost.prefill_seconds(128, 0), "a small bucket pays fixed costs"
+
+
 def test_the_simulated_decode_step_is_slow_enough_to_interrupt() -> None:
     cost = CostModel(get_instance_type("inf2.xlarge"), get_shape("llama-3.1-8b"), tensor_parallel_size=2)
     assert 0.02 < cost.decode_seconds(1, 100) < 0.04

@@ -287,7 +287,7 @@ def test_engine_metrics_are_exported(server: EngineServer) -> None:
         "neuronfleet:decode_steps_total",
         "neuronfleet:kv_admission_deferrals_total",
         "neuronfleet:prefill_chunk_tokens_count",
-        "neuronfleet:sim_device_seconds_total",
+        "neuronfleet:device_busy_seconds_total",
         # vLLM's own metrics are still there.
         "vllm:num_requests_running",
         "vllm:generation_tokens_total",

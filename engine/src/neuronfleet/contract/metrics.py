@@ -37,6 +37,13 @@ PREFILL_CHUNK_TOKENS = "neuronfleet:prefill_chunk_tokens"
 #: Seconds a replica spent starting, by ``phase`` (``contract/start_time.py``'s phases).
 REPLICA_START_SECONDS = "neuronfleet:replica_start_seconds"
 
+#: Seconds the device spent in steps, by step ``kind`` (a counter: ``_total``): the load the warm floor sizes for.
+DEVICE_BUSY_SECONDS = "neuronfleet:device_busy_seconds"
+#: The Neuron scheduler's prompt tokens still to prefill (waiting and running requests): the token-aware signal.
+PREFILL_TOKENS_PENDING = "neuronfleet:prefill_tokens_pending"
+#: A replica's fastest prefill bucket's tokens per second, as its warm-up timed it.
+PREFILL_TOKENS_PER_SECOND = "neuronfleet:prefill_tokens_per_second"
+
 #: Every series the engine exports for GIE v1.5.0's default picker.
 PICKER_METRICS = (WAITING, RUNNING, KV_CACHE_USAGE, CACHE_CONFIG)
 
@@ -65,5 +72,8 @@ SERIES = (
     Series(
         PREFILL_CHUNK_TOKENS, "histogram", "the Neuron scheduler", ("the canary analysis", "the bucket recommender")
     ),
-    Series(REPLICA_START_SECONDS, "gauge", "the simulated device", ("dashboards: where a replica's start went",)),
+    Series(REPLICA_START_SECONDS, "gauge", "the simulated device", ("dashboards", "KEDA's warm floor")),
+    Series(DEVICE_BUSY_SECONDS, "counter", "the simulated device", ("KEDA's warm floor", "the fleet twin")),
+    Series(PREFILL_TOKENS_PENDING, "gauge", "the Neuron scheduler", ("KEDA's prefill backlog", "the fleet twin")),
+    Series(PREFILL_TOKENS_PER_SECOND, "gauge", "the simulated device", ("KEDA's prefill backlog",)),
 )

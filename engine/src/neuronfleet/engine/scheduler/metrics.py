@@ -78,6 +78,12 @@ class NeuronMetrics:
             registry=registry,
             multiprocess_mode="mostrecent",
         )
+        self.prefill_tokens_pending = PromGauge(
+            metrics.PREFILL_TOKENS_PENDING,
+            "Prompt tokens still to prefill over the waiting and running requests.",
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
         self.prefill_chunk_tokens = PromHistogram(
             metrics.PREFILL_CHUNK_TOKENS,
             "Real tokens of each prefill chunk scheduled (before padding).",
@@ -85,8 +91,8 @@ class NeuronMetrics:
             registry=registry,
         )
         self.device_seconds = PromCounter(
-            f"{PREFIX}sim_device_seconds",
-            "Simulated device time spent in steps, by step kind (virtual or slept).",
+            metrics.DEVICE_BUSY_SECONDS,
+            "Device time spent in steps, by step kind (simulated: virtual or slept).",
             ["kind"],
             registry=registry,
         )
@@ -141,6 +147,7 @@ class SchedulerObserver:
         seen.prefill = Counter(scheduler.prefill_steps_by_bucket)
         seen.decode = Counter(scheduler.decode_steps_by_bucket)
         seen.kv_deferrals = scheduler.num_kv_deferred_admissions
+        metrics.prefill_tokens_pending.set(scheduler.pending_prefill_tokens)
         for state in SchedulerState:
             metrics.state.labels(state=state.value).set(1 if scheduler.state is state else 0)
 
@@ -197,6 +204,15 @@ def subscribe() -> None:
     """Export every Neuron scheduler in this process to the default registry (idempotent)."""
     if observe_default not in NeuronScheduler.step_observers:
         NeuronScheduler.step_observers.append(observe_default)
+
+
+def record_prefill_rate(tokens_per_s: float) -> None:
+    """Publish this replica's best prefill rate, as its warm-up timed it, in the default registry."""
+    PromGauge(
+        metrics.PREFILL_TOKENS_PER_SECOND,
+        "Prompt tokens a second through this replica's fastest prefill graph, as its warm-up timed it.",
+        multiprocess_mode="mostrecent",
+    ).set(tokens_per_s)
 
 
 def record_start(phases: dict[str, float]) -> None:

@@ -18,6 +18,7 @@ neuronfleet.engine.scheduler.NeuronAsyncScheduler --additional-config
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -169,6 +170,13 @@ class NeuronScheduler(Scheduler):
     def has_prefill_in_running(self) -> bool:
         """True while a request in ``running`` still has prompt tokens to compute."""
         return any(self._is_prefill_request(request) for request in self.running)
+
+    @property
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens still to prefill, over the waiting and running requests (the holdback queue is empty
+        between steps): the backlog the token-aware autoscaling signal divides by the replica's prefill rate."""
+        requests = itertools.chain(vllm_compat.waiting_requests(self), self.running)
+        return sum(self._prompt_tokens_left(request) for request in requests)
 
     def _is_prefill_request(self, request: Request) -> bool:
         return bool(request.num_computed_tokens < request.num_prompt_tokens)

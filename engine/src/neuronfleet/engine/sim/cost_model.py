@@ -190,6 +190,11 @@ class CostModel:
         reads = work.weights_s / c.weight_read_efficiency + work.kv_s / c.kv_read_efficiency
         return self._fixed_seconds(c.decode_layer_s) + max(reads, work.compute_s / c.dense_efficiency)
 
+    def prefill_tokens_per_s(self, prefill_buckets: Sequence[int]) -> float:
+        """The replica's best prefill rate over its compiled prefill graphs, from the step each runs at warm-up
+        (:meth:`warmup_seconds`): what the token-aware autoscaling signal divides its prefill backlog by."""
+        return max(bucket / self.prefill_seconds(bucket, 0) for bucket in prefill_buckets)
+
     def lora_parameters(self, rank: int) -> int:
         """Parameters of a rank-``rank`` adapter on every projection of every layer (A and B of each)."""
         shape = self.shape

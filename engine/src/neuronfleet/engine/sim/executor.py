@@ -186,6 +186,7 @@ class SimNeuronWorker:
         start = self.modelled_start()
         spent = start.scaled(self.settings.start_time_scale if self.settings.clock == "real" else 0.0)
         metrics.record_start(spent.phases())
+        metrics.record_prefill_rate(self.cost.prefill_tokens_per_s(self.device.prefill_buckets))
         logger.info(
             "Replica start, as a Neuron replica of %s from %s takes %s; spent %s (start_time_scale %g, %s clock)",
             self.shape.name,
