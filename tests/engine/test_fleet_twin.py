@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.contract.start_time import predict_start
 from neuronfleet.devcluster.demo.load import LoadPlan
 from neuronfleet.engine.fleet import arrivals, planner, rig, twin
-from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
+from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy, Signals, WarmFloor
 from neuronfleet.engine.fleet.picker import RULES, PrefixIndex, Scoring, ServiceRouter, View
 from neuronfleet.engine.fleet.replica import ReplicaStuck
 from neuronfleet.engine.fleet.workloads import ROUTING_MIXES, stream_seed
@@ -139,12 +140,27 @@ def test_the_autoscalers_defaults_are_the_crds() -> None:
 
 def test_the_hpa_adds_a_few_replicas_per_period_and_removes_them_only_after_the_window() -> None:
     scaler = Autoscaler(AutoscalingPolicy(min_replicas=1, max_replicas=10, scale_up_replicas=2))
-    assert scaler.decide(0.0, 1, waiting_total=40) == 3  # wants 10, adds 2
-    assert scaler.decide(15.0, 3, waiting_total=40) == 3  # the period's two are spent
-    assert scaler.decide(120.0, 3, waiting_total=40) == 5
+    assert scaler.decide(0.0, 1, Signals(waiting=40)) == 3  # wants 10, adds 2
+    assert scaler.decide(15.0, 3, Signals(waiting=40)) == 3  # the period's two are spent
+    assert scaler.decide(120.0, 3, Signals(waiting=40)) == 5
     # Load gone: the window remembers wanting 10 for 300 s.
-    assert scaler.decide(135.0, 5, waiting_total=0) == 5
-    assert scaler.decide(436.0, 5, waiting_total=0) == 1
+    assert scaler.decide(135.0, 5, Signals(waiting=0)) == 5
+    assert scaler.decide(436.0, 5, Signals(waiting=0)) == 1
+
+
+def test_the_hpa_follows_the_trigger_that_wants_most_replicas() -> None:
+    """Nothing waits while capacity matches the load: the queue asks for none, the prefill backlog (seconds of
+    prefill work held, 2 s a replica) and the warm floor (the load's 3.2 busy replicas doubling during a 300 s
+    lag, 2 s of waiting allowed: 6.36) ask for what the load needs."""
+    floor = WarmFloor(step=1.0, ttft_s=2.0)
+    policy = AutoscalingPolicy(max_replicas=16, prefill_backlog_seconds=2.0, warm_floor=floor)
+    quiet_queue = Signals(waiting=0, prefill_backlog_s=9.0, busy=3.2, lag_s=300.0)
+    assert Autoscaler(AutoscalingPolicy(max_replicas=16)).wanted(4, quiet_queue) == 0
+    assert Autoscaler(dataclasses.replace(policy, warm_floor=None)).wanted(4, quiet_queue) == 5
+    assert Autoscaler(policy).wanted(4, quiet_queue) == 7
+    # Within the HPA's 10% of what runs, a trigger keeps it.
+    assert Autoscaler(policy).wanted(7, dataclasses.replace(quiet_queue, prefill_backlog_s=0.0)) == 7
+    assert Autoscaler(policy).wanted(4, Signals(waiting=30, busy=3.2, lag_s=300.0)) == 8
 
 
 def test_a_new_replica_takes_nothing_before_its_start_time() -> None:
@@ -174,6 +190,22 @@ def test_a_new_replica_of_a_planned_fleet_starts_as_a_neuron_replica_does_unless
     assert 0 < start.warmup_s < 0.1 * start.total_s
     assert 240 < spec.start_s < 600
     assert planner.fleet_of(engine, trn2, "llama-3.1-70b", 1, "picker", start_s=0.0)[0].start_s == 0.0
+
+
+def test_the_command_lines_look_ahead_triggers_come_with_autoscaling_and_read_as_the_crds() -> None:
+    engine = EngineConfig.model_validate({**rig.ROUTING_ENGINE, "tensor_parallel_size": 32})
+    trn2 = get_instance_type("trn2.48xlarge")
+    spec, _ = planner.fleet_of(
+        engine, trn2, "llama-3.1-70b", 1, "picker", autoscale="1:8", prefill_backlog_s=0.5, warm_floor="50:1.5"
+    )
+    assert spec.autoscaling is not None
+    assert spec.autoscaling.prefill_backlog_seconds == 0.5
+    assert spec.autoscaling.warm_floor == WarmFloor(step=0.5, ttft_s=1.5)
+    with pytest.raises(ValueError, match="give --autoscale too"):
+        planner.fleet_of(engine, trn2, "llama-3.1-70b", 1, "picker", warm_floor="100:2")
+    for wrong in ("100", "x:2", "100:0"):
+        with pytest.raises(ValueError, match="STEP_PERCENT:TTFT_SECONDS"):
+            planner.fleet_of(engine, trn2, "llama-3.1-70b", 1, "picker", autoscale="1:8", warm_floor=wrong)
 
 
 def test_engines_stepping_in_worker_processes_run_the_same_fleet_as_one_process() -> None:

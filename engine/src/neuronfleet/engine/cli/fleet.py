@@ -167,6 +167,14 @@ def run_command(
         ),
     ] = None,
     autoscale: Annotated[str | None, typer.Option(help="MIN:MAX replicas, KEDA on the waiting queue.")] = None,
+    prefill_backlog_seconds: Annotated[
+        float | None,
+        typer.Option(min=0.001, help="With --autoscale: also on seconds of prefill work queued per replica."),
+    ] = None,
+    warm_floor: Annotated[
+        str | None,
+        typer.Option(help="With --autoscale: a warm floor, STEP_PERCENT:TTFT_SECONDS (100:2 absorbs a doubling)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrivals and the routers' draws.")] = 0,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every request and the timeline.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the fleet's timeline as a PNG.")] = None,
@@ -181,7 +189,16 @@ def run_command(
 
     try:
         spec, twin_router = fleet_of(
-            engine, get_instance_type(instance_type), model, replicas, router, start_seconds, autoscale, seed
+            engine,
+            get_instance_type(instance_type),
+            model,
+            replicas,
+            router,
+            start_seconds,
+            autoscale,
+            seed,
+            prefill_backlog_s=prefill_backlog_seconds,
+            warm_floor=warm_floor,
         )
     except ValueError as error:
         fail(str(error))

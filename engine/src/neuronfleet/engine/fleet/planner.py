@@ -24,7 +24,7 @@ from neuronfleet.contract.config import AUTO, EngineConfig
 from neuronfleet.contract.hardware import InstanceType
 from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.engine.fleet import arrivals, twin, workloads
-from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy
+from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy, WarmFloor
 from neuronfleet.engine.fleet.picker import Router, router_named
 from neuronfleet.engine.sim.cost_model import CostModel
 from neuronfleet.engine.tuning import recommend
@@ -94,21 +94,44 @@ def fleet_of(
     start_s: float | None = None,
     autoscale: str | None = None,
     seed: int = 0,
+    *,
+    prefill_backlog_s: float | None = None,
+    warm_floor: str | None = None,
 ) -> tuple[twin.FleetSpec, Router]:
-    """A fleet spec and its router from a command line's choices; ``autoscale`` is ``MIN:MAX``; ``start_s`` None:
-    a Neuron replica's start, the weights from the Hub (:func:`twin.replica_start`)."""
+    """A fleet spec and its router from a command line's choices; ``autoscale`` is ``MIN:MAX``, and with it
+    ``warm_floor`` ``STEP_PERCENT:TTFT_SECONDS``; ``start_s`` None: a Neuron replica's start, the weights from the
+    Hub (:func:`twin.replica_start`)."""
     cost = CostModel(instance, get_shape(model), engine.tensor_parallel_size)
     policy = None
     if autoscale is not None:
         low, _, high = autoscale.partition(":")
         if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high)):
             raise ValueError(f"--autoscale takes MIN:MAX replicas, 0 < MIN <= MAX, got {autoscale!r}")
-        policy = AutoscalingPolicy(min_replicas=int(low), max_replicas=int(high))
+        policy = AutoscalingPolicy(
+            min_replicas=int(low),
+            max_replicas=int(high),
+            prefill_backlog_seconds=prefill_backlog_s,
+            warm_floor=None if warm_floor is None else parse_warm_floor(warm_floor),
+        )
+    elif prefill_backlog_s is not None or warm_floor is not None:
+        raise ValueError("--prefill-backlog-seconds and --warm-floor are autoscaling triggers: give --autoscale too")
     spec = twin.FleetSpec.of(engine, cost, replicas, autoscaling=policy)
     spec = replace(spec, start_s=twin.replica_start(spec.engine, cost).total_s if start_s is None else start_s)
     if spec.num_kv_blocks * engine.block_size < engine.max_model_len:
         raise ValueError(f"{model} at TP {engine.tensor_parallel_size} leaves no room for one full sequence's KV")
     return spec, router_named(router, engine, seed)
+
+
+def parse_warm_floor(text: str) -> WarmFloor:
+    """``STEP_PERCENT:TTFT_SECONDS`` (``100:2``: a doubling absorbed, 2 s waited) as the twin's warm floor."""
+    step, _, ttft = text.partition(":")
+    try:
+        floor = WarmFloor(step=float(step) / 100, ttft_s=float(ttft))
+    except ValueError:
+        floor = None
+    if floor is None or floor.step <= 0 or floor.ttft_s <= 0:
+        raise ValueError(f"--warm-floor takes STEP_PERCENT:TTFT_SECONDS, both above 0 (100:2), got {text!r}")
+    return floor
 
 
 def candidates(

@@ -36,6 +36,8 @@ class Exported:
     at: float
     waiting: int
     kv_usage: float
+    #: The Neuron scheduler's prompt tokens still to prefill.
+    prefill_pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class StepResult:
     end: float
     waiting: int
     kv_usage: float
+    prefill_pending: int
     finished: tuple[Finished, ...]
 
 
@@ -143,6 +146,7 @@ class ReplicaEngine:
             timeline.clock,
             vllm_compat.waiting_count(scheduler),
             scheduler.kv_cache_manager.usage,
+            scheduler.pending_prefill_tokens,
             self._collect_finished(),
         )
         self._empty_steps = 0 if record is not None and record.scheduled else self._empty_steps + 1
@@ -203,7 +207,7 @@ class Replica:
 
     def record(self, step: StepResult) -> list[Served]:
         """Learn what a step of the engine did; return the requests it answered."""
-        self._exported.append(Exported(step.end, step.waiting, step.kv_usage))
+        self._exported.append(Exported(step.end, step.waiting, step.kv_usage, step.prefill_pending))
         if len(self._exported) > 4096:
             # Keep what a scrape may still read.
             keep = bisect.bisect_left(self._exported, step.end - _HISTORY_S, key=lambda figures: figures.at)

@@ -9,11 +9,13 @@ and the replica-seconds it paid for.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +23,10 @@ from typing import Any
 from vllm.config import CacheConfig
 
 from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.scaling import signal_lag_s
 from neuronfleet.contract.start_time import StartTime, StoreKind, predict_start
 from neuronfleet.engine.fleet.arrivals import Source, TwinRequest
-from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy
+from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy, Signals
 from neuronfleet.engine.fleet.engines import Engines, LocalEngines, WorkerEngines
 from neuronfleet.engine.fleet.picker import Router
 from neuronfleet.engine.fleet.replica import Replica, ReplicaEngine, Served
@@ -55,6 +58,11 @@ class FleetSpec:
         from ``cost``'s step times, the KV blocks its executor offers."""
         resolved = resolve_prefill_cap(engine, cost)
         return cls(resolved, cost, replica_kv_blocks(cost, resolved), replicas, **options)
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """The prefill rate each replica publishes, as its warm-up times its prefill graphs."""
+        return self.cost.prefill_tokens_per_s(self.engine.effective_num_batched_tokens_buckets)
 
 
 def replica_start(engine: EngineConfig, cost: CostModel, store: StoreKind = "hf") -> StartTime:
@@ -131,6 +139,8 @@ class _Fleet:
     by_name: dict[str, Replica] = field(default_factory=dict)
     began: dict[str, float] = field(default_factory=dict)
     paid_s: float = 0.0
+    #: (when it ended, seconds) of each step: the device-busy counter's recent rate.
+    busy: deque[tuple[float, float]] = field(default_factory=deque)
     _names: Iterator[int] = field(default_factory=itertools.count)
 
     def add(self, now: float, ready_at: float) -> None:
@@ -233,8 +243,8 @@ def _run(
             arrivals_left -= 1
             _route(fleet, router, request, now, result)
         elif kind == SCALE and autoscaler is not None and busy:
-            waiting = _scraped_waiting(fleet, now, autoscaler.policy.scrape_interval_s)
-            fleet.scale_to(autoscaler.decide(now, fleet.wanted(), waiting), now)
+            signals = _scraped_signals(fleet, now, autoscaler.policy)
+            fleet.scale_to(autoscaler.decide(now, fleet.wanted(), signals), now)
             push(now + autoscaler.policy.sync_s, SCALE)
         elif kind == SAMPLE and busy:
             result.samples.append(_sample(fleet, now))
@@ -266,6 +276,7 @@ def _advance(fleet: _Fleet, until: Callable[[], float], result: TwinRun) -> Iter
         if replica is None:
             continue  # removed earlier in this advance; its later steps did not happen
         done = replica.record(step)
+        fleet.busy.append((step.end, step.end - step.start))
         result.steps += 1
         result.served += done
         if replica.draining_since is not None and replica.idle:
@@ -283,10 +294,23 @@ def _finish(fleet: _Fleet, result: TwinRun) -> None:
     result.replica_seconds = fleet.paid_s
 
 
-def _scraped_waiting(fleet: _Fleet, now: float, interval_s: float) -> float:
-    """``sum(vllm:num_requests_waiting)`` as Prometheus last scraped the serving replicas."""
-    scraped = now - (now % interval_s)
-    return float(sum(r.exported_at(scraped).waiting for r in fleet.serving(now)))
+def _scraped_signals(fleet: _Fleet, now: float, policy: AutoscalingPolicy) -> Signals:
+    """What the ScaledObject's queries read at ``now``: the serving replicas' gauges as Prometheus last scraped
+    them, and the device-busy seconds' rate over the warm floor's window (each step counted as it ends)."""
+    scraped = now - (now % policy.scrape_interval_s)
+    exported = [r.exported_at(scraped) for r in fleet.serving(now)]
+    signals = Signals(
+        waiting=float(sum(e.waiting for e in exported)),
+        prefill_backlog_s=sum(e.prefill_pending for e in exported) / fleet.spec.prefill_tokens_per_s,
+        lag_s=signal_lag_s(fleet.spec.start_s, policy.scrape_interval_s),
+    )
+    if policy.warm_floor is None:
+        return signals
+    window = policy.warm_floor.window_s
+    while fleet.busy and fleet.busy[0][0] < scraped - window:
+        fleet.busy.popleft()
+    busy = sum(seconds for ended, seconds in fleet.busy if ended <= scraped) / window
+    return dataclasses.replace(signals, busy=busy)
 
 
 def _sample(fleet: _Fleet, now: float) -> Sample:
