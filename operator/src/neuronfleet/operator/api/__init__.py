@@ -52,6 +52,7 @@ from neuronfleet.operator.api.service import (
     Routing,
     ServicePhase,
     ServingResources,
+    WarmFloor,
     parse_service_spec,
 )
 
@@ -92,6 +93,7 @@ __all__ = [
     "ServicePhase",
     "ServingResources",
     "Toleration",
+    "WarmFloor",
     "describe_errors",
     "field_errors",
     "is_bucket_error",

@@ -89,6 +89,21 @@ class Placement(K8sModel):
 MAX_AUTOSCALED_REPLICAS = 100
 
 
+class WarmFloor(K8sModel):
+    """A floor under the autoscaled replicas that follows the load: the replicas that absorb a rise of ``step``
+    during a new replica's start, no request waiting longer than ``ttftSeconds`` for it (``docs/fleet.md``)."""
+
+    step_percent: int = Field(
+        100, ge=1, le=1000, description="The rise in load absorbed while replicas start, in percent (100: doubling)."
+    )
+    ttft_seconds: float = Field(
+        2.0, gt=0, le=600, description="The longest a request may wait for the replicas the rise brings: the TTFT SLO."
+    )
+    window_seconds: int = Field(
+        300, ge=30, le=3600, description="The window of the devices' busy time the load is read from."
+    )
+
+
 class Autoscaling(K8sModel):
     """Replicas that follow the engine's own load signals: KEDA and the HPA it drives, on the scale subresource.
 
@@ -131,6 +146,25 @@ class Autoscaling(K8sModel):
         gt=0,
         le=600,
         description=f"An SLO guard: time to first token p95 ({metrics.TIME_TO_FIRST_TOKEN}) above this scales up.",
+    )
+    prefill_backlog_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=600,
+        description=(
+            "The token-aware signal: seconds of prefill work one replica may have queued "
+            f"({metrics.PREFILL_TOKENS_PENDING} over the {metrics.PREFILL_TOKENS_PER_SECOND} each replica timed at "
+            "warm-up); more adds replicas. "
+            "Reads a long prompt as the work it is, where the waiting queue counts it as one. About half the TTFT "
+            "SLO; unset: not a trigger."
+        ),
+    )
+    warm_floor: WarmFloor | None = Field(
+        None,
+        description=(
+            "Keep enough replicas serving that a rise in load is absorbed while new ones start (minutes on Neuron), "
+            "sized from the recent token rates and the replicas' measured start time; unset: no floor."
+        ),
     )
     polling_interval_seconds: int = Field(15, ge=1, le=3600, description="How often KEDA reads the metrics.")
     scale_up_replicas: int = Field(

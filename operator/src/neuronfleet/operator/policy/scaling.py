@@ -13,6 +13,7 @@ from typing import Any
 
 from neuronfleet.contract import metrics
 from neuronfleet.contract.names import SERVICE_METRIC_LABEL
+from neuronfleet.contract.scaling import signal_lag_s
 from neuronfleet.operator import api, plan
 
 Obj = dict[str, Any]
@@ -39,15 +40,21 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def triggers(namespace: str, name: str, autoscaling: api.Autoscaling, prometheus: str) -> list[Obj]:
-    """KEDA prometheus triggers on the engine's signals; the HPA follows whichever asks for most replicas."""
+def triggers(
+    namespace: str, name: str, autoscaling: api.Autoscaling, prometheus: str, *, start_s: float = 0.0
+) -> list[Obj]:
+    """KEDA prometheus triggers on the engine's signals; the HPA follows whichever asks for most replicas.
+    ``start_s``: a replica's predicted start, the warm floor's until the replicas publish their own."""
 
     def trigger(trigger_name: str, metric_type: str, query: str, threshold: float, **extra: str) -> Obj:
         metadata = {"serverAddress": prometheus, "query": query, "threshold": _number(threshold), **extra}
         return {"type": "prometheus", "name": trigger_name, "metricType": metric_type, "metadata": metadata}
 
+    def of(metric: str) -> str:
+        return series(metric, namespace, name)
+
     # AverageValue: the HPA divides the fleet's total by the target, so queued requests ask for replicas.
-    waiting = f"sum({series(WAITING_REQUESTS, namespace, name)}) or vector(0)"
+    waiting = f"sum({of(WAITING_REQUESTS)}) or vector(0)"
     found = [
         trigger(
             "waiting-requests",
@@ -57,16 +64,45 @@ def triggers(namespace: str, name: str, autoscaling: api.Autoscaling, prometheus
             activationThreshold=_number(autoscaling.activation_waiting_requests),
         )
     ]
+    if autoscaling.prefill_backlog_seconds is not None:
+        backlog = f"sum({of(metrics.PREFILL_TOKENS_PENDING)}) / scalar(avg({of(metrics.PREFILL_TOKENS_PER_SECOND)}))"
+        # Before any replica publishes its rate the quotient is NaN: read as 0.
+        found.append(
+            trigger(
+                "prefill-backlog", "AverageValue", f"({backlog} > 0) or vector(0)", autoscaling.prefill_backlog_seconds
+            )
+        )
+    if autoscaling.warm_floor is not None:
+        found.append(
+            trigger("warm-floor", "AverageValue", warm_floor_query(namespace, name, autoscaling.warm_floor, start_s), 1)
+        )
     if autoscaling.kv_cache_usage is not None:
         # Value: replicas grow with the ratio of the fleet's mean usage to the target.
-        usage = f"avg({series(KV_CACHE_USAGE, namespace, name)}) or vector(0)"
+        usage = f"avg({of(KV_CACHE_USAGE)}) or vector(0)"
         found.append(trigger("kv-cache-usage", "Value", usage, autoscaling.kv_cache_usage))
     if autoscaling.ttft_p95_seconds is not None:
-        buckets = series(f"{TIME_TO_FIRST_TOKEN}_bucket", namespace, name)
+        buckets = of(f"{TIME_TO_FIRST_TOKEN}_bucket")
         p95 = f"histogram_quantile(0.95, sum by (le) (rate({buckets}[{TTFT_WINDOW}])))"
         # Without traffic the quantile is NaN: read as 0, which never asks for replicas.
         found.append(trigger("ttft-p95", "Value", f"({p95} > 0) or vector(0)", autoscaling.ttft_p95_seconds))
     return found
+
+
+def warm_floor_query(namespace: str, name: str, floor: api.WarmFloor, start_s: float) -> str:
+    """``contract.scaling.warm_floor`` in PromQL, in replicas: the replicas' device-busy seconds a second over the
+    window, risen by the step, over ``1 + ttft / lag``; the lag from the slowest serving replica's published start
+    (``start_s`` before any did), a scrape and the HPA's sync."""
+
+    def of(metric: str) -> str:
+        return series(metric, namespace, name)
+
+    window = f"{floor.window_seconds}s"
+    busy = f"sum(rate({of(f'{metrics.DEVICE_BUSY_SECONDS}_total')}[{window}]))"
+    start = f"scalar(max(sum without (phase) ({of(metrics.REPLICA_START_SECONDS)})) or vector({_number(start_s)}))"
+    lag = f"({start} + {_number(signal_lag_s(0.0))})"
+    rise = _number(1 + floor.step_percent / 100)
+    # Nothing before the replicas' first steps: read as 0, which asks for nothing.
+    return f"(({busy} * {rise} / (1 + {_number(floor.ttft_seconds)} / {lag})) > 0) or vector(0)"
 
 
 def _behavior(autoscaling: api.Autoscaling) -> Obj:
@@ -88,9 +124,16 @@ def _behavior(autoscaling: api.Autoscaling) -> Obj:
 
 
 def scaled_object(
-    owner: plan.Owner, namespace: str, autoscaling: api.Autoscaling, prometheus: str, *, paused: bool
+    owner: plan.Owner,
+    namespace: str,
+    autoscaling: api.Autoscaling,
+    prometheus: str,
+    *,
+    paused: bool,
+    start_s: float = 0.0,
 ) -> Obj:
-    """The ScaledObject scaling the service itself between its bounds; paused while nothing can serve."""
+    """The ScaledObject scaling the service itself between its bounds; paused while nothing can serve. ``start_s``:
+    a replica's predicted start (:func:`triggers`)."""
     metadata = owner.child_metadata(owner.name, namespace, {**plan.service_labels(owner.name), **plan.MANAGED_BY})
     if paused:
         metadata["annotations"] = {PAUSED_ANNOTATION: "true"}
@@ -106,7 +149,7 @@ def scaled_object(
             "cooldownPeriod": autoscaling.cooldown_period_seconds,
             "initialCooldownPeriod": autoscaling.initial_cooldown_period_seconds,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(autoscaling)}},
-            "triggers": triggers(namespace, owner.name, autoscaling, prometheus),
+            "triggers": triggers(namespace, owner.name, autoscaling, prometheus, start_s=start_s),
         },
     }
 
@@ -124,6 +167,13 @@ class ScalingState:
 def signals(autoscaling: api.Autoscaling) -> str:
     """The signals scaled on, for humans."""
     names = [f"{WAITING_REQUESTS} (target {autoscaling.waiting_requests_per_replica}/replica)"]
+    if autoscaling.prefill_backlog_seconds is not None:
+        names.append(f"prefill backlog (target {_number(autoscaling.prefill_backlog_seconds)} s/replica)")
+    if (floor := autoscaling.warm_floor) is not None:
+        names.append(
+            f"warm floor (a {floor.step_percent}% rise absorbed while replicas start, "
+            f"{_number(floor.ttft_seconds)} s waited)"
+        )
     if autoscaling.kv_cache_usage is not None:
         names.append(f"{KV_CACHE_USAGE} (target {_number(autoscaling.kv_cache_usage)})")
     if autoscaling.ttft_p95_seconds is not None:

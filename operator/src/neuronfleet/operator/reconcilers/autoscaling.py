@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from neuronfleet.contract.start_time import predict_model_start
 from neuronfleet.operator.cluster.kube import FORBIDDEN, NOT_FOUND, SCALED_OBJECTS, SERVICES_NIS, ApiError, Kube
 from neuronfleet.operator.policy import scaling
 from neuronfleet.operator.policy.conditions import ConditionType
@@ -47,7 +48,15 @@ class Autoscaler:
                     "and autoscaling.prometheus.address"
                 )
             )
-        desired = scaling.scaled_object(owner, namespace, spec.autoscaling, self.prometheus, paused=not serving)
+        predicted = predict_model_start(spec.model.uri)
+        desired = scaling.scaled_object(
+            owner,
+            namespace,
+            spec.autoscaling,
+            self.prometheus,
+            paused=not serving,
+            start_s=predicted.total_s if predicted else 0.0,
+        )
         may_not = scaling.ScalingState(
             problem=(
                 "the operator may not scale services or manage ScaledObjects: "
