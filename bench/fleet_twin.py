@@ -16,9 +16,11 @@ one and the Service.
 
 ``--part routing``: the routing mixes at 8 and 16 replicas (rates scaled with the replicas).
 
-``--part step``: a traffic step (2x for 10 minutes, between 5 minutes each side at the base rate) on an autoscaled
-fleet of the 8B deployment, replicas starting in 30 s, 2 min and 5 min: share of requests within the SLO (TTFT,
-and time per output token after the first), and replica-hours, against a static fleet sized for the peak.
+``--part scaling``: a traffic step (2x for 10 minutes, between 5 minutes each side at the base rate) and a day
+compressed into 40 minutes, on the 8B deployment, RAG-like traffic: the fewest static replicas that keep 95% of
+requests within the SLO (TTFT, and time per output token after the first), then autoscaled fleets on the queue
+alone, with the prefill backlog, and with the warm floor too, replicas starting in 30 s, 2 min and 5 min: share
+within the SLO and replica-hours against the static fleet's.
 
 Run: ``.venv/bin/python bench/fleet_twin.py --part validate`` (and the others); prints tables and the commit.
 """
@@ -27,12 +29,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import logging
+import math
 import resource
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -43,15 +50,16 @@ from deployments import DEPLOYMENTS
 from provenance import commit
 from tables import print_table
 
-from neuronfleet.contract.config import SchedulerOptions
+from neuronfleet.contract.config import EngineConfig, SchedulerOptions
 from neuronfleet.contract.picker import PickerScoring
 from neuronfleet.engine.fleet import arrivals, rig, twin, workloads
-from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy
+from neuronfleet.engine.fleet.autoscaler import AutoscalingPolicy, WarmFloor
 from neuronfleet.engine.fleet.picker import PickerRouter
 from neuronfleet.engine.fleet.replica import Served
 from neuronfleet.engine.offline.driver import OfflineEngine, build_scheduler
 from neuronfleet.engine.offline.scenarios import ScenarioRequest
 from neuronfleet.engine.offline.virtual_clock import Arrival, Timeline, percentile, serve_arrivals
+from neuronfleet.engine.sim.cost_model import CostModel
 
 
 def validate(seeds: int) -> None:
@@ -284,53 +292,127 @@ def time_per_output_token(served: Served) -> float:
     return statistics.fmean(gaps) if gaps else 0.0
 
 
-def step_scaling(base_rate: float, starts: list[float]) -> None:
-    """A 2x step for 10 minutes on an autoscaled fleet, replicas starting in each of ``starts`` seconds."""
+@dataclass(frozen=True)
+class Trace:
+    """A scaling part's traffic: its rate over time, its peak, how long it runs."""
+
+    name: str
+    rate: Callable[[float], float]
+    peak: float
+    duration_s: float
+
+
+def scaling_traces(base_rate: float) -> list[Trace]:
+    """A 2x step for 10 minutes, after 10 minutes at the base rate (time to settle) and before 5 more; and a day
+    compressed into 40 minutes (from an eighth of the peak at night to the peak at noon)."""
+    return [
+        Trace("step", arrivals.step_rate(base_rate, 2.0, 600.0, 600.0), 2 * base_rate, 1500.0),
+        Trace("day", arrivals.diurnal_rate(base_rate * 9 / 8, 7 / 9, 2400.0), 2 * base_rate, 2400.0),
+    ]
+
+
+def scaling_policies(slo_ttft_s: float, floor_steps: list[int]) -> dict[str, AutoscalingPolicy]:
+    """The CRD's defaults between 1 and 16 replicas on the queue alone, with the prefill backlog (half the TTFT SLO
+    of prefill work a replica), and with a warm floor too for each of ``floor_steps`` (the rise absorbed, in
+    percent; the SLO's TTFT waited)."""
+    queue = AutoscalingPolicy(min_replicas=1, max_replicas=16)
+    tokens = dataclasses.replace(queue, prefill_backlog_seconds=slo_ttft_s / 2)
+    floors = {
+        f"+ warm floor {step}%": dataclasses.replace(tokens, warm_floor=WarmFloor(step=step / 100, ttft_s=slo_ttft_s))
+        for step in floor_steps
+    }
+    return {"queue only": queue, "+ prefill backlog": tokens, **floors}
+
+
+def within_slo(run: twin.TwinRun, slo: tuple[float, float]) -> float:
+    """The share of answered requests within the TTFT and time-per-output-token SLO (a refused one is outside)."""
+    served = run.measured()
+    good = sum(1 for s in served if s.ttft_s + run.spec.host_path_s <= slo[0] and time_per_output_token(s) <= slo[1])
+    return good / max(len(served) + len(run.refused), 1)
+
+
+def scaling(
+    base_rate: float, starts: list[float], trace_names: list[str], floor_steps: list[int], workers: int
+) -> None:
+    """Each trace on the 8B deployment, RAG-like traffic: the smallest static fleet with 95% within the SLO, then
+    each policy at each start time, starting from that fleet's share for the first moment's rate."""
     deployment = DEPLOYMENTS[0]
     cost = deployment.cost()
     engine = deployment.engine(SchedulerOptions(), cost)
-    rate = arrivals.step_rate(base_rate, 2.0, 300.0, 600.0)
-    times = arrivals.modulated_times(rate, 2 * base_rate, 1200.0, 3)
-    source = workloads.TRAFFIC["rag"].requests(times, cap=4096, seed=3)
     slo = (deployment.ttft_slo_s, deployment.itl_slo_s)
-    rows = []
-    policy = AutoscalingPolicy(min_replicas=1, max_replicas=16)
-    for start in [None, *starts]:
-        replicas = policy.max_replicas if start is None else policy.min_replicas
-        spec = twin.FleetSpec.of(
-            engine, cost, replicas, start_s=start or 0.0, autoscaling=None if start is None else policy
+    router = functools.partial(PickerRouter, PickerScoring(inflight_tokens=True))
+    for trace in [t for t in scaling_traces(base_rate) if t.name in trace_names]:
+        source = workloads.TRAFFIC["rag"].requests(
+            arrivals.modulated_times(trace.rate, trace.peak, trace.duration_s, 3), cap=4096, seed=3
         )
-        run = twin.run(spec, source, PickerRouter(PickerScoring(inflight_tokens=True)))
-        served = run.measured()
-        good = sum(1 for s in served if s.ttft_s + spec.host_path_s <= slo[0] and time_per_output_token(s) <= slo[1])
-        rows.append(
-            [
-                "static, peak-sized" if start is None else f"autoscaled, start {start:.0f} s",
-                f"{good / max(len(served), 1):.1%}",
-                f"{run.replica_seconds / 3600:.2f}",
-                str(max(sample.ready for sample in run.samples)),
-            ]
+        static, static_run = smallest_static_fleet(engine, cost, source, router, slo, workers)
+        met = within_slo(static_run, slo)
+        rows = [["static, the fewest meeting 95%", "-", f"{met:.1%}", *cost_columns(static_run, static_run)]]
+        initial = max(1, math.ceil(static * trace.rate(0.0) / trace.peak))
+        for start in starts:
+            for name, policy in scaling_policies(slo[0], floor_steps).items():
+                spec = twin.FleetSpec.of(engine, cost, initial, start_s=start, autoscaling=policy)
+                run = twin.run(spec, source, router(), workers=workers)
+                rows.append([name, f"{start:.0f} s", f"{within_slo(run, slo):.1%}", *cost_columns(run, static_run)])
+                print(f"  {trace.name}, start {start:.0f} s, {name}: done", flush=True)
+        print_table(
+            f"{deployment.name}, RAG-like traffic, {trace.name} trace (peak {trace.peak:g}/s, "
+            f"{trace.duration_s / 60:.0f} min); SLO TTFT <= {slo[0]:g} s and time per output token <= {slo[1]:g} s; "
+            f"static fleet {static}, autoscaled fleets start at {initial}; commit {commit()}",
+            ["fleet", "replica start", "requests within SLO", "replica-hours", "of the static fleet's", "most ready"],
+            rows,
         )
-        print(f"  start {start}: done", flush=True)
-    print_table(
-        f"{deployment.name}, RAG-like traffic {base_rate:g}/s, 2x from 5 to 15 min, 20 min; SLO TTFT <= "
-        f"{slo[0]:g} s, time per output token <= {slo[1]:g} s; commit {commit()}",
-        ["fleet", "requests within SLO", "replica-hours", "most ready"],
-        rows,
-    )
+
+
+def cost_columns(run: twin.TwinRun, static: twin.TwinRun) -> list[str]:
+    """Replica-hours, their share of the static fleet's, the most replicas ready at once."""
+    return [
+        f"{run.replica_seconds / 3600:.2f}",
+        f"{run.replica_seconds / static.replica_seconds:.0%}",
+        str(max(sample.ready for sample in run.samples)),
+    ]
+
+
+def smallest_static_fleet(
+    engine: EngineConfig,
+    cost: CostModel,
+    source: arrivals.OpenLoop,
+    router: Callable[[], PickerRouter],
+    slo: tuple[float, float],
+    workers: int,
+) -> tuple[int, twin.TwinRun]:
+    """The fewest replicas that keep 95% of the trace's requests within the SLO: doubled from 4 until it holds,
+    then bisected."""
+    runs: dict[int, twin.TwinRun] = {}
+
+    def meets(size: int) -> bool:
+        runs[size] = twin.run(twin.FleetSpec.of(engine, cost, size), source, router(), workers=workers)
+        print(f"  static {size}: {within_slo(runs[size], slo):.1%}", flush=True)
+        return within_slo(runs[size], slo) >= 0.95
+
+    low, high = 1, 4
+    while not meets(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if meets(middle) else (middle, high)
+    return high, runs[high]
 
 
 def main() -> None:
     """Run the parts asked for."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--part", choices=["validate", "speed", "prefix", "routing", "step"], nargs="+", default=["validate"]
+        "--part", choices=["validate", "speed", "prefix", "routing", "scaling"], nargs="+", default=["validate"]
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=10.0, help="the speed part's virtual minutes")
-    parser.add_argument("--workers", type=int, default=2, help="processes the speed part's engines step in")
+    parser.add_argument("--workers", type=int, default=2, help="processes the engines step in (speed, scaling)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    parser.add_argument("--base-rate", type=float, default=4.0, help="the step part's base rate, requests/s")
+    parser.add_argument("--base-rate", type=float, default=4.0, help="the scaling part's base rate, requests/s")
+    parser.add_argument("--starts", type=float, nargs="+", default=[30.0, 120.0, 300.0], help="replica start times, s")
+    parser.add_argument("--traces", nargs="+", choices=["step", "day"], default=["step", "day"])
+    parser.add_argument("--floor-steps", type=int, nargs="+", default=[100], help="warm floors' rises, percent")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     if "validate" in args.part:
@@ -341,8 +423,8 @@ def main() -> None:
         prefix_at_scale(args.sizes, args.seeds)
     if "routing" in args.part:
         routing_at_scale([size for size in args.sizes if size >= 8], args.seeds)
-    if "step" in args.part:
-        step_scaling(args.base_rate, [30.0, 120.0, 300.0])
+    if "scaling" in args.part:
+        scaling(args.base_rate, args.starts, args.traces, args.floor_steps, args.workers)
 
 
 if __name__ == "__main__":
