@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from neuronfleet.contract.scaling import signal_lag_s
+from neuronfleet.engine.fleet.autoscaler import WarmFloor
 from neuronfleet.operator import api, plan
 from neuronfleet.operator.policy import scaling
 from neuronfleet.operator.policy.conditions import ConditionType, Reason
@@ -70,6 +72,40 @@ def test_kv_cache_usage_and_ttft_are_optional_triggers() -> None:
     assert "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{" in ttft["query"]
     assert ttft["query"].endswith("> 0) or vector(0)")
     assert ttft["threshold"] == "2.5"
+
+
+SELECTOR = '{namespace="serving",neuronfleet_io_service="llama"}'
+
+
+def test_the_prefill_backlog_is_seconds_of_prefill_work_over_the_rate_each_replica_timed() -> None:
+    found = scaling.triggers(NS, "llama", autoscaling(prefillBacklogSeconds=0.5), PROMETHEUS)
+    backlog = {t["name"]: t for t in found}["prefill-backlog"]
+    assert (backlog["metricType"], backlog["metadata"]["threshold"]) == ("AverageValue", "0.5")
+    assert backlog["metadata"]["query"] == (
+        f"(sum(neuronfleet:prefill_tokens_pending{SELECTOR}) / "
+        f"scalar(avg(neuronfleet:prefill_tokens_per_second{SELECTOR})) > 0) or vector(0)"
+    )
+
+
+def test_the_warm_floor_is_the_contracts_formula_on_the_token_rates_and_the_measured_start() -> None:
+    """A 50% rise, 1.5 s waited, the device-busy rate over 120 s, a start of 316 s predicted (the 70B from the Hub)
+    until the replicas publish theirs: ``busy * 1.5 / (1 + 1.5 / (start + 30))``, an AverageValue of 1 a replica."""
+    floor = {"stepPercent": 50, "ttftSeconds": 1.5, "windowSeconds": 120}
+    found = scaling.triggers(NS, "llama", autoscaling(warmFloor=floor), PROMETHEUS, start_s=316.0)
+    trigger = {t["name"]: t for t in found}["warm-floor"]
+    assert (trigger["metricType"], trigger["metadata"]["threshold"]) == ("AverageValue", "1")
+    busy = f"sum(rate(neuronfleet:device_busy_seconds_total{SELECTOR}[120s]))"
+    start = f"scalar(max(sum without (phase) (neuronfleet:replica_start_seconds{SELECTOR})) or vector(316))"
+    assert trigger["metadata"]["query"] == f"(({busy} * 1.5 / (1 + 1.5 / ({start} + 30))) > 0) or vector(0)"
+    assert signal_lag_s(0.0) == 30
+
+
+def test_the_warm_floors_defaults_absorb_a_doubling_waiting_two_seconds() -> None:
+    floor = autoscaling(warmFloor={}).warm_floor
+    assert floor is not None
+    assert (floor.step_percent, floor.ttft_seconds, floor.window_seconds) == (100, 2.0, 300)
+    twin_floor = WarmFloor()
+    assert (twin_floor.step * 100, twin_floor.ttft_s, twin_floor.window_s) == (100, 2.0, 300)
 
 
 def test_behaviour_adds_a_few_replicas_per_cold_start_and_removes_them_slowly() -> None:
