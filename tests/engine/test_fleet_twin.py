@@ -322,3 +322,6 @@ def test_fleet_run_writes_every_request_and_refuses_an_unknown_workload(tmp_path
     refused = CliRunner().invoke(app, [*args[:-1], "nope"])
     assert refused.exit_code == 2
     assert "unknown workload 'nope'" in refused.output
+    no_autoscaling = CliRunner().invoke(app, [*args, "--warm-floor", "100:2"])
+    assert no_autoscaling.exit_code != 0
+    assert "give --autoscale too" in no_autoscaling.output

@@ -166,3 +166,11 @@ def test_the_autoscaling_condition_says_what_scales_or_why_not() -> None:
     assert missing == ("False", Reason.AUTOSCALING_UNAVAILABLE, "KEDA is not installed")
     # Autoscaling removed: the condition goes with it.
     assert _autoscaling_condition(_status(spec(), None, scaling_now)) is None
+
+
+def test_the_autoscaling_condition_names_the_look_ahead_signals() -> None:
+    found = autoscaling(prefillBacklogSeconds=0.5, warmFloor={"stepPercent": 50, "ttftSeconds": 1.5})
+    assert scaling.signals(found) == (
+        "vllm:num_requests_waiting (target 4/replica), prefill backlog (target 0.5 s/replica), "
+        "warm floor (a 50% rise absorbed while replicas start, 1.5 s waited)"
+    )

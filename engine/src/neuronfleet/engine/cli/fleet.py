@@ -133,6 +133,17 @@ def write_json(run: TwinRun, path: Path) -> None:
     path.write_text(json.dumps(document, indent=1))
 
 
+def print_run(run: TwinRun, title: str) -> None:
+    """A run's percentiles, its replicas' start time, what it answered and what it cost."""
+    figures = run.summary()
+    console.print(summary_table(title, figures))
+    console.print(f"a new replica serves {run.spec.start_s:.0f} s after it is started")
+    console.print(
+        f"answered {figures['answered']}, refused {figures['refused']}; {figures['replica_hours']:.2f} replica-hours; "
+        f"{figures['simulated_s']:.0f} virtual s in {figures['wall_s']:.1f} s of wall ({figures['steps']} steps)"
+    )
+
+
 @fleet_app.command("run")
 def run_command(
     model: Annotated[str, typer.Option(help="Model shape (llama-3.1-8b, llama-3.1-70b, ...).")] = "llama-3.1-8b",
@@ -209,15 +220,7 @@ def run_command(
         result = run(
             spec, source, twin_router, progress=lambda now: status.update(f"simulating: {now:.0f} s"), workers=workers
         )
-    figures = result.summary()
-    console.print(
-        summary_table(f"{replicas} x {model} on {instance_type} (TP {tensor_parallel_size}), {router}", figures)
-    )
-    console.print(f"a new replica serves {spec.start_s:.0f} s after it is started")
-    console.print(
-        f"answered {figures['answered']}, refused {figures['refused']}; {figures['replica_hours']:.2f} replica-hours; "
-        f"{figures['simulated_s']:.0f} virtual s in {figures['wall_s']:.1f} s of wall ({figures['steps']} steps)"
-    )
+    print_run(result, f"{replicas} x {model} on {instance_type} (TP {tensor_parallel_size}), {router}")
     if json_path is not None:
         write_json(result, json_path)
     if plot is not None:
