@@ -15,7 +15,7 @@ import yaml
 
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
-from neuronfleet.operator import crdgen
+from neuronfleet.operator import api, crdgen
 from neuronfleet.operator.cluster.kube import BY_KIND
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +61,17 @@ def test_schemas_are_structural_and_bounded(kind: str) -> None:
             assert "maxItems" in node, f"{path} is an unbounded list (CEL cost)"
         if path.startswith(".spec.") and path.count(".") >= 2 and not path.endswith(("[]", "{}")):
             assert node.get("description"), f"{path} has no description for kubectl explain"
+
+
+def test_an_optional_object_whose_presence_matters_gets_no_default_however_deep() -> None:
+    """``spec.routing`` (present: a picker runs) and ``spec.autoscaling.warmFloor`` (present: a trigger, one
+    optional object deeper) stay absent unless written, their fields keep their defaults, and no marker reaches
+    the CRD."""
+    found = dict(nodes(schema_of("NeuronInferenceService")))
+    for path in (".spec.routing", ".spec.autoscaling.warmFloor"):
+        assert "default" not in found[path], path
+    assert found[".spec.autoscaling.warmFloor.stepPercent"]["default"] == 100
+    assert [path for path, node in found.items() if api.PRESENCE_MATTERS in node] == []
 
 
 def test_bucket_rules_are_cel_with_the_engines_messages() -> None:

@@ -218,7 +218,8 @@ def structural(node: Schema, defs: Mapping[str, Schema]) -> Schema:
         for name, child in node["properties"].items():
             # An absent optional object still gets its inner defaults, so rules can read them; unless its
             # presence is what it says (spec.routing: present, the operator runs a picker).
-            if child.pop(api.PRESENCE_MATTERS, False):
+            if child.get(api.PRESENCE_MATTERS, False):
+                # Kept until the schema is whole: an optional parent's properties come through here twice.
                 continue
             optional_object = name not in required and child.get("type") == "object" and "default" not in child
             if optional_object and "properties" in child and not child.get("required"):
@@ -246,7 +247,17 @@ _KEY_ORDER = {
 def model_schema(model: type[BaseModel]) -> Schema:
     """The structural schema of one model, in its wire (alias) names."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return structural(raw, raw.get("$defs", {}))
+    schema: Schema = _without_markers(structural(raw, raw.get("$defs", {})))
+    return schema
+
+
+def _without_markers(node: Any) -> Any:
+    """``node`` with every :data:`api.PRESENCE_MATTERS` marker gone (they are for :func:`structural` alone)."""
+    if isinstance(node, dict):
+        return {key: _without_markers(value) for key, value in node.items() if key != api.PRESENCE_MATTERS}
+    if isinstance(node, list):
+        return [_without_markers(item) for item in node]
+    return node
 
 
 def crd(kind: Kind) -> Schema:

@@ -163,8 +163,10 @@ class Autoscaling(K8sModel):
         None,
         description=(
             "Keep enough replicas serving that a rise in load is absorbed while new ones start (minutes on Neuron), "
-            "sized from the recent token rates and the replicas' measured start time; unset: no floor."
+            "sized from the devices' recent busy time and the replicas' measured start time; unset: no floor."
         ),
+        # Present ({} for the defaults), the operator adds the trigger: no default object in the CRD.
+        json_schema_extra={PRESENCE_MATTERS: True},
     )
     polling_interval_seconds: int = Field(15, ge=1, le=3600, description="How often KEDA reads the metrics.")
     scale_up_replicas: int = Field(
