@@ -126,12 +126,12 @@ def parse_warm_floor(text: str) -> WarmFloor:
     """``STEP_PERCENT:TTFT_SECONDS`` (``100:2``: a doubling absorbed, 2 s waited) as the twin's warm floor."""
     step, _, ttft = text.partition(":")
     try:
-        floor = WarmFloor(step=float(step) / 100, ttft_s=float(ttft))
+        percent, seconds = float(step), float(ttft)
     except ValueError:
-        floor = None
-    if floor is None or floor.step <= 0 or floor.ttft_s <= 0:
+        percent = seconds = 0.0
+    if percent <= 0 or seconds <= 0:
         raise ValueError(f"--warm-floor takes STEP_PERCENT:TTFT_SECONDS, both above 0 (100:2), got {text!r}")
-    return floor
+    return WarmFloor(step=percent / 100, ttft_s=seconds)
 
 
 def candidates(

@@ -156,6 +156,12 @@ class _Fleet:
         self.paid_s += at - self.began.pop(replica.name)
         self.engines.drop(replica.name)
 
+    @property
+    def keeps_busy_time(self) -> bool:
+        """Whether a warm floor reads the steps' busy time (else nothing keeps them)."""
+        autoscaling = self.spec.autoscaling
+        return autoscaling is not None and autoscaling.warm_floor is not None
+
     def serving(self, now: float) -> list[Replica]:
         return [r for r in self.replicas if r.ready_at <= now and r.draining_since is None]
 
@@ -276,7 +282,8 @@ def _advance(fleet: _Fleet, until: Callable[[], float], result: TwinRun) -> Iter
         if replica is None:
             continue  # removed earlier in this advance; its later steps did not happen
         done = replica.record(step)
-        fleet.busy.append((step.end, step.end - step.start))
+        if fleet.keeps_busy_time:
+            fleet.busy.append((step.end, step.end - step.start))
         result.steps += 1
         result.served += done
         if replica.draining_since is not None and replica.idle:
