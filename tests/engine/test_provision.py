@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,8 @@ from neuronfleet.engine.artifacts.store import (
 ENGINE = EngineConfig(max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512)
 SIM = SimSettings(clock="virtual")
 GRAPHS = ["neff/decode-1.neff", "neff/decode-2.neff", "neff/prefill-128.neff", "neff/prefill-256.neff"]
+#: The graphs and the tiny model's weights, pre-sharded for one rank.
+FILES = [*GRAPHS, "weights/rank-00-of-01.safetensors"]
 
 
 def identity_of(model: str = "hf://neuronfleet/tiny", engine: EngineConfig = ENGINE) -> CompileIdentity:
@@ -72,6 +75,9 @@ class Recorder:
 
     def file_downloaded(self, entry: ArtifactFile, done: int, total: int, skipped: bool) -> None:
         self.events.append(("downloaded", entry.path, done, total, skipped))
+
+    def evicted(self, artifact_hash: str) -> None:
+        self.events.append(("evicted", artifact_hash))
 
 
 COMPILE_EVENTS: list[Event] = [
@@ -111,7 +117,7 @@ def test_a_local_compile_reports_each_graph_and_a_second_one_compiles_nothing(tm
     assert outcome == CompileOutcome(HASH, f"{tmp_path}/{HASH}", graphs=4, compiled=4)
     assert progress.events == COMPILE_EVENTS
     manifest = load_for_serving(tmp_path / HASH, [128, 256], [1, 2])
-    assert [entry.path for entry in manifest.files] == GRAPHS
+    assert [entry.path for entry in manifest.files] == FILES
     assert not (tmp_path / "unused-cache").exists()
     before = (tmp_path / HASH / MANIFEST).read_bytes()
 
@@ -163,15 +169,16 @@ def test_serving_a_missing_artifact_is_refused_unless_compiled_on_start(tmp_path
     )
 
     served = serve_from(str(tmp_path), tmp_path / "cache", progress, compile_on_start=True)
-    assert served == ServingArtifact(tmp_path / HASH, CompileOutcome(HASH, f"{tmp_path}/{HASH}", 4, 4))
+    # A directory store is a mounted volume: the replica reads the artifact's weights from it.
+    compiled = CompileOutcome(HASH, f"{tmp_path}/{HASH}", 4, 4)
+    assert served == ServingArtifact(tmp_path / HASH, compiled, weights_from="pvc")
     assert progress.events == COMPILE_EVENTS
     load_for_serving(served.directory, [128, 256], [1, 2])
 
     # Once there, it is served as it is, compiling on start or not.
     again = Recorder()
-    assert serve_from(str(tmp_path), tmp_path / "cache", again, compile_on_start=True) == ServingArtifact(
-        tmp_path / HASH
-    )
+    served = serve_from(str(tmp_path), tmp_path / "cache", again, compile_on_start=True)
+    assert served == ServingArtifact(tmp_path / HASH, weights_from="pvc")
     assert again.events == []
     assert not (tmp_path / "cache").exists()
 
@@ -244,10 +251,10 @@ def test_an_s3_compile_uploads_what_it_compiled_and_serving_downloads_it(s3_env:
     outcome = compile_into_store(
         ENGINE, IDENTITY, store, cache=tmp_path / "compile-cache", settings=SIM, progress=progress
     )
-    assert outcome == CompileOutcome(HASH, f"{store}/{HASH}", 4, 4, uploaded=(4, 4))
+    assert outcome == CompileOutcome(HASH, f"{store}/{HASH}", 4, 4, uploaded=(5, 5))
     assert progress.events == [
         *COMPILE_EVENTS,
-        *(("uploaded", path, done, 4, False) for done, path in enumerate(GRAPHS, start=1)),
+        *(("uploaded", path, done, 5, False) for done, path in enumerate(FILES, start=1)),
     ]
     assert (s3_env.path / "artifacts" / HASH / MANIFEST).is_file()
 
@@ -260,8 +267,9 @@ def test_an_s3_compile_uploads_what_it_compiled_and_serving_downloads_it(s3_env:
 
     fetching = Recorder()
     served = serve_from(store, tmp_path / "serve-cache", fetching)
-    assert served == ServingArtifact(tmp_path / "serve-cache" / HASH)
-    assert fetching.events == [("downloaded", path, done, 4, False) for done, path in enumerate(GRAPHS, start=1)]
+    assert served.in_use is not None, "the copy is held in use while it is served"
+    assert replace(served, in_use=None) == ServingArtifact(tmp_path / "serve-cache" / HASH, weights_from="s3")
+    assert fetching.events == [("downloaded", path, done, 5, False) for done, path in enumerate(FILES, start=1)]
     assert artifact_files(served.directory) == artifact_files(tmp_path / "compile-cache" / HASH)
 
 
@@ -276,11 +284,12 @@ def test_an_empty_s3_store_is_refused_unless_compiled_on_start(s3_env: Bucket, t
 
     progress = Recorder()
     served = serve_from(store, tmp_path / "cache", progress, compile_on_start=True)
-    # Compiled into the cache and uploaded: the copy it serves is the one it compiled.
-    assert served == ServingArtifact(
-        tmp_path / "cache" / HASH, CompileOutcome(HASH, f"{store}/{HASH}", 4, 4, uploaded=(4, 4))
+    # Compiled into the cache and uploaded: the copy it serves is the one it compiled, its weights from the node.
+    assert served.in_use is not None
+    assert replace(served, in_use=None) == ServingArtifact(
+        tmp_path / "cache" / HASH, CompileOutcome(HASH, f"{store}/{HASH}", 4, 4, uploaded=(5, 5)), weights_from="local"
     )
-    assert [event[0] for event in progress.events] == ["started", *["compiled"] * 4, "stopped", *["uploaded"] * 4]
+    assert [event[0] for event in progress.events] == ["started", *["compiled"] * 4, "stopped", *["uploaded"] * 5]
     assert (s3_env.path / "artifacts" / HASH / MANIFEST).is_file()
     load_for_serving(served.directory, [128, 256], [1, 2])
 

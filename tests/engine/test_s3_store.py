@@ -97,10 +97,10 @@ def test_compile_uploads_every_graph_then_the_manifest(s3_bucket: Bucket, tmp_pa
     first = engine(s3_bucket, *compile_args(config, s3_bucket.store()), cache=tmp_path / "compile-cache")
     assert first.returncode == 0, first.stderr
     assert first.stdout == (
-        f"compiled 4 of 4 graphs, uploaded 4 of 4 files: artifact {expected} complete at "
+        f"compiled 4 of 4 graphs, uploaded 5 of 5 files: artifact {expected} complete at "
         f"{s3_bucket.store()}/{expected}\n"
     )
-    assert "uploaded neff/prefill-128.neff (16,384 bytes) [3/4]" in first.stderr
+    assert "uploaded neff/prefill-128.neff (16,384 bytes) [3/5]" in first.stderr
     manifest = json.loads((remote / "manifest.json").read_text())
     assert manifest["status"] == "complete"
     assert sorted(path.name for path in (remote / "neff").iterdir()) == [
@@ -114,6 +114,7 @@ def test_compile_uploads_every_graph_then_the_manifest(s3_bucket: Bucket, tmp_pa
         "neff/decode-2.neff",
         "neff/prefill-128.neff",
         "neff/prefill-256.neff",
+        "weights/rank-00-of-01.safetensors",
     ]
 
     # Idempotent: a complete artifact in the store is neither compiled nor uploaded again, from any machine.
@@ -142,7 +143,8 @@ def test_a_compile_killed_mid_upload_resumes_then_serves(
     )
     assert process.stderr is not None
     try:
-        # Killed as soon as the first file is in the store: the other twelve and the manifest are not.
+        # Killed as soon as the first file is in the store: the other twelve graphs, the weights and the manifest
+        # are not.
         for line in process.stderr:
             if line.startswith("uploaded "):
                 os.kill(process.pid, signal.SIGKILL)
@@ -166,7 +168,7 @@ def test_a_compile_killed_mid_upload_resumes_then_serves(
     resumed = engine(s3_bucket, *compile_args(config, s3_bucket.store()), cache=cache)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout == (
-        f"compiled 0 of 13 graphs, uploaded {13 - len(uploaded)} of 13 files: artifact {expected} complete at "
+        f"compiled 0 of 13 graphs, uploaded {14 - len(uploaded)} of 14 files: artifact {expected} complete at "
         f"{s3_bucket.store()}/{expected}\n"
     )
     assert resumed.stderr.count("already there ") == len(uploaded)
@@ -242,7 +244,7 @@ def test_an_object_changed_in_place_is_refused_by_its_sha256(
     shutil.rmtree(remote)
     again = engine(s3_bucket, *compile_args(config, s3_bucket.store()), cache=tmp_path / "compile-cache")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.startswith("compiled 0 of 4 graphs, uploaded 4 of 4 files: ")
+    assert again.stdout.startswith("compiled 0 of 4 graphs, uploaded 5 of 5 files: ")
     for key, value in s3_bucket.env.items():
         monkeypatch.setenv(key, value)
     location = S3Location.of(s3_bucket.store(), artifact_hash(SETTINGS))
@@ -347,10 +349,12 @@ def test_a_download_resumes_and_fetches_only_what_is_missing_or_wrong(
     flip_bytes(local / "neff" / "decode-2.neff")
     fetched.clear()
     assert download(location, local, expected, record) == first
+    # What is there is reported first, then what was copied.
     assert fetched == [
+        ("neff/prefill-128.neff", True),
+        ("weights/rank-00-of-01.safetensors", True),
         ("neff/decode-1.neff", False),
         ("neff/decode-2.neff", False),
-        ("neff/prefill-128.neff", True),
         ("neff/prefill-256.neff", False),
     ]
     assert artifact_files(local) == first.files

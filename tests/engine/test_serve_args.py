@@ -87,6 +87,7 @@ def test_sim_arguments() -> None:
             "clock": "virtual",
             "artifact_dir": "/store/abc",
             "weights_store": "local",
+            "presharded_weights": False,
             "start_time_scale": 1.0,
         },
     }

@@ -33,6 +33,8 @@ from neuronfleet.contract.sim_settings import Device
 IDENTITY_SCHEMA = 1
 #: Where the engine keeps local copies of ``s3://`` artifacts, by hash (the operator points it at a pod's emptyDir).
 ARTIFACT_CACHE_ENV = "NEURONFLEET_ARTIFACT_CACHE"
+#: The bytes that cache may hold before the artifacts nobody uses are evicted (a node's shared cache is bounded).
+ARTIFACT_CACHE_LIMIT_ENV = "NEURONFLEET_ARTIFACT_CACHE_BYTES"
 
 #: Hex digits of the SHA-256 kept: 64 bits, short enough for a label value and a name.
 IDENTITY_HASH_LENGTH = 16

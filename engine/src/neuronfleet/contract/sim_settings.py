@@ -48,6 +48,9 @@ class SimSettings(BaseModel):
     weights_store: StoreKind = Field(
         "local", description="Where the weights are fetched from at start (hf, s3, pvc; local: already on the node)."
     )
+    presharded_weights: bool = Field(
+        False, description="The weights come pre-sharded in the artifact; False: the checkpoint, sharded on load."
+    )
     start_time_scale: float = Field(
         1.0,
         ge=0.0,

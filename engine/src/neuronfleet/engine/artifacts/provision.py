@@ -4,7 +4,10 @@ A local store is compiled into directly; an ``s3://`` store is compiled into the
 local cache, then uploaded (``neuronfleet.engine.artifacts.s3``). Serving takes
 the artifact from a local store, checking every file it lists, or downloads an
 ``s3://`` one into the cache, checking each file as it is copied; with
-``compile_on_start`` an artifact missing or incomplete is compiled first.
+``compile_on_start`` an artifact missing or incomplete is compiled first. The
+cache may be the node's, shared by its replicas and bounded
+(``neuronfleet.engine.artifacts.node_cache``): a replica whose artifact is there
+copies nothing.
 
 Nothing here prints or exits: progress goes to a :class:`Progress`, failures
 are raised, each as one line:
@@ -21,14 +24,18 @@ are raised, each as one line:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.identity import CompileIdentity
 from neuronfleet.contract.sim_settings import SimSettings
-from neuronfleet.engine.artifacts.compiler import CompileError, choose_compiler
+from neuronfleet.contract.start_time import StoreKind
+from neuronfleet.engine.artifacts import node_cache
+from neuronfleet.engine.artifacts.compiler import CompileError, choose_compiler, choose_weights_writer
 from neuronfleet.engine.artifacts.store import (
     MANIFEST,
     ArtifactError,
@@ -64,6 +71,9 @@ class Progress(Protocol):
     def file_downloaded(self, entry: ArtifactFile, done: int, total: int, skipped: bool) -> None:
         """One file copied from an ``s3://`` store, or found in the local copy already (``skipped``)."""
 
+    def evicted(self, artifact_hash: str) -> None:
+        """An artifact nobody used lately left the bounded cache, to make room for the one to serve."""
+
 
 @dataclass(frozen=True)
 class CompileOutcome:
@@ -89,6 +99,11 @@ class ServingArtifact:
     directory: Path
     #: What compiling on start did; ``None`` when the artifact was there to serve.
     compiled: CompileOutcome | None = None
+    #: Where the replica reads the artifact's pre-sharded weights from: the store (``s3``, ``pvc``) or the
+    #: node's disk (``local``: the node cache held them); ``None`` when the artifact has none.
+    weights_from: StoreKind | None = None
+    #: The node cache's use lock on the artifact, for the replica to hold while it serves (``s3://`` only).
+    in_use: int | None = None
 
 
 def cache_root(cache_dir: Path | None) -> Path:
@@ -127,13 +142,14 @@ def _compile_local(
 ) -> tuple[Manifest, int]:
     artifact_hash = identity.hash()
     compile_bucket = choose_compiler(engine, identity, store, settings)
+    write_weights = choose_weights_writer(engine, identity, settings)
     # Read before the compile starts, so a manifest that cannot be read fails before any progress shows.
     complete = is_complete(store, artifact_hash)
     if complete:
         return compile_artifact(store, identity, compile_bucket)
     progress.compile_started(artifact_hash, engine.compiled_graph_count)
     try:
-        return compile_artifact(store, identity, compile_bucket, progress.graph_compiled)
+        return compile_artifact(store, identity, compile_bucket, progress.graph_compiled, write_weights)
     finally:
         progress.compile_stopped()
 
@@ -164,8 +180,25 @@ def _compile_to_s3(
     )
 
 
-def download(store: str, cache: Path, artifact_hash: str, progress: Progress) -> Path:
+@dataclass(frozen=True)
+class LocalCopy:
+    """An ``s3://`` artifact copied into the local cache."""
+
+    directory: Path
+    #: Files copied from the store (0: the cache held them all).
+    copied: int
+    #: The cache's use lock on it (:func:`neuronfleet.engine.artifacts.node_cache.use`), for the caller to close.
+    in_use: int
+
+
+def download(
+    store: str, cache: Path, artifact_hash: str, progress: Progress, cache_limit: int | None = None
+) -> LocalCopy:
     """The local copy of an ``s3://`` artifact, downloaded (or completed) first, every file checked as it is copied.
+
+    Replicas sharing ``cache`` fill it one at a time and hold what they serve; artifacts nobody uses are evicted,
+    least recently used first, to keep it within ``cache_limit`` bytes. Nothing local is touched before the
+    store's manifest is read and checked.
 
     :class:`ArtifactError` when the store has no complete artifact under the hash; :class:`StoreError`
     when it cannot be reached, or holds a damaged artifact or another one.
@@ -174,16 +207,41 @@ def download(store: str, cache: Path, artifact_hash: str, progress: Progress) ->
 
     location = s3.S3Location.of(store, artifact_hash)
     local = artifact_dir(str(cache), artifact_hash)
-    manifest = s3.download(location, local, artifact_hash, progress.file_downloaded)
+    copied = 0
+    in_use: list[int] = []
+    filling = ExitStack()
+
+    def on_file(entry: ArtifactFile, done: int, total: int, skipped: bool) -> None:
+        nonlocal copied
+        copied += not skipped
+        progress.file_downloaded(entry, done, total, skipped)
+
+    def before_copy(manifest: Manifest) -> None:
+        in_use.append(node_cache.use(cache, artifact_hash))
+        # Once another replica's copy of it is done: what is left to copy is what must fit.
+        filling.enter_context(node_cache.filling(cache, artifact_hash))
+        incoming = sum(
+            entry.size for entry in manifest.files if not node_cache.has_size(local / entry.path, entry.size)
+        )
+        for evicted in node_cache.make_room(cache, artifact_hash, incoming, cache_limit):
+            progress.evicted(evicted)
+
+    try:
+        with filling:
+            manifest = s3.download(location, local, artifact_hash, on_file, before_copy)
+        _check_downloaded(manifest, location.uri())
+    except BaseException:
+        for descriptor in in_use:
+            os.close(descriptor)
+        raise
+    return LocalCopy(local, copied, in_use[0])
+
+
+def _check_downloaded(manifest: Manifest | None, where: str) -> None:
     if manifest is None:
-        raise ArtifactError(
-            f"no compiled artifact at {location.uri()} (no {MANIFEST}): run `neuronfleet-engine compile` first"
-        )
+        raise ArtifactError(f"no compiled artifact at {where} (no {MANIFEST}): run `neuronfleet-engine compile` first")
     if not manifest.complete:
-        raise ArtifactError(
-            f"the artifact at {location.uri()} is incomplete: finish it with `neuronfleet-engine compile`"
-        )
-    return local
+        raise ArtifactError(f"the artifact at {where} is incomplete: finish it with `neuronfleet-engine compile`")
 
 
 def serving_artifact(
@@ -196,38 +254,106 @@ def serving_artifact(
     settings: SimSettings,
     compile_on_start: bool,
     progress: Progress,
+    cache_limit: int | None = None,
 ) -> ServingArtifact:
     """The complete artifact ``artifact_hash`` (default: ``identity``'s) to serve with ``engine``'s buckets.
 
-    An ``s3://`` one is downloaded into ``cache`` first. With ``compile_on_start`` one missing,
-    incomplete or compiled for other buckets is compiled into the store first (it must be
-    ``identity``'s); a damaged one or one of an outdated schema never is: it is deleted by hand.
+    An ``s3://`` one is downloaded into ``cache`` first (kept within ``cache_limit`` bytes), and held
+    there in use. With ``compile_on_start`` one missing, incomplete or compiled for other buckets is
+    compiled into the store first (it must be ``identity``'s); a damaged one or one of an outdated
+    schema never is: it is deleted by hand.
     """
-    wanted = artifact_hash or identity.hash()
-    remote = is_s3(store)
-    try:
-        directory = download(store, cache, wanted, progress) if remote else artifact_dir(store, wanted)
-        # A download checked every file's size and SHA-256 as it copied it; a local store's are checked here.
-        load_for_serving(
+    wanted = _Wanted(
+        engine, identity, store, artifact_hash or identity.hash(), cache, cache_limit, settings, compile_on_start,
+        progress,
+    )  # fmt: skip
+    return _from_s3_store(wanted) if is_s3(store) else _from_local_store(wanted)
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """What :func:`serving_artifact` was asked for."""
+
+    engine: EngineConfig
+    identity: CompileIdentity
+    store: str
+    artifact_hash: str
+    cache: Path
+    cache_limit: int | None
+    settings: SimSettings
+    compile_on_start: bool
+    progress: Progress
+
+    def checked(self, directory: Path, *, verify_files: bool) -> Manifest:
+        """The manifest of the complete artifact in ``directory``, compiled for the engine's buckets."""
+        return load_for_serving(
             directory,
-            engine.effective_num_batched_tokens_buckets,
-            engine.effective_num_seqs_buckets,
-            decode_contexts=engine.decode_context_length_buckets or (),
-            verify_files=not remote,
+            self.engine.effective_num_batched_tokens_buckets,
+            self.engine.effective_num_seqs_buckets,
+            decode_contexts=self.engine.decode_context_length_buckets or (),
+            verify_files=verify_files,
         )
-        return ServingArtifact(directory)
-    except ArtifactError as error:
-        # Compiling cannot mend these: a damaged store, or an artifact to delete first.
-        if not compile_on_start or isinstance(error, StoreError | OutdatedManifestError):
+
+    def compile_mends(self, error: ArtifactError) -> bool:
+        """Whether compiling on start may mend ``error``: not a damaged store, nor an artifact to delete first."""
+        return self.compile_on_start and not isinstance(error, StoreError | OutdatedManifestError)
+
+    def compile(self) -> CompileOutcome:
+        """Compile the artifact into the store on start: only the identity computed here."""
+        if self.artifact_hash != self.identity.hash():
+            raise CompileError(
+                f"cannot compile artifact {self.artifact_hash}: the identity computed here is {self.identity.hash()}"
+            )
+        try:
+            return compile_into_store(
+                self.engine, self.identity, self.store, cache=self.cache, settings=self.settings,
+                progress=self.progress,
+            )  # fmt: skip
+        except CompileError:
             raise
-    if wanted != identity.hash():
-        raise CompileError(f"cannot compile artifact {wanted}: the identity computed here is {identity.hash()}")
-    # A store that is not a local directory is refused here, as when serving without compiling.
-    directory = artifact_dir(str(cache) if remote else store, wanted)
+        except ArtifactError as error:
+            raise CompileError(str(error)) from error
+
+
+def _from_local_store(wanted: _Wanted) -> ServingArtifact:
+    # A directory store is a mounted volume (the operator's pvc://): replicas read the weights from it.
+    directory = artifact_dir(wanted.store, wanted.artifact_hash)
     try:
-        outcome = compile_into_store(engine, identity, store, cache=cache, settings=settings, progress=progress)
-    except CompileError:
-        raise
+        manifest = wanted.checked(directory, verify_files=True)
+        return ServingArtifact(directory, weights_from="pvc" if manifest.weights else None)
     except ArtifactError as error:
-        raise CompileError(str(error)) from error
-    return ServingArtifact(directory, outcome)
+        if not wanted.compile_mends(error):
+            raise
+    outcome = wanted.compile()
+    manifest = wanted.checked(directory, verify_files=False)
+    return ServingArtifact(directory, outcome, weights_from="pvc" if manifest.weights else None)
+
+
+def _from_s3_store(wanted: _Wanted) -> ServingArtifact:
+    try:
+        copy = download(wanted.store, wanted.cache, wanted.artifact_hash, wanted.progress, wanted.cache_limit)
+        return _serve_copy(copy, wanted)
+    except ArtifactError as error:
+        if not wanted.compile_mends(error):
+            raise
+    # Held while it compiles into the cache, too: no other replica's eviction takes it meanwhile.
+    directory = artifact_dir(str(wanted.cache), wanted.artifact_hash)
+    copy = LocalCopy(directory, 0, node_cache.use(wanted.cache, wanted.artifact_hash))
+    try:
+        outcome = wanted.compile()
+    except BaseException:
+        os.close(copy.in_use)
+        raise
+    return replace(_serve_copy(copy, wanted), compiled=outcome)
+
+
+def _serve_copy(copy: LocalCopy, wanted: _Wanted) -> ServingArtifact:
+    """The copy to serve, held in use; its lock let go when it cannot be served."""
+    try:
+        # The download checked every file's size and SHA-256 as it copied it, or as it found it in the cache.
+        manifest = wanted.checked(copy.directory, verify_files=False)
+    except BaseException:
+        os.close(copy.in_use)
+        raise
+    weights_from: StoreKind = "s3" if copy.copied else "local"
+    return ServingArtifact(copy.directory, weights_from=weights_from if manifest.weights else None, in_use=copy.in_use)

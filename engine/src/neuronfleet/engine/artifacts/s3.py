@@ -10,6 +10,10 @@ local copy with a manifest is a complete one. Both skip files already there
 with the right size and SHA-256 (kept in each object's ``sha256`` metadata),
 which makes them idempotent and resumable after a kill.
 
+A download reads the files side by side through boto3's transfer manager, a
+large file in ranged reads, :data:`PARALLEL_READS` requests at once (the rate
+``contract/start_time.py`` gives an S3 store), and checks each file as it lands.
+
 The client is boto3's: credentials come the standard AWS ways (environment,
 web identity for IRSA, EKS Pod Identity, profiles) and custom endpoints from
 ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT_URL_S3``. Connect and read timeouts
@@ -22,13 +26,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import boto3
 from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
@@ -48,6 +53,7 @@ from neuronfleet.engine.artifacts.store import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from s3transfer.futures import TransferFuture
 
 #: Object metadata that records a file's SHA-256 (S3's ETag is not one for multipart uploads).
 SHA256_METADATA = "sha256"
@@ -55,6 +61,10 @@ SHA256_METADATA = "sha256"
 CONNECT_TIMEOUT = 10
 READ_TIMEOUT = 60
 MAX_ATTEMPTS = 3
+#: Requests a download keeps in flight, over its files and the ranges of a large one.
+PARALLEL_READS = 16
+#: Bytes of one ranged read of a large file (S3's guidelines: 8 to 16 MB).
+RANGE_BYTES = 8 * 2**20
 
 #: ``(file, done, total, skipped)``: called after each file, skipped when it was already there.
 OnFile = Callable[[ArtifactFile, int, int, bool], None]
@@ -90,6 +100,7 @@ def client() -> S3Client:
         connect_timeout=CONNECT_TIMEOUT,
         read_timeout=READ_TIMEOUT,
         retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+        max_pool_connections=PARALLEL_READS,
         # Checksums only where S3 requires them: S3-compatible stores differ in the ones they accept.
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
@@ -199,11 +210,20 @@ def _put(s3: S3Client, local: Path, location: S3Location, entry: ArtifactFile) -
         raise StoreError(f"cannot write {location.uri(entry.path)}: {describe(error)}") from None
 
 
-def download(location: S3Location, local: Path, artifact_hash: str, on_file: OnFile | None = None) -> Manifest | None:
+def download(
+    location: S3Location,
+    local: Path,
+    artifact_hash: str,
+    on_file: OnFile | None = None,
+    before_copy: Callable[[Manifest], object] | None = None,
+) -> Manifest | None:
     """Copy the artifact from the store into ``local``; ``None`` when the store has no manifest for it.
 
     The manifest is checked before any file is copied, and written locally only
-    after every file it lists is there with its size and SHA-256.
+    after every file it lists is there with its size and SHA-256. Files already
+    there are reported first. ``before_copy(manifest)`` is called once the
+    manifest is the complete artifact asked for, before anything local is read
+    or written.
     """
     s3 = client()
     manifest = read_remote_manifest(s3, location)
@@ -212,35 +232,62 @@ def download(location: S3Location, local: Path, artifact_hash: str, on_file: OnF
     check_identity(manifest, artifact_hash, location.uri(MANIFEST))
     if not manifest.complete:
         return manifest
+    if before_copy is not None:
+        before_copy(manifest)
     local.mkdir(parents=True, exist_ok=True)
-    for done, entry in enumerate(manifest.files, start=1):
-        path = local / entry.path
-        present = path.is_file() and mismatch(path, entry) is None
-        if not present:
-            _get(s3, location, entry, path)
+    missing = [entry for entry in manifest.files if not _present(local / entry.path, entry)]
+    total = len(manifest.files)
+    for done, entry in enumerate((entry for entry in manifest.files if entry not in missing), start=1):
         if on_file is not None:
-            on_file(entry, done, len(manifest.files), present)
+            on_file(entry, done, total, True)
+    for done, entry in enumerate(_get_all(s3, location, missing, local), start=total - len(missing) + 1):
+        if on_file is not None:
+            on_file(entry, done, total, False)
     write_manifest(local, manifest)
     return manifest
 
 
-def _get(s3: S3Client, location: S3Location, entry: ArtifactFile, path: Path) -> None:
+def _present(path: Path, entry: ArtifactFile) -> bool:
+    return path.is_file() and mismatch(path, entry) is None
+
+
+def _get_all(s3: S3Client, location: S3Location, entries: list[ArtifactFile], local: Path) -> Iterator[ArtifactFile]:
+    """Copy ``entries`` side by side, each into a temporary file checked and renamed as it lands; yield each
+    once it is in place."""
+    config = TransferConfig(
+        max_concurrency=PARALLEL_READS, multipart_threshold=RANGE_BYTES, multipart_chunksize=RANGE_BYTES
+    )
+    temporaries: dict[str, str] = {}
+    try:
+        with create_transfer_manager(s3, config) as manager:
+            futures = []
+            for entry in entries:
+                path = local / entry.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle, temporaries[entry.path] = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+                os.close(handle)
+                key = location.key(entry.path)
+                futures.append((entry, manager.download(location.bucket, key, temporaries[entry.path])))
+            for entry, future in futures:
+                _land(location, entry, future, Path(temporaries[entry.path]), local / entry.path)
+                yield entry
+    finally:
+        for temporary in temporaries.values():
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+
+
+def _land(location: S3Location, entry: ArtifactFile, future: TransferFuture, temporary: Path, path: Path) -> None:
+    """Wait for one file's copy, check its size and SHA-256, and put it in place."""
     # A compile finds the manifest complete and uploads nothing: only one after a delete replaces the objects.
     remedy = f"the artifact is damaged, delete {location.uri()} and compile it again"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
     try:
-        try:
-            s3.download_file(location.bucket, location.key(entry.path), temporary)
-        except (ClientError, BotoCoreError) as error:
-            if _missing(error):
-                raise StoreError(f"{location.uri(entry.path)} is missing from the store: {remedy}") from None
-            raise _read_failure(error, location, entry.path) from None
-        reason = mismatch(Path(temporary), entry)
-        if reason is not None:
-            raise StoreError(f"{location.uri(entry.path)} is not the file the manifest lists ({reason}): {remedy}")
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        future.result()
+    except (ClientError, BotoCoreError) as error:
+        if _missing(error):
+            raise StoreError(f"{location.uri(entry.path)} is missing from the store: {remedy}") from None
+        raise _read_failure(error, location, entry.path) from None
+    reason = mismatch(temporary, entry)
+    if reason is not None:
+        raise StoreError(f"{location.uri(entry.path)} is not the file the manifest lists ({reason}): {remedy}")
+    os.replace(temporary, path)

@@ -5,7 +5,8 @@ same function the operator uses) and lives in ``STORE/HASH/``. Its
 ``manifest.json`` lists one entry per compiled graph (each prefill token bucket,
 each decode batch bucket) with its shape, status and compile time, says
 whether the artifact is complete and, once it is, lists every file beside it
-(the compiled graphs) with its size and SHA-256, so the artifact can be checked
+(the compiled graphs, the weights pre-sharded for its tensor parallelism) with
+its size and SHA-256, so the artifact can be checked
 file by file before it is served, and a copy of it
 (``neuronfleet.engine.artifacts.s3``) as it is made. It is
 rewritten atomically after every bucket, so an interrupted compile resumes
@@ -20,7 +21,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -32,8 +33,8 @@ from neuronfleet.contract.sim_settings import Device
 
 MANIFEST = "manifest.json"
 LOCK = ".compile.lock"
-#: Bumped when the manifest's shape changes (2: the file list).
-MANIFEST_SCHEMA = 2
+#: Bumped when the manifest's shape changes (2: the file list; 3: the pre-sharded weights).
+MANIFEST_SCHEMA = 3
 #: The oldest manifest this engine reads: before it, no file list to check a copy against.
 OLDEST_MANIFEST_SCHEMA = 2
 #: The graphs' directory inside an artifact (the vLLM Neuron plugin's remote compile cache on Neuron).
@@ -87,6 +88,24 @@ class ArtifactFile(BaseModel):
     sha256: str
 
 
+class ShardedWeights(BaseModel):
+    """The model's weights in the artifact, pre-sharded for its tensor parallelism
+    (``neuronfleet.engine.artifacts.weights``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int
+    #: Bytes of the model's weights at full scale: what a replica's start reads.
+    bytes: int
+    #: Each rank's shard, relative to the artifact; none where the shards' reading is modelled (a large
+    #: shape on the simulated device).
+    files: list[str] = []
+
+
+#: Writes the weights' shards into the artifact's directory and says what it wrote.
+WriteWeights = Callable[[Path], ShardedWeights]
+
+
 class Manifest(BaseModel):
     """``manifest.json`` of one artifact."""
 
@@ -102,6 +121,8 @@ class Manifest(BaseModel):
     completed_at: str | None = None
     #: Every file of the complete artifact but the manifest (empty while compiling).
     files: list[ArtifactFile] = []
+    #: The weights pre-sharded beside the graphs (``None``: a replica loads the checkpoint and shards it).
+    weights: ShardedWeights | None = None
 
     @property
     def complete(self) -> bool:
@@ -237,14 +258,19 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
 
 
 @contextmanager
-def compile_lock(directory: Path) -> Iterator[None]:
-    """Hold the artifact's compile lock: two compiles of one artifact never interleave."""
-    with open(directory / LOCK, "w") as lock:
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold the exclusive ``flock`` on the file at ``path`` (made if missing), waiting for it."""
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def compile_lock(directory: Path) -> AbstractContextManager[None]:
+    """Hold the artifact's compile lock: two compiles of one artifact never interleave."""
+    return exclusive(directory / LOCK)
 
 
 def is_complete(store: str, artifact_hash: str) -> bool:
@@ -258,12 +284,14 @@ def compile_artifact(
     identity: CompileIdentity,
     compile_bucket: Callable[[BucketEntry], float],
     on_bucket: Callable[[BucketEntry, int, int], None] | None = None,
+    write_weights: WriteWeights | None = None,
 ) -> tuple[Manifest, int]:
     """Compile every graph of ``identity`` not yet compiled in ``store``; return the manifest and how many ran.
 
     ``compile_bucket`` compiles one graph and returns the seconds it took;
-    ``on_bucket(entry, done, total)`` reports progress. An artifact already
-    complete compiles nothing.
+    ``on_bucket(entry, done, total)`` reports progress; ``write_weights`` shards
+    the weights beside the graphs once they are all compiled. An artifact
+    already complete compiles nothing.
     """
     artifact_hash = identity.hash()
     device = identity.device
@@ -302,6 +330,8 @@ def compile_artifact(
             if on_bucket is not None:
                 on_bucket(entry, sum(e.status == "compiled" for e in manifest.buckets), total)
         if manifest.status != "complete":
+            if write_weights is not None:
+                manifest.weights = write_weights(directory)
             manifest.status = "complete"
             manifest.completed_at = now()
             manifest.files = artifact_files(directory)

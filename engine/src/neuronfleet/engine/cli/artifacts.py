@@ -60,6 +60,10 @@ class StderrProgress:
         """One line per file copied from the store."""
         self._file_line("downloaded", entry, done, total, skipped)
 
+    def evicted(self, artifact_hash: str) -> None:
+        """One line per artifact evicted from the node's cache."""
+        err.print(f"evicted artifact {artifact_hash} from the node cache, least recently used", markup=False)
+
     @staticmethod
     def _file_line(verb: str, entry: ArtifactFile, done: int, total: int, skipped: bool) -> None:
         what = "already there" if skipped else verb

@@ -17,7 +17,7 @@ from typing import Annotated, TypeVar, get_type_hints
 import typer
 
 from neuronfleet.contract.hardware import InstanceTypeName, NeuronTarget
-from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV
+from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV, ARTIFACT_CACHE_LIMIT_ENV
 from neuronfleet.contract.model_shapes import SHAPES
 from neuronfleet.contract.names import HTTP_PORT, KV_EVENTS_PORT
 from neuronfleet.contract.sim_settings import DEVICE_ENV, ClockMode, Device
@@ -150,6 +150,17 @@ KvEventsReplayPortOption = Annotated[
         show_default=False,
     ),
 ]  # fmt: skip
+CacheLimitOption = Annotated[
+    int | None,
+    typer.Option(
+        "--cache-max-bytes",
+        envvar=ARTIFACT_CACHE_LIMIT_ENV,
+        min=1,
+        help="Bytes the artifact cache may hold: before a copy, the artifacts no replica uses are evicted, least "
+        "recently used first, until it fits. Default: no bound.",
+        show_default=False,
+    ),
+]
 LoraAdapterOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -195,6 +206,7 @@ class ServeOptions(CompileOptions):
     kv_events_port: KvEventsPortOption = None
     kv_events_replay_port: KvEventsReplayPortOption = None
     lora_adapter: LoraAdapterOption = None
+    cache_max_bytes: CacheLimitOption = None
 
 
 Options = TypeVar("Options", CompileOptions, ServeOptions)

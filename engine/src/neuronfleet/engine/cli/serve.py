@@ -25,7 +25,7 @@ from neuronfleet.contract.model_shapes import SHAPES, get_shape, served_name, sh
 from neuronfleet.contract.sim_settings import START_TIME_SCALE_ENV, ClockMode, Device, SimSettings
 from neuronfleet.contract.start_time import weights_store
 from neuronfleet.engine.artifacts.adapters import provision_adapter
-from neuronfleet.engine.artifacts.provision import cache_root, compile_into_store, serving_artifact
+from neuronfleet.engine.artifacts.provision import ServingArtifact, cache_root, compile_into_store, serving_artifact
 from neuronfleet.engine.artifacts.store import ArtifactError
 from neuronfleet.engine.cli.artifacts import StderrProgress, outcome_line, refuse_to_serve
 from neuronfleet.engine.cli.common import err, fail, fail_validation, load_config, out
@@ -241,11 +241,17 @@ def serve(options: ServeOptions, vllm_args: Sequence[str] = ()) -> None:
     planned = plan_serve(options, vllm_args)
     request = planned.request
     directory = None
+    sim = request.sim
     if planned.identity is not None:
-        directory = _artifact_directory(options, request.engine, planned.identity, request.sim)
+        artifact = _provision_artifact(options, request.engine, planned.identity, request.sim)
+        directory = artifact.directory
+        if artifact.weights_from is not None:
+            # The replica reads the shards the compile wrote, never the model's checkpoint.
+            sim = sim.model_copy(update={"weights_store": artifact.weights_from, "presharded_weights": True})
     exec_vllm_serve(
         replace(
             request,
+            sim=sim,
             model=model_to_load(options.model, options.device, request.sim, request.engine),
             artifact_dir=directory,
             adapters=provision_adapters(planned.adapters, options.cache_dir),
@@ -297,9 +303,9 @@ def provision_adapters(adapters: list[LoraAdapter], cache_dir: Path | None) -> d
     return provisioned
 
 
-def _artifact_directory(
+def _provision_artifact(
     options: ServeOptions, engine: EngineConfig, identity: CompileIdentity, settings: SimSettings
-) -> Path:
+) -> ServingArtifact:
     """The artifact to serve, verified in the local cache (compiled first with ``--compile-on-start``)."""
     assert options.artifact_store is not None
     try:
@@ -312,10 +318,12 @@ def _artifact_directory(
             settings=settings,
             compile_on_start=options.compile_on_start,
             progress=StderrProgress(),
+            cache_limit=options.cache_max_bytes,
         )
     except ArtifactError as error:
         refuse_to_serve(error)
     if artifact.compiled is not None and artifact.compiled.uploaded is not None:
         # After the upload's file lines, what was done, as `compile` says it.
         err.print(outcome_line(artifact.compiled), markup=False)
-    return artifact.directory
+    # The node cache's use lock (artifact.in_use) stays open through vLLM's exec: the copy is not evicted.
+    return artifact

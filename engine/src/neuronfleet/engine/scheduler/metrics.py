@@ -215,13 +215,17 @@ def record_prefill_rate(tokens_per_s: float) -> None:
     ).set(tokens_per_s)
 
 
-def record_start(phases: dict[str, float]) -> None:
-    """Publish the seconds this replica spent starting, by phase, in the default registry."""
+def record_start(phases: dict[str, float], weights_from: str, *, presharded: bool) -> None:
+    """Publish the seconds this replica spent starting, by phase, in the default registry, with the path its
+    weights took: where from (``hf``, ``s3``, ``pvc``, ``local`` for the node's disk) and in which form."""
     gauge = PromGauge(
         metrics.REPLICA_START_SECONDS,
-        "Seconds this replica spent starting, by phase (fetch, load, shard, graphs, warmup).",
-        ["phase"],
+        "Seconds this replica spent starting, by phase (fetch, load, shard, graphs, warmup), with where its weights "
+        "came from (hf, s3, pvc, local: the node's disk) and whether pre-sharded (shards) or sharded on load "
+        "(checkpoint).",
+        ["phase", "weights_from", "weights"],
         multiprocess_mode="mostrecent",
     )
+    form = "shards" if presharded else "checkpoint"
     for phase, seconds in phases.items():
-        gauge.labels(phase=phase).set(seconds)
+        gauge.labels(phase=phase, weights_from=weights_from, weights=form).set(seconds)

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from neuronfleet.contract.model_shapes import get_shape
 from neuronfleet.contract.sim_settings import SimSettings, read_settings
 from neuronfleet.contract.start_time import StartTime, predict_start
 from neuronfleet.engine.artifacts import store as artifacts
+from neuronfleet.engine.artifacts.weights import load_shards
 from neuronfleet.engine.scheduler import metrics, vllm_compat
 from neuronfleet.engine.scheduler.neuron import read_neuron_config
 from neuronfleet.engine.sim.cost_model import CostModel
@@ -146,8 +148,11 @@ class SimNeuronWorker:
                 verify_files=False,
             )
             prefill_buckets, decode_buckets = manifest.compiled_buckets()
-            self.graphs_bytes = sum(entry.size for entry in manifest.files)
+            graphs = f"{artifacts.GRAPHS_DIR}/"
+            self.graphs_bytes = sum(entry.size for entry in manifest.files if entry.path.startswith(graphs))
             logger.info("Loaded compiled artifact %s from %s", manifest.hash, self.settings.artifact_dir)
+            if manifest.weights is not None and manifest.weights.files:
+                self._load_shards(Path(self.settings.artifact_dir), manifest.weights.files)
         else:
             entries = artifacts.planned_buckets(prefill_buckets, decode_buckets, self.decode_contexts)
             logger.info("No artifact given: compiling %d graphs now", len(entries))
@@ -178,6 +183,11 @@ class SimNeuronWorker:
             kv_cache_config.num_blocks,
         )
 
+    def _load_shards(self, artifact: Path, files: list[str]) -> None:
+        """Read the weights' shards as a replica loads them onto its ranks (the tiny shape's are real)."""
+        read = load_shards(artifact, files, self.shape, self.cost.tensor_parallel_size)
+        logger.info("Loaded the weights pre-sharded for %d ranks: %d files, %d bytes", len(files), len(files), read)
+
     def compile_or_warm_up_model(self) -> CompilationTimes:
         """Start as a Neuron replica would before it serves: fetch, load and shard the weights, load the graphs,
         run each graph once (:mod:`neuronfleet.contract.start_time`); on a real clock, scaled by
@@ -185,12 +195,13 @@ class SimNeuronWorker:
         assert self.device is not None, "initialize_from_config makes the device first"
         start = self.modelled_start()
         spent = start.scaled(self.settings.start_time_scale if self.settings.clock == "real" else 0.0)
-        metrics.record_start(spent.phases())
+        metrics.record_start(spent.phases(), self.settings.weights_store, presharded=self.settings.presharded_weights)
         metrics.record_prefill_rate(self.cost.prefill_tokens_per_s(self.device.prefill_buckets))
         logger.info(
-            "Replica start, as a Neuron replica of %s from %s takes %s; spent %s (start_time_scale %g, %s clock)",
+            "Replica start, as a Neuron replica of %s from %s (%s) takes %s; spent %s (start_time_scale %g, %s clock)",
             self.shape.name,
             self.settings.weights_store,
+            "weights pre-sharded" if self.settings.presharded_weights else "checkpoint sharded on load",
             start.describe(),
             f"{spent.total_s:.1f} s",
             self.settings.start_time_scale,
@@ -205,7 +216,11 @@ class SimNeuronWorker:
         device = self.device
         warmup = self.cost.warmup_seconds(device.prefill_buckets, device.decode_buckets, device.decode_context_buckets)
         return predict_start(
-            self.cost.weight_bytes, self.settings.weights_store, graphs_bytes=self.graphs_bytes, warmup_s=warmup
+            self.cost.weight_bytes,
+            self.settings.weights_store,
+            graphs_bytes=self.graphs_bytes,
+            warmup_s=warmup,
+            presharded=self.settings.presharded_weights,
         )
 
     def get_supported_tasks(self) -> tuple[str, ...]:
