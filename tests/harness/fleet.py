@@ -28,6 +28,7 @@ from neuronfleet.contract.model_shapes import served_name
 from neuronfleet.contract.names import HTTP_PORT, LABEL_ARTIFACT, REPLICA_HEADER
 from neuronfleet.devcluster.addons.s3_server import REGION, S3Server
 from neuronfleet.devcluster.cluster.local import LocalCluster
+from neuronfleet.devcluster.controlplane.components import REAL_NODE
 from neuronfleet.devcluster.demo import operator_release
 from neuronfleet.devcluster.process.waiting import wait_for
 from neuronfleet.devcluster.realnode.node import NODE_IP, RealNode, pinned_here
@@ -66,6 +67,8 @@ TINY_MODEL = "hf://neuronfleet/tiny"
 RECORDED_HEADERS = (REPLICA_HEADER, "connection", "retry-after")
 #: A pod's start on two shared cores (vLLM on CPU), with room for two at once.
 POD_TIMEOUT_S = 600
+#: The fleet's node cache: room for a few of its artifacts (a simulated 8B's are graphs alone, under 1 MB).
+NODE_CACHE_SIZE = "64Mi"
 
 
 def service_manifest(
@@ -81,12 +84,17 @@ def service_manifest(
     engine: Obj | None = None,
     replicas: int = 2,
     lora: Obj | None = None,
+    node_cache: Path | None = None,
 ) -> Obj:
     """The service of ``model``, with ``buckets`` as its prefill buckets (a new compiled identity per bucket set).
 
     ``replicas``, or ``autoscaling`` in their place; ``routing`` is its ``spec.routing``, ``lora`` its
-    ``spec.lora``; ``engine`` overrides engine fields.
+    ``spec.lora``; ``engine`` overrides engine fields; ``node_cache``, a directory on the node, the replicas'
+    shared copy of the artifacts.
     """
+    s3: Obj = {"endpointUrl": endpoint, "region": REGION, "credentialsSecret": secret}
+    if node_cache is not None:
+        s3["nodeCache"] = {"hostPath": str(node_cache), "sizeLimit": NODE_CACHE_SIZE}
     scale: Obj = {"replicas": replicas} if autoscaling is None else {"autoscaling": autoscaling}
     if routing is not None:
         scale["routing"] = routing
@@ -113,7 +121,7 @@ def service_manifest(
             **pinned_here(),
             "compile": {
                 "artifactStore": f"s3://{BUCKET}/fleet",
-                "s3": {"endpointUrl": endpoint, "region": REGION, "credentialsSecret": secret},
+                "s3": s3,
                 "backoffLimit": 0,
                 "resources": {"cpu": "500m", "memory": "2Gi"},
                 **pinned_here(),
@@ -146,6 +154,8 @@ class Fleet:
     s3: S3Server
     workdir: Path
     manifest: Obj
+    #: The first replicas' ``/metrics``, read once the service was first Ready.
+    first_metrics: list[str] | None = None
 
     def kubectl(self, *args: str) -> str:
         """kubectl in the service's namespace; its output (a failure fails the test)."""
@@ -196,6 +206,14 @@ class Fleet:
                 [(p["metadata"]["name"], p.get("status", {}).get("phase")) for p in self.pods()],
             ),
         )
+
+    def engine_metrics(self, pod: Obj) -> str:
+        """The replica's ``/metrics``, read from the node."""
+        url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
+        script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
+        done = self.node.in_netns(["python3", "-I", "-c", script])
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
     def rolled_out_to(self, artifact_hash: str, replicas: int = 2) -> bool:
         """Ready, every serving pod (terminating ones too) of ``artifact_hash`` and Ready, ``replicas`` of them."""
@@ -474,10 +492,16 @@ def started(
         keys = s3.credentials
         create_secret(real_cluster, namespace, KEYS, keys.access_key, keys.secret_key)
         create_secret(real_cluster, namespace, WRONG_KEYS, keys.access_key, f"revoked-{keys.secret_key[::-1]}")
+        # The node's directory for the replicas' shared copies, writable by the engine's user, as a node's
+        # bootstrap would make it.
+        node_cache = real_cluster.state.workdir / REAL_NODE / f"node-cache-{suffix}"
+        node_cache.mkdir()
+        node_cache.chmod(0o777)
         manifest = service_manifest(
             engine.name,
             s3.endpoint,
             [128, 256],
+            node_cache=node_cache,
             autoscaling=autoscaling,
             max_num_seqs=max_num_seqs,
             model=model,
@@ -495,6 +519,7 @@ def started(
             f"{NAME} Ready on artifact {first}",
             timeout=2 * POD_TIMEOUT_S,
         )
+        service.first_metrics = [service.engine_metrics(pod) for pod in service.pods()]
         if router_images is not None:
             service.wait(service.routed, f"{NAME}'s Endpoint Picker and Envoy Ready")
         yield service

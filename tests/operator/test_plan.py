@@ -147,6 +147,28 @@ def test_s3_store_gives_pods_a_local_cache_and_the_aws_environment_but_no_claim(
     assert {"name": "artifact-cache", "mountPath": plan.CACHE_MOUNT} in engine["volumeMounts"]
 
 
+def test_a_node_cache_is_the_serving_pods_shared_bounded_copy_and_not_the_compile_jobs() -> None:
+    access = {"nodeCache": {"hostPath": "/var/cache/neuronfleet", "sizeLimit": "1.5G"}}
+    settings = {"artifactStore": "s3://neff-bucket/prod", "s3": access}
+    s = spec(compile=settings)
+    pod = plan.deployment(OWNER, NS, s, served(s))["spec"]["template"]["spec"]
+    assert {"name": "artifact-cache", "hostPath": {"path": "/var/cache/neuronfleet", "type": "Directory"}} in pod[
+        "volumes"
+    ]
+    engine = pod["containers"][0]
+    assert {"name": "artifact-cache", "mountPath": plan.CACHE_MOUNT} in engine["volumeMounts"]
+    assert {"name": "NEURONFLEET_ARTIFACT_CACHE_BYTES", "value": "1500000000"} in engine["env"]
+    # A compile Job stages its upload in a cache of its own: no other pod reads it.
+    owner, parsed = artifact_spec(compile=settings)
+    job_pod = plan.compile_job(owner, NS, parsed)["spec"]["template"]["spec"]
+    assert {"name": "artifact-cache", "emptyDir": {}} in job_pod["volumes"]
+    assert "NEURONFLEET_ARTIFACT_CACHE_BYTES" not in str(job_pod)
+    # Without one, each serving pod keeps its own copy, unbounded.
+    plain = spec(compile={"artifactStore": "s3://neff-bucket/prod"})
+    pod = plan.deployment(OWNER, NS, plain, served(plain))["spec"]["template"]["spec"]
+    assert {"name": "artifact-cache", "emptyDir": {}} in pod["volumes"]
+
+
 def test_serving_pods_run_as_their_own_services_account_on_a_shared_artifact() -> None:
     first = spec(compile={"artifactStore": "s3://neff-bucket/prod", "serviceAccountName": "first"})
     second = spec(compile={"artifactStore": "s3://neff-bucket/prod", "serviceAccountName": "second"})

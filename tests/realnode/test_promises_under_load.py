@@ -23,6 +23,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import yaml
@@ -48,7 +49,9 @@ from harness.fleet import (
     started,
 )
 from harness.node_load import LoadResult
+from prometheus_client.parser import text_string_to_metric_families
 
+from neuronfleet.contract import metrics
 from neuronfleet.contract.faults import DEVICE_FAULT_PREFIX, parse_termination_message
 from neuronfleet.contract.names import (
     ANNOTATION_FAULT,
@@ -581,6 +584,34 @@ def test_a_node_fault_on_the_only_node_takes_one_replica_out_and_fails_nothing(f
     assert condition(fleet.get("nis", NAME), "Degraded")["reason"] == "Healthy"
 
 
+@dataclass(frozen=True)
+class ReplicaStart:
+    """A replica's start as it published it: where its weights came from, in which form, each phase's seconds."""
+
+    weights_from: str
+    weights: str
+    phases: dict[str, float]
+
+    @classmethod
+    def of(cls, exposition: str) -> ReplicaStart:
+        """Read from a replica's ``/metrics``."""
+        (family,) = (f for f in text_string_to_metric_families(exposition) if f.name == metrics.REPLICA_START_SECONDS)
+        (path,) = {(s.labels["weights_from"], s.labels["weights"]) for s in family.samples}
+        return cls(*path, {s.labels["phase"]: s.value for s in family.samples})
+
+
+def test_the_first_replicas_filled_the_node_cache_once(fleet: Fleet) -> None:
+    """The fleet's two replicas started side by side on its one node: one copied the artifact (graphs and the
+    weights' record) from S3 into the node's cache, the other waited for that copy and read it from local disk.
+    Neither fetched or sharded the checkpoint: the weights came pre-sharded in the artifact."""
+    assert fleet.first_metrics is not None
+    starts = {start.weights_from: start for start in map(ReplicaStart.of, fleet.first_metrics)}
+    assert sorted(starts) == ["local", "s3"], starts
+    assert {start.weights for start in starts.values()} == {"shards"}
+    assert starts["s3"].phases["fetch"] > 0 == starts["local"].phases["fetch"]
+    assert starts["s3"].phases["shard"] == starts["local"].phases["shard"] == 0
+
+
 def test_kubectl_scale_moves_the_replicas_under_load_and_the_removed_one_drains(fleet: Fleet) -> None:
     serving = fleet.status()["currentRevision"]
     keeper, removed = (p["metadata"]["name"] for p in fleet.pods())
@@ -594,10 +625,19 @@ def test_kubectl_scale_moves_the_replicas_under_load_and_the_removed_one_drains(
         fleet.wait(lambda: fleet.rolled_out_to(serving, replicas=1), "one replica")
         assert fleet.get("deployment", NAME)["spec"]["replicas"] == 1
         assert [p["metadata"]["name"] for p in fleet.pods()] == [keeper]
+        scaled_out_at = time.monotonic()
         fleet.kubectl("scale", "nis", NAME, "--replicas=2")
         fleet.wait(lambda: fleet.rolled_out_to(serving, replicas=2), "two replicas again")
+        serving_after = time.monotonic() - scaled_out_at
         result = load.stop()
     report("scale", result, scaled_in=scaled_at)
+    (added,) = (p for p in fleet.pods() if p["metadata"]["name"] != keeper)
+    start = ReplicaStart.of(fleet.engine_metrics(added))
+    phases = ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in start.phases.items())
+    print(f"    scale-out: serving {serving_after:.1f} s (polled every 2 s) after the decision; {phases}", flush=True)
+    # The artifact was on the node already (the keeper's copy): the added replica copied nothing from S3.
+    assert (start.weights_from, start.weights) == ("local", "shards")
+    assert start.phases["fetch"] == 0
     by_replica = Counter(a.recorded.get(REPLICA_HEADER) for a in result.answers)
     draining = [a for a in result.in_flight_at(scaled_at) if a.recorded.get(REPLICA_HEADER) == removed]
     print(f"    {len(draining)} in flight on {removed} at scale-in; answers by replica: {dict(by_replica)}", flush=True)

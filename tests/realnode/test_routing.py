@@ -107,13 +107,9 @@ def endpoints(pods: list[Obj]) -> dict[str, str]:
 
 def scrape(fleet: Fleet, pod: Obj) -> dict[str, list[str]]:
     """The engine's metrics the picker reads, from the node: each family's sample lines."""
-    url = f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
-    script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
-    done = fleet.node.in_netns(["python3", "-I", "-c", script])
-    assert done.returncode == 0, done.stderr
     families = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
     found: dict[str, list[str]] = {name: [] for name in (*families, "vllm:cache_config_info")}
-    for line in done.stdout.splitlines():
+    for line in fleet.engine_metrics(pod).splitlines():
         for name in found:
             if line.startswith(name + "{"):
                 found[name].append(line)

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from neuronfleet.operator.api.k8s import (
     ENDPOINT_PATTERN,
+    HOST_PATH_PATTERN,
     OBJECT_NAME_PATTERN,
     QUANTITY_PATTERN,
     REGION_PATTERN,
@@ -28,6 +29,28 @@ class CompileResources(K8sModel):
 
     cpu: str = Field("4", pattern=QUANTITY_PATTERN, max_length=32, description="CPU request and limit.")
     memory: str = Field("16Gi", pattern=QUANTITY_PATTERN, max_length=32, description="Memory request and limit.")
+
+
+class NodeCache(K8sModel):
+    """A directory on each node in which the serving replicas there share their copies of ``s3://`` artifacts."""
+
+    host_path: str = Field(
+        pattern=HOST_PATH_PATTERN,
+        max_length=256,
+        description=(
+            "The node's directory (a hostPath volume of type Directory): it must exist and be writable by the "
+            "engine's user, uid and gid 1000 (the node's bootstrap makes it; docs/operator.md shows how)."
+        ),
+    )
+    size_limit: str = Field(
+        "200Gi",
+        pattern=QUANTITY_PATTERN,
+        max_length=32,
+        description=(
+            "What the cache may hold: before a copy, the artifacts no replica on the node serves are evicted, "
+            "least recently used first, until the new one fits."
+        ),
+    )
 
 
 class S3Access(K8sModel):
@@ -52,6 +75,13 @@ class S3Access(K8sModel):
         description=(
             "A Secret in the service's namespace whose keys become the pods' environment "
             "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), for clusters without IRSA or EKS Pod Identity."
+        ),
+    )
+    node_cache: NodeCache | None = Field(
+        None,
+        description=(
+            "Serving replicas on one node share their copies of each artifact in this directory: the first copies "
+            "it from the store, the next start from local disk. Default: each pod copies into its own emptyDir."
         ),
     )
 

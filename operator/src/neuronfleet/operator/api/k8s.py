@@ -48,6 +48,8 @@ STORE_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[A-Za-z0-9._/-]*)?|s3:/
 #: A DNS-1123 subdomain: the name of a ServiceAccount or a Secret.
 OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 #: An http(s) endpoint for an S3-compatible service.
+#: An absolute directory on a node (a hostPath volume's path).
+HOST_PATH_PATTERN = r"^/[A-Za-z0-9._/-]*$"
 ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?$"
 #: An AWS region name.
 REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from kubernetes.utils import parse_quantity
 
 from neuronfleet.contract.buckets import NUM_BATCHED_TOKENS_BUCKETS, NUM_SEQS_BUCKETS
 from neuronfleet.contract.config import EngineConfig
-from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV
+from neuronfleet.contract.identity import ARTIFACT_CACHE_ENV, ARTIFACT_CACHE_LIMIT_ENV
 from neuronfleet.contract.names import LABEL_ARTIFACT, LABEL_INSTANCE, LABEL_SERVICE, MANAGED_BY_LABEL, OPERATOR_NAME
 from neuronfleet.operator import api
 
@@ -158,7 +159,8 @@ class StoreAccess:
 
 
 def store_access(settings: api.CompileSettings, *, read_only: bool) -> StoreAccess:
-    """A ``pvc://`` store is a mounted claim; an ``s3://`` one is the AWS environment and a local cache."""
+    """A ``pvc://`` store is a mounted claim; an ``s3://`` one is the AWS environment and a local cache: the
+    node's, shared and bounded, for serving pods (``read_only``) when the store names one, else the pod's own."""
     if settings.store_claim is not None:
         volume = {
             "name": "artifacts",
@@ -175,7 +177,10 @@ def store_access(settings: api.CompileSettings, *, read_only: bool) -> StoreAcce
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": s3.endpoint_url})
     # The credentials stay in their Secret: the pod's environment reads them, no object here holds them.
     secrets = [] if s3.credentials_secret is None else [{"secretRef": {"name": s3.credentials_secret}}]
-    cache = {"name": "artifact-cache", "emptyDir": {}}
+    cache: Obj = {"name": "artifact-cache", "emptyDir": {}}
+    if read_only and s3.node_cache is not None:
+        cache = {"name": "artifact-cache", "hostPath": {"path": s3.node_cache.host_path, "type": "Directory"}}
+        env.append({"name": ARTIFACT_CACHE_LIMIT_ENV, "value": str(int(parse_quantity(s3.node_cache.size_limit)))})
     return StoreAccess([cache], [{"name": "artifact-cache", "mountPath": CACHE_MOUNT}], env, secrets)
 
 
