@@ -117,6 +117,16 @@ def test_behaviour_adds_a_few_replicas_per_cold_start_and_removes_them_slowly() 
     assert behavior["scaleDown"] == {"stabilizationWindowSeconds": 300}
 
 
+def test_scale_in_waits_at_least_a_replicas_start_so_it_never_removes_one_still_loading() -> None:
+    """A 405B from the Hub starts in about 30 minutes: the load must stay low that long after a scale-out before
+    a replica goes, else the ReplicaSet removes the new, not yet Ready pod first."""
+    quick = autoscaling(scaleDownStabilizationSeconds=10)
+    for start_s, window in ((0.0, 10), (7.2, 10), (316.4, 317)):
+        body = scaling.scaled_object(OWNER, NS, quick, PROMETHEUS, paused=False, start_s=start_s)
+        behavior = body["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behavior["scaleDown"] == {"stabilizationWindowSeconds": window}, start_s
+
+
 def test_desired_replicas_come_from_the_scaler_within_its_bounds() -> None:
     assert spec().desired_replicas == 1
     assert spec(replicas=0).desired_replicas == 0

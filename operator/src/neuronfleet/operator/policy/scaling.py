@@ -8,6 +8,7 @@ serving revision, and no replica of an uncompiled revision ever starts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +106,16 @@ def warm_floor_query(namespace: str, name: str, floor: api.WarmFloor, start_s: f
     return f"(({busy} * {rise} / (1 + {_number(floor.ttft_seconds)} / {lag})) > 0) or vector(0)"
 
 
-def _behavior(autoscaling: api.Autoscaling) -> Obj:
-    """Add replicas a few per cold start; remove them only after the load stayed low."""
+def scale_down_window_s(autoscaling: api.Autoscaling, start_s: float) -> int:
+    """How long the load must stay low before replicas are removed: the spec's, and never under a replica's
+    start, so that a scale-in never removes a replica still loading from the last scale-out (the ReplicaSet takes
+    a pod that is not Ready first)."""
+    return max(autoscaling.scale_down_stabilization_seconds, math.ceil(start_s))
+
+
+def _behavior(autoscaling: api.Autoscaling, start_s: float) -> Obj:
+    """Add replicas a few per cold start; remove them only after the load stayed low, and the last ones added
+    had the time to start."""
     return {
         "scaleUp": {
             "stabilizationWindowSeconds": 0,
@@ -119,7 +128,7 @@ def _behavior(autoscaling: api.Autoscaling) -> Obj:
                 }
             ],
         },
-        "scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds},
+        "scaleDown": {"stabilizationWindowSeconds": scale_down_window_s(autoscaling, start_s)},
     }
 
 
@@ -148,7 +157,7 @@ def scaled_object(
             "pollingInterval": autoscaling.polling_interval_seconds,
             "cooldownPeriod": autoscaling.cooldown_period_seconds,
             "initialCooldownPeriod": autoscaling.initial_cooldown_period_seconds,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(autoscaling)}},
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(autoscaling, start_s)}},
             "triggers": triggers(namespace, owner.name, autoscaling, prometheus, start_s=start_s),
         },
     }
