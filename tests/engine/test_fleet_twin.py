@@ -148,6 +148,17 @@ def test_the_hpa_adds_a_few_replicas_per_period_and_removes_them_only_after_the_
     assert scaler.decide(436.0, 5, Signals(waiting=0)) == 1
 
 
+def test_the_rendered_hpa_keeps_a_replica_that_takes_longer_to_start_than_the_window() -> None:
+    """As the operator renders it: with replicas that start in 400 s, the 300 s window becomes 400 s, so the
+    replicas added at 0 s are not removed before they serve."""
+    policy = AutoscalingPolicy(min_replicas=1, max_replicas=10, scale_up_replicas=2)
+    scaler = Autoscaler.rendered(policy, start_s=400.0)
+    assert scaler.decide(0.0, 1, Signals(waiting=40)) == 3
+    assert scaler.decide(301.0, 3, Signals(waiting=0)) == 3, "still loading at 301 s"
+    assert scaler.decide(401.0, 3, Signals(waiting=0)) == 1
+    assert Autoscaler.rendered(policy, start_s=30.0).policy == policy
+
+
 def test_the_hpa_follows_the_trigger_that_wants_most_replicas() -> None:
     """Nothing waits while capacity matches the load: the queue asks for none, the prefill backlog (seconds of
     prefill work held, 2 s a replica) and the warm floor (the load's 3.2 busy replicas doubling during a 300 s

@@ -22,6 +22,8 @@ Standard library only: the operator imports it.
 
 from __future__ import annotations
 
+import math
+
 #: The HPA controller's sync period (kube-controller-manager's default): a decision waits up to this for it.
 HPA_SYNC_S = 15.0
 #: The scrape interval the operator assumes of Prometheus (the one kube-prometheus-stack's monitors use).
@@ -39,3 +41,10 @@ def warm_floor(busy: float, *, step: float, ttft_s: float, lag_s: float) -> floa
 def signal_lag_s(start_s: float, scrape_s: float = SCRAPE_S) -> float:
     """Seconds from a rise in load to a new replica serving, at worst: a scrape, the HPA's sync, the start."""
     return start_s + scrape_s + HPA_SYNC_S
+
+
+def scale_down_window_s(configured_s: int, start_s: float) -> int:
+    """The HPA's scale-down stabilization: ``configured_s``, and never under a replica's start ``start_s``. The
+    ReplicaSet removes a pod that is not Ready first, so a scale-in sooner after a scale-out would take a replica
+    still loading; with the load held low this long, the last ones added serve by then."""
+    return max(configured_s, math.ceil(start_s))

@@ -19,11 +19,12 @@ operator's).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from neuronfleet.contract.scaling import HPA_SYNC_S, warm_floor
+from neuronfleet.contract.scaling import HPA_SYNC_S, scale_down_window_s, warm_floor
 
 #: The HPA controller's tolerance (kube-controller-manager's default).
 HPA_TOLERANCE = 0.1
@@ -81,6 +82,13 @@ class Autoscaler:
     _wishes: deque[tuple[float, int]] = field(default_factory=deque)
     #: (when, replicas added) within the scale-up period.
     _added: deque[tuple[float, int]] = field(default_factory=deque)
+
+    @classmethod
+    def rendered(cls, policy: AutoscalingPolicy, start_s: float) -> Autoscaler:
+        """The HPA the operator renders for ``policy`` with replicas that take ``start_s`` to start: its
+        scale-down window never under a start (``contract.scaling.scale_down_window_s``)."""
+        window = scale_down_window_s(policy.scale_down_stabilization_seconds, start_s)
+        return cls(dataclasses.replace(policy, scale_down_stabilization_seconds=window))
 
     def wanted(self, current: int, signals: Signals) -> int:
         """The replicas the triggers ask for, the most of them, before the HPA's bounds and behavior."""

@@ -220,7 +220,7 @@ def _run(
     result = TwinRun(spec)
     for _ in range(spec.replicas):
         fleet.add(0.0, 0.0)
-    autoscaler = Autoscaler(spec.autoscaling) if spec.autoscaling else None
+    autoscaler = Autoscaler.rendered(spec.autoscaling, spec.start_s) if spec.autoscaling else None
     sequence = itertools.count()
     events: list[tuple[float, int, int, TwinRequest | None]] = []
 

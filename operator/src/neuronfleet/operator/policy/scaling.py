@@ -8,13 +8,12 @@ serving revision, and no replica of an uncompiled revision ever starts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from neuronfleet.contract import metrics
 from neuronfleet.contract.names import SERVICE_METRIC_LABEL
-from neuronfleet.contract.scaling import signal_lag_s
+from neuronfleet.contract.scaling import scale_down_window_s, signal_lag_s
 from neuronfleet.operator import api, plan
 
 Obj = dict[str, Any]
@@ -106,13 +105,6 @@ def warm_floor_query(namespace: str, name: str, floor: api.WarmFloor, start_s: f
     return f"(({busy} * {rise} / (1 + {_number(floor.ttft_seconds)} / {lag})) > 0) or vector(0)"
 
 
-def scale_down_window_s(autoscaling: api.Autoscaling, start_s: float) -> int:
-    """How long the load must stay low before replicas are removed: the spec's, and never under a replica's
-    start, so that a scale-in never removes a replica still loading from the last scale-out (the ReplicaSet takes
-    a pod that is not Ready first)."""
-    return max(autoscaling.scale_down_stabilization_seconds, math.ceil(start_s))
-
-
 def _behavior(autoscaling: api.Autoscaling, start_s: float) -> Obj:
     """Add replicas a few per cold start; remove them only after the load stayed low, and the last ones added
     had the time to start."""
@@ -128,7 +120,9 @@ def _behavior(autoscaling: api.Autoscaling, start_s: float) -> Obj:
                 }
             ],
         },
-        "scaleDown": {"stabilizationWindowSeconds": scale_down_window_s(autoscaling, start_s)},
+        "scaleDown": {
+            "stabilizationWindowSeconds": scale_down_window_s(autoscaling.scale_down_stabilization_seconds, start_s)
+        },
     }
 
 
