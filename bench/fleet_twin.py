@@ -38,7 +38,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,17 +311,26 @@ def scaling_traces(base_rate: float) -> list[Trace]:
     ]
 
 
-def scaling_policies(slo_ttft_s: float, floor_steps: list[int]) -> dict[str, AutoscalingPolicy]:
+def scaling_policies(
+    slo_ttft_s: float, floor_steps: list[int], trend_steps: Sequence[int] = ()
+) -> dict[str, AutoscalingPolicy]:
     """The CRD's defaults between 1 and 16 replicas on the queue alone, with the prefill backlog (half the TTFT SLO
     of prefill work a replica), and with a warm floor too for each of ``floor_steps`` (the rise absorbed, in
-    percent; the SLO's TTFT waited)."""
+    percent; the SLO's TTFT waited) and a trend-following one for each of ``trend_steps`` (the headroom above
+    the load projected a lag ahead, in percent)."""
     queue = AutoscalingPolicy(min_replicas=1, max_replicas=16)
     tokens = dataclasses.replace(queue, prefill_backlog_seconds=slo_ttft_s / 2)
     floors = {
         f"+ warm floor {step}%": dataclasses.replace(tokens, warm_floor=WarmFloor(step=step / 100, ttft_s=slo_ttft_s))
         for step in floor_steps
     }
-    return {"queue only": queue, "+ prefill backlog": tokens, **floors}
+    trends = {
+        f"+ trend floor {step}%": dataclasses.replace(
+            tokens, warm_floor=WarmFloor(step=step / 100, ttft_s=slo_ttft_s, follow_trend=True)
+        )
+        for step in trend_steps
+    }
+    return {"queue only": queue, "+ prefill backlog": tokens, **floors, **trends}
 
 
 def within_slo(run: twin.TwinRun, slo: tuple[float, float]) -> float:
@@ -331,26 +340,50 @@ def within_slo(run: twin.TwinRun, slo: tuple[float, float]) -> float:
     return good / max(len(served) + len(run.refused), 1)
 
 
-def scaling(
-    base_rate: float, starts: list[float], trace_names: list[str], floor_steps: list[int], workers: int
-) -> None:
+@dataclass(frozen=True)
+class ScalingRuns:
+    """What the scaling part runs: traces, start times, the warm floors, and which policies."""
+
+    base_rate: float
+    starts: list[float]
+    trace_names: list[str]
+    floor_steps: list[int]
+    trend_steps: list[int]
+    #: Only the policies whose name holds one of these (all when empty).
+    only: list[str]
+    #: The static fleet to compare with (None: search the smallest meeting 95%).
+    static: int | None
+    workers: int
+
+
+def scaling(runs: ScalingRuns) -> None:
     """Each trace on the 8B deployment, RAG-like traffic: the smallest static fleet with 95% within the SLO, then
     each policy at each start time, starting from that fleet's share for the first moment's rate."""
+    base_rate, starts, workers = runs.base_rate, runs.starts, runs.workers
     deployment = DEPLOYMENTS[0]
     cost = deployment.cost()
     engine = deployment.engine(SchedulerOptions(), cost)
     slo = (deployment.ttft_slo_s, deployment.itl_slo_s)
     router = functools.partial(PickerRouter, PickerScoring(inflight_tokens=True))
-    for trace in [t for t in scaling_traces(base_rate) if t.name in trace_names]:
+    policies = {
+        name: policy
+        for name, policy in scaling_policies(slo[0], runs.floor_steps, runs.trend_steps).items()
+        if not runs.only or any(part in name for part in runs.only)
+    }
+    for trace in [t for t in scaling_traces(base_rate) if t.name in runs.trace_names]:
         source = workloads.TRAFFIC["rag"].requests(
             arrivals.modulated_times(trace.rate, trace.peak, trace.duration_s, 3), cap=4096, seed=3
         )
-        static, static_run = smallest_static_fleet(engine, cost, source, router, slo, workers)
+        if runs.static is None:
+            static, static_run = smallest_static_fleet(engine, cost, source, router, slo, workers)
+        else:
+            static = runs.static
+            static_run = twin.run(twin.FleetSpec.of(engine, cost, static), source, router(), workers=workers)
         met = within_slo(static_run, slo)
         rows = [["static, the fewest meeting 95%", "-", f"{met:.1%}", *cost_columns(static_run, static_run)]]
         initial = max(1, math.ceil(static * trace.rate(0.0) / trace.peak))
         for start in starts:
-            for name, policy in scaling_policies(slo[0], floor_steps).items():
+            for name, policy in policies.items():
                 spec = twin.FleetSpec.of(engine, cost, initial, start_s=start, autoscaling=policy)
                 run = twin.run(spec, source, router(), workers=workers)
                 rows.append([name, f"{start:.0f} s", f"{within_slo(run, slo):.1%}", *cost_columns(run, static_run)])
@@ -413,6 +446,11 @@ def main() -> None:
     parser.add_argument("--starts", type=float, nargs="+", default=[30.0, 120.0, 300.0], help="replica start times, s")
     parser.add_argument("--traces", nargs="+", choices=["step", "day"], default=["step", "day"])
     parser.add_argument("--floor-steps", type=int, nargs="+", default=[100], help="warm floors' rises, percent")
+    parser.add_argument(
+        "--trend-steps", type=int, nargs="*", default=[], help="trend-following warm floors' headroom, percent"
+    )
+    parser.add_argument("--policies", nargs="*", default=[], help="only the policies whose name holds one of these")
+    parser.add_argument("--static", type=int, help="the static fleet to compare with (default: the smallest at 95%%)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     if "validate" in args.part:
@@ -424,7 +462,12 @@ def main() -> None:
     if "routing" in args.part:
         routing_at_scale([size for size in args.sizes if size >= 8], args.seeds)
     if "scaling" in args.part:
-        scaling(args.base_rate, args.starts, args.traces, args.floor_steps, args.workers)
+        scaling(
+            ScalingRuns(
+                args.base_rate, args.starts, args.traces, args.floor_steps, args.trend_steps, args.policies,
+                args.static, args.workers,
+            )
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -103,9 +103,28 @@ def test_the_warm_floor_is_the_contracts_formula_on_the_token_rates_and_the_meas
 def test_the_warm_floors_defaults_absorb_a_doubling_waiting_two_seconds() -> None:
     floor = autoscaling(warmFloor={}).warm_floor
     assert floor is not None
-    assert (floor.step_percent, floor.ttft_seconds, floor.window_seconds) == (100, 2.0, 300)
+    assert (floor.step_percent, floor.ttft_seconds, floor.window_seconds, floor.follow_trend) == (100, 2.0, 300, False)
     twin_floor = WarmFloor()
-    assert (twin_floor.step * 100, twin_floor.ttft_s, twin_floor.window_s) == (100, 2.0, 300)
+    assert (twin_floor.step * 100, twin_floor.ttft_s, twin_floor.window_s, twin_floor.follow_trend) == (
+        100,
+        2.0,
+        300,
+        False,
+    )
+
+
+def test_a_trend_following_floor_reads_the_windows_last_fifth_beside_it() -> None:
+    found = scaling.triggers(
+        NS, "llama", autoscaling(warmFloor={"stepPercent": 25, "ttftSeconds": 1, "followTrend": True}), PROMETHEUS,
+        start_s=316,
+    )  # fmt: skip
+    query = {t["name"]: t for t in found}["warm-floor"]["metadata"]["query"]
+    busy = "sum(rate(neuronfleet:device_busy_seconds_total{SELECTOR}[{window}s]))"
+    whole, recent = busy.format(SELECTOR=SELECTOR, window=300), busy.format(SELECTOR=SELECTOR, window=60)
+    start = f"scalar(max(sum without (phase) (neuronfleet:replica_start_seconds{SELECTOR})) or vector(316))"
+    lag = f"({start} + 30)"
+    load = f"(({recent} or {whole}) + clamp_min((({recent} or {whole}) - {whole}) / 120, 0) * ({lag} + 30))"
+    assert query == f"(({load} * 1.25 / (1 + 1 / {lag})) > 0) or vector(0)"
 
 
 def test_behaviour_adds_a_few_replicas_per_cold_start_and_removes_them_slowly() -> None:
@@ -183,4 +202,8 @@ def test_the_autoscaling_condition_names_the_look_ahead_signals() -> None:
     assert scaling.signals(found) == (
         "vllm:num_requests_waiting (target 4/replica), prefill backlog (target 0.5 s/replica), "
         "warm floor (a 50% rise absorbed while replicas start, 1.5 s waited)"
+    )
+    trend = autoscaling(warmFloor={"stepPercent": 25, "ttftSeconds": 1, "followTrend": True})
+    assert scaling.signals(trend).endswith(
+        "warm floor (25% above the load projected along its rise while replicas start, 1 s waited)"
     )

@@ -20,7 +20,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from neuronfleet.contract import metrics
-from neuronfleet.contract.scaling import signal_lag_s, warm_floor
+from neuronfleet.contract.scaling import signal_lag_s, trend_floor, warm_floor
 from neuronfleet.devcluster.process.managed import ManagedProcess, free_ports
 from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
 from neuronfleet.devcluster.process.waiting import wait_for
@@ -175,6 +175,26 @@ def test_the_warm_floor_is_the_contracts_formula_on_the_busy_rate_and_the_slowes
     expected = warm_floor(busy, step=0.5, ttft_s=1.5, lag_s=signal_lag_s(slowest))
     assert prometheus.value(trigger_query("llama", "warm-floor", found), at) == pytest.approx(expected, rel=1e-9)
     assert expected > 1.5 * busy * 0.9, "the rise, barely discounted by a lag of minutes"
+
+
+def test_a_trend_following_floor_projects_the_recent_rise_a_lag_ahead(prometheus: Prometheus) -> None:
+    """An hour's window and its last 12 minutes: Prometheus holds under a minute of the counters, so the hour's
+    rate reads a fifth of the 12 minutes' one, a steep rise, which the floor projects a lag ahead."""
+    found = autoscaling(warmFloor={"stepPercent": 25, "ttftSeconds": 1.5, "windowSeconds": 3600, "followTrend": True})
+    at = time.time()
+    selector = f'{{namespace="{NAMESPACE}",neuronfleet_io_service="llama"}}'
+    recent, window = (
+        prometheus.value(f"sum(rate({metrics.DEVICE_BUSY_SECONDS}_total{selector}[{seconds}s]))", at)
+        for seconds in (720, 3600)
+    )
+    assert recent is not None
+    assert window is not None
+    assert recent > 4 * window > 0, "a rise"
+    slowest = sum(STARTS[1].values())
+    expected = trend_floor(recent, window, window_s=3600, step=0.25, ttft_s=1.5, lag_s=signal_lag_s(slowest))
+    assert prometheus.value(trigger_query("llama", "warm-floor", found), at) == pytest.approx(expected, rel=1e-9)
+    assert expected > 1.25 * recent, "the rise is projected ahead"
+    assert prometheus.value(trigger_query("gone", "warm-floor", found), at) == 0
 
 
 def test_the_warm_floor_reads_the_predicted_start_until_a_replica_publishes_one(prometheus: Prometheus) -> None:

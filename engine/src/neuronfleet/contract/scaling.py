@@ -28,6 +28,8 @@ import math
 HPA_SYNC_S = 15.0
 #: The scrape interval the operator assumes of Prometheus (the one kube-prometheus-stack's monitors use).
 SCRAPE_S = 15.0
+#: The share of a trend-following floor's window its recent rate is read over.
+TREND_SHARE = 0.2
 
 
 def warm_floor(busy: float, *, step: float, ttft_s: float, lag_s: float) -> float:
@@ -48,3 +50,21 @@ def scale_down_window_s(configured_s: int, start_s: float) -> int:
     ReplicaSet removes a pod that is not Ready first, so a scale-in sooner after a scale-out would take a replica
     still loading; with the load held low this long, the last ones added serve by then."""
     return max(configured_s, math.ceil(start_s))
+
+
+def trend_window_s(window_s: float) -> float:
+    """The recent window a trend-following floor reads beside its whole window: the last fifth of it."""
+    return window_s * TREND_SHARE
+
+
+def trend_floor(
+    busy_recent: float, busy_window: float, *, window_s: float, step: float, ttft_s: float, lag_s: float
+) -> float:
+    """The warm floor of the load projected a lag ahead along its recent rise: ``busy_recent`` over the last
+    :func:`trend_window_s`, ``busy_window`` over the last ``window_s``; their difference over the time between
+    their middles is the rise a second. A falling load is not projected (scale-in has its own window). ``step`` is
+    then the headroom kept above the projection."""
+    recent_s = trend_window_s(window_s)
+    slope = (busy_recent - busy_window) / ((window_s - recent_s) / 2)
+    projected = busy_recent + max(slope, 0.0) * (lag_s + recent_s / 2)
+    return warm_floor(projected, step=step, ttft_s=ttft_s, lag_s=lag_s)

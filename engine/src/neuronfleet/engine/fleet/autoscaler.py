@@ -24,7 +24,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from neuronfleet.contract.scaling import HPA_SYNC_S, scale_down_window_s, warm_floor
+from neuronfleet.contract.scaling import HPA_SYNC_S, scale_down_window_s, trend_floor, warm_floor
 
 #: The HPA controller's tolerance (kube-controller-manager's default).
 HPA_TOLERANCE = 0.1
@@ -40,6 +40,10 @@ class WarmFloor:
     ttft_s: float = 2.0
     #: The window of the device-busy rate the load is read from.
     window_s: float = 300.0
+    #: Follow the load's rise: the busy rate over the window's last fifth against the whole window's gives the
+    #: rise a second, projected a lag ahead (``contract.scaling.trend_floor``); ``step`` is then the headroom
+    #: kept above the projection.
+    follow_trend: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class Signals:
     prefill_backlog_s: float = 0.0
     #: Replicas' worth of busy device: the device-busy seconds' rate over the warm floor's window.
     busy: float = 0.0
+    #: The same over the trend's recent window (``contract.scaling.trend_window_s``).
+    busy_recent: float = 0.0
     #: Seconds from a rise in load to a new replica serving (``contract.scaling.signal_lag_s``).
     lag_s: float = 0.0
 
@@ -97,7 +103,7 @@ class Autoscaler:
         if policy.prefill_backlog_seconds is not None:
             metrics.append((signals.prefill_backlog_s, policy.prefill_backlog_seconds))
         if (floor := policy.warm_floor) is not None:
-            metrics.append((warm_floor(signals.busy, step=floor.step, ttft_s=floor.ttft_s, lag_s=signals.lag_s), 1.0))
+            metrics.append((_floor(floor, signals), 1.0))
         return max(_average_value_wish(current, value, target) for value, target in metrics)
 
     def decide(self, now: float, current: int, signals: Signals) -> int:
@@ -124,3 +130,12 @@ def _average_value_wish(current: int, total: float, target: float) -> int:
     if current and abs(total / (target * current) - 1) <= HPA_TOLERANCE:
         return current
     return math.ceil(total / target)
+
+
+def _floor(floor: WarmFloor, signals: Signals) -> float:
+    if not floor.follow_trend:
+        return warm_floor(signals.busy, step=floor.step, ttft_s=floor.ttft_s, lag_s=signals.lag_s)
+    return trend_floor(
+        signals.busy_recent, signals.busy, window_s=floor.window_s, step=floor.step, ttft_s=floor.ttft_s,
+        lag_s=signals.lag_s,
+    )  # fmt: skip

@@ -23,7 +23,7 @@ from typing import Any
 from vllm.config import CacheConfig
 
 from neuronfleet.contract.config import EngineConfig
-from neuronfleet.contract.scaling import signal_lag_s
+from neuronfleet.contract.scaling import signal_lag_s, trend_window_s
 from neuronfleet.contract.start_time import StartTime, StoreKind, predict_start
 from neuronfleet.engine.fleet.arrivals import Source, TwinRequest
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy, Signals
@@ -313,11 +313,15 @@ def _scraped_signals(fleet: _Fleet, now: float, policy: AutoscalingPolicy) -> Si
     )
     if policy.warm_floor is None:
         return signals
-    window = policy.warm_floor.window_s
-    while fleet.busy and fleet.busy[0][0] < scraped - window:
+    floor = policy.warm_floor
+    while fleet.busy and fleet.busy[0][0] < scraped - floor.window_s:
         fleet.busy.popleft()
-    busy = sum(seconds for ended, seconds in fleet.busy if ended <= scraped) / window
-    return dataclasses.replace(signals, busy=busy)
+
+    def busy(window: float) -> float:
+        return sum(seconds for ended, seconds in fleet.busy if scraped - window <= ended <= scraped) / window
+
+    recent = busy(trend_window_s(floor.window_s)) if floor.follow_trend else 0.0
+    return dataclasses.replace(signals, busy=busy(floor.window_s), busy_recent=recent)
 
 
 def _sample(fleet: _Fleet, now: float) -> Sample:

@@ -94,13 +94,27 @@ class WarmFloor(K8sModel):
     during a new replica's start, no request waiting longer than ``ttftSeconds`` for it (``docs/fleet.md``)."""
 
     step_percent: int = Field(
-        100, ge=1, le=1000, description="The rise in load absorbed while replicas start, in percent (100: doubling)."
+        100,
+        ge=0,
+        le=1000,
+        description=(
+            "The rise in load absorbed while replicas start, in percent (100: doubling); with followTrend, the "
+            "headroom kept above the load projected a start ahead."
+        ),
     )
     ttft_seconds: float = Field(
         2.0, gt=0, le=600, description="The longest a request may wait for the replicas the rise brings: the TTFT SLO."
     )
     window_seconds: int = Field(
         300, ge=30, le=3600, description="The window of the devices' busy time the load is read from."
+    )
+    follow_trend: bool = Field(
+        False,
+        description=(
+            "Project the load a replica's start ahead along its rise (the busy time over the window's last fifth "
+            "against the whole window's), and keep stepPercent above that: a floor that follows a day's rise "
+            "instead of holding a fixed step's headroom all day (docs/fleet.md, 'Scaling that looks ahead')."
+        ),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from neuronfleet.contract import metrics
 from neuronfleet.contract.names import SERVICE_METRIC_LABEL
-from neuronfleet.contract.scaling import scale_down_window_s, signal_lag_s
+from neuronfleet.contract.scaling import scale_down_window_s, signal_lag_s, trend_window_s
 from neuronfleet.operator import api, plan
 
 Obj = dict[str, Any]
@@ -90,19 +90,29 @@ def triggers(
 
 def warm_floor_query(namespace: str, name: str, floor: api.WarmFloor, start_s: float) -> str:
     """``contract.scaling.warm_floor`` in PromQL, in replicas: the replicas' device-busy seconds a second over the
-    window, risen by the step, over ``1 + ttft / lag``; the lag from the slowest serving replica's published start
-    (``start_s`` before any did), a scrape and the HPA's sync."""
+    window (following the trend: projected a lag ahead, ``contract.scaling.trend_floor``), risen by the step, over
+    ``1 + ttft / lag``; the lag from the slowest serving replica's published start (``start_s`` before any did), a
+    scrape and the HPA's sync."""
 
     def of(metric: str) -> str:
         return series(metric, namespace, name)
 
-    window = f"{floor.window_seconds}s"
-    busy = f"sum(rate({of(f'{metrics.DEVICE_BUSY_SECONDS}_total')}[{window}]))"
+    def busy(window_s: float) -> str:
+        return f"sum(rate({of(f'{metrics.DEVICE_BUSY_SECONDS}_total')}[{_number(window_s)}s]))"
+
     start = f"scalar(max(sum without (phase) ({of(metrics.REPLICA_START_SECONDS)})) or vector({_number(start_s)}))"
     lag = f"({start} + {_number(signal_lag_s(0.0))})"
+    load = busy(floor.window_seconds)
+    if floor.follow_trend:
+        # contract.scaling.trend_floor: the recent rate, plus its rise a second (never below 0) a lag ahead. A
+        # recent window too short for two scrapes reads the whole window's rate: no rise.
+        recent_s = trend_window_s(floor.window_seconds)
+        recent = f"({busy(recent_s)} or {load})"
+        slope = f"clamp_min(({recent} - {load}) / {_number((floor.window_seconds - recent_s) / 2)}, 0)"
+        load = f"({recent} + {slope} * ({lag} + {_number(recent_s / 2)}))"
     rise = _number(1 + floor.step_percent / 100)
     # Nothing before the replicas' first steps: read as 0, which asks for nothing.
-    return f"(({busy} * {rise} / (1 + {_number(floor.ttft_seconds)} / {lag})) > 0) or vector(0)"
+    return f"(({load} * {rise} / (1 + {_number(floor.ttft_seconds)} / {lag})) > 0) or vector(0)"
 
 
 def _behavior(autoscaling: api.Autoscaling, start_s: float) -> Obj:
@@ -173,10 +183,12 @@ def signals(autoscaling: api.Autoscaling) -> str:
     if autoscaling.prefill_backlog_seconds is not None:
         names.append(f"prefill backlog (target {_number(autoscaling.prefill_backlog_seconds)} s/replica)")
     if (floor := autoscaling.warm_floor) is not None:
-        names.append(
-            f"warm floor (a {floor.step_percent}% rise absorbed while replicas start, "
-            f"{_number(floor.ttft_seconds)} s waited)"
+        kept = (
+            f"{floor.step_percent}% above the load projected along its rise"
+            if floor.follow_trend
+            else f"a {floor.step_percent}% rise absorbed"
         )
+        names.append(f"warm floor ({kept} while replicas start, {_number(floor.ttft_seconds)} s waited)")
     if autoscaling.kv_cache_usage is not None:
         names.append(f"{KV_CACHE_USAGE} (target {_number(autoscaling.kv_cache_usage)})")
     if autoscaling.ttft_p95_seconds is not None:
