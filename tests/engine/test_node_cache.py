@@ -1,6 +1,8 @@
 """The node's cache of ``s3://`` artifacts, shared by the replicas on a node: two filling it at once copy the
 artifact once, a second replica starts from local disk, the bound evicts the least recently used artifact that no
-replica holds, and never one that a replica serves. Real S3 (versitygw), real processes, real file locks."""
+replica holds, and never one that a replica serves. Real S3 (versitygw), real processes, real file locks. (A
+served replica holding its copy through vLLM's exec: ``test_s3_store.py``; a second replica starting from the
+node's copy under the operator: ``tests/realnode/test_promises_under_load.py``.)"""
 
 from __future__ import annotations
 
@@ -11,11 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.engine_server import SCRIPTS, ServerPool, engine_env, write_engine_config
-from harness.programs import run_program
 from harness.s3_fixtures import Bucket
 
-from neuronfleet.contract import metrics
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.identity import CompileIdentity, ModelSource
 from neuronfleet.contract.sim_settings import SimSettings
@@ -179,40 +178,3 @@ def test_the_bound_evicts_the_least_recently_used_artifact_no_replica_holds(stor
         assert manifest is not None
         check_files(artifact.directory, manifest)
         release(artifact)
-
-
-def test_a_second_replica_on_the_node_starts_from_local_disk(
-    servers: ServerPool, s3_bucket: Bucket, tmp_path: Path
-) -> None:
-    """Two replicas served one after the other from the same node cache: the first fetches the pre-sharded weights
-    from S3, the second reads them from the node, as each one's published start says. A served artifact is held
-    through the exec of vLLM's server: no eviction takes it until the replica exits."""
-    config = write_engine_config(tmp_path, max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512)
-    env = {**engine_env(), **s3_bucket.env, "NEURONFLEET_ARTIFACT_CACHE": str(tmp_path / "compile")}
-    compiled = run_program(
-        [str(SCRIPTS / "neuronfleet-engine"), "compile", "-c", str(config), "--device", "sim", "--clock", "virtual",
-         "--artifact-store", s3_bucket.store()],
-        timeout=120, env=env,
-    )  # fmt: skip
-    assert compiled.returncode == 0, compiled.stderr
-    cache = tmp_path / "node"
-    paths = []
-    for _ in range(2):
-        server = servers.start(
-            "--config", str(config), "--device", "sim", "--clock", "virtual", "--artifact-store", s3_bucket.store(),
-            env={**s3_bucket.env, "NEURONFLEET_ARTIFACT_CACHE": str(cache)},
-        )  # fmt: skip
-        series = {
-            (dict(labels)["weights_from"], dict(labels)["weights"])
-            for (name, labels), _ in server.metrics().items()
-            if name == metrics.REPLICA_START_SECONDS
-        }
-        ready = server.request("/ready").json()
-        paths.append(series)
-        # Anything else's copy must go to make room for 1 byte: not this one, while it is served.
-        assert node_cache.make_room(cache, keep="another", incoming=1, limit=1) == []
-        assert server.terminate() == 0
-    assert paths == [{("s3", "shards")}, {("local", "shards")}]
-    served = ready["artifact"]
-    assert node_cache.make_room(cache, keep="another", incoming=1, limit=1) == [served]
-    assert not (cache / served).exists()

@@ -21,8 +21,10 @@ from harness.engine_server import SCRIPTS, EngineServer, ServerPool, engine_env,
 from harness.programs import run_program
 from harness.s3_fixtures import Bucket
 
+from neuronfleet.contract import metrics
 from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.identity import CompileIdentity, ModelSource
+from neuronfleet.engine.artifacts import node_cache
 from neuronfleet.engine.artifacts.neuron_compile import compile_command
 from neuronfleet.engine.artifacts.s3 import S3Location, download, upload
 from neuronfleet.engine.artifacts.store import ArtifactError, ArtifactFile, StoreError, artifact_files, read_manifest
@@ -66,7 +68,9 @@ def error_lines(stderr: str) -> list[str]:
 
 
 def serve_and_complete(servers: ServerPool, bucket: Bucket, config: Path, cache: Path, expected: str) -> None:
-    """Serve from the store on the simulated device; the artifact downloaded is the one served."""
+    """Serve from the store on the simulated device; the artifact downloaded is the one served, its weights
+    pre-sharded from S3 as the replica's start says. The copy is held in the cache through vLLM's exec: no eviction
+    takes it until the replica exits."""
     server: EngineServer = servers.start(
         "--config",
         str(config),
@@ -85,8 +89,19 @@ def serve_and_complete(servers: ServerPool, bucket: Bucket, config: Path, cache:
     assert response.json()["usage"]["completion_tokens"] == 4
     log = server.log.read_text()
     assert f"Loaded compiled artifact {expected} from {cache}/{expected}" in log
+    assert "Loaded the weights pre-sharded for 1 ranks" in log
     assert bucket.env["AWS_SECRET_ACCESS_KEY"] not in log
+    paths = {
+        (dict(labels)["weights_from"], dict(labels)["weights"])
+        for (name, labels), _ in server.metrics().items()
+        if name == metrics.REPLICA_START_SECONDS
+    }
+    assert paths == {("s3", "shards")}
+    # Anything's copy must go to make room for one byte: not this one, while it is served.
+    assert node_cache.make_room(cache, keep="another", incoming=1, limit=1) == []
     assert server.terminate() == 0
+    assert node_cache.make_room(cache, keep="another", incoming=1, limit=1) == [expected]
+    assert not (cache / expected).exists()
 
 
 def test_compile_uploads_every_graph_then_the_manifest(s3_bucket: Bucket, tmp_path: Path) -> None:
