@@ -607,6 +607,9 @@ def test_the_first_replicas_filled_the_node_cache_once(fleet: Fleet) -> None:
     assert fleet.first_metrics is not None
     starts = {start.weights_from: start for start in map(ReplicaStart.of, fleet.first_metrics)}
     assert sorted(starts) == ["local", "s3"], starts
+    for path, start in sorted(starts.items()):
+        phases = ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in start.phases.items())
+        print(f"    first replicas: weights from {path}: {phases}", flush=True)
     assert {start.weights for start in starts.values()} == {"shards"}
     assert starts["s3"].phases["fetch"] > 0 == starts["local"].phases["fetch"]
     assert starts["s3"].phases["shard"] == starts["local"].phases["shard"] == 0
