@@ -170,8 +170,13 @@ def test_the_bound_evicts_the_least_recently_used_artifact_no_replica_holds(stor
     assert progress.evictions == [hashes["c"]]
 
     # a and b both served: nothing can go, so c is copied beside them and the cache holds more than its bound.
+    # What else the cache holds (a LoRA adapter's copy) is no artifact, and no eviction takes it either.
+    adapter = cache / "adapters" / "support-fr" / "adapter_model.safetensors"
+    adapter.parent.mkdir(parents=True)
+    adapter.write_bytes(b"x" * size)
     over, progress = serve(store, cache, "c", limit)
     assert progress.evictions == []
+    assert adapter.read_bytes() == b"x" * size
     assert sum(entry.bytes for entry in node_cache.cached_artifacts(cache)) > limit
     for artifact in (again, back, over):
         manifest = read_manifest(artifact.directory)

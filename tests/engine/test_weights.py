@@ -18,6 +18,7 @@ from neuronfleet.contract.start_time import BF16_BYTES
 from neuronfleet.engine.artifacts.provision import compile_into_store
 from neuronfleet.engine.artifacts.store import ArtifactError, load_for_serving
 from neuronfleet.engine.artifacts.weights import (
+    attention_layout,
     checkpoint_shapes,
     load_shards,
     rank_shapes,
@@ -57,7 +58,7 @@ def test_shards_that_divide_evenly_put_back_together_are_the_checkpoint(
     for shard in shards:
         assert {name: tuple(tensor.shape) for name, tensor in shard.items()} == expected
     for name, tensor in original.items():
-        split = split_of(name, TINY)
+        split = split_of(name, TINY, ranks)
         if split.axis is None:
             assert all(torch.equal(shard[name], tensor) for shard in shards), name
         elif name.endswith(("k_proj.weight", "v_proj.weight")) and ranks > TINY.num_key_value_heads:
@@ -84,6 +85,39 @@ def test_a_split_that_does_not_divide_is_padded_with_zeros_in_whole_heads(checkp
     assert whole.shape == (TINY.hidden_size, 129)
     assert torch.equal(whole[:, :128], original[down])
     assert not whole[:, 128:].any()
+
+
+@pytest.mark.parametrize("ranks", [3, 4, 8])
+def test_every_query_head_sits_beside_its_groups_key_and_value_heads(
+    checkpoint: Path, tmp_path: Path, ranks: int
+) -> None:
+    """Four query heads in two groups: on every rank, each query head held is one of the key/value head's group
+    (heads 0-1 with key/value head 0, 2-3 with 1), every head is held somewhere, and padding is zeros."""
+    query_layout, kv_layout = attention_layout(TINY, ranks)
+    per_group = TINY.num_attention_heads // TINY.num_key_value_heads
+    for queries, kvs in zip(query_layout, kv_layout, strict=True):
+        assert {q // per_group for q in queries if q >= 0} <= set(kvs), (queries, kvs)
+    assert {q for queries in query_layout for q in queries if q >= 0} == set(range(TINY.num_attention_heads))
+    files = write_shards(checkpoint, TINY, ranks, tmp_path)
+    original = load_file(checkpoint)
+    head = TINY.head_dim
+    for rank, name in enumerate(files):
+        shard = load_file(tmp_path / name)
+        for layer in range(TINY.num_hidden_layers):
+            prefix = f"model.layers.{layer}.self_attn"
+            for slot, q in enumerate(query_layout[rank]):
+                held = shard[f"{prefix}.q_proj.weight"][slot * head : (slot + 1) * head]
+                out = shard[f"{prefix}.o_proj.weight"][:, slot * head : (slot + 1) * head]
+                if q < 0:
+                    assert not held.any()
+                    assert not out.any()
+                else:
+                    assert torch.equal(held, original[f"{prefix}.q_proj.weight"][q * head : (q + 1) * head])
+                    assert torch.equal(out, original[f"{prefix}.o_proj.weight"][:, q * head : (q + 1) * head])
+            for slot, kv in enumerate(kv_layout[rank]):
+                held = shard[f"{prefix}.k_proj.weight"][slot * head : (slot + 1) * head]
+                expected = original[f"{prefix}.k_proj.weight"][kv * head : (kv + 1) * head]
+                assert torch.equal(held, expected) if kv >= 0 else not held.any()
 
 
 def test_a_replica_loads_its_own_shards_and_refuses_any_other(checkpoint: Path, tmp_path: Path) -> None:

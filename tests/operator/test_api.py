@@ -168,3 +168,24 @@ def test_artifact_store_forms(store: str, kind: str, claim: str | None, subpath:
     assert (settings.store_kind, settings.store_claim) == (kind, claim)
     if kind == "pvc":
         assert settings.store_subpath == subpath
+
+
+@pytest.mark.parametrize(
+    ("node_cache", "field"),
+    [
+        ({"hostPath": "/"}, "hostPath"),
+        ({"hostPath": "/var/../etc"}, "hostPath"),
+        ({"hostPath": "relative/dir"}, "hostPath"),
+        ({"hostPath": "/var/cache/neuronfleet", "sizeLimit": "0"}, "sizeLimit"),
+        ({"hostPath": "/var/cache/neuronfleet", "sizeLimit": "-1Gi"}, "sizeLimit"),
+    ],
+)
+def test_a_node_cache_is_a_real_directory_with_room(node_cache: dict[str, str], field: str) -> None:
+    """Not the node's root nor a path that climbs out, and a bound above zero (the engine refuses 0 bytes)."""
+    error = error_of(compile={"artifactStore": "s3://bucket/p", "s3": {"nodeCache": node_cache}})
+    assert [e["loc"][-1] for e in error.errors()] == [field]
+    cache = {"nodeCache": {"hostPath": "/root/.cache/neuronfleet"}}
+    fine = spec(compile={"artifactStore": "s3://bucket/p", "s3": cache})
+    assert fine.compile.s3 is not None
+    assert fine.compile.s3.node_cache is not None
+    assert fine.compile.s3.node_cache.size_limit == "200Gi"

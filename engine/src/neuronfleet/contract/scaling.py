@@ -52,9 +52,10 @@ def scale_down_window_s(configured_s: int, start_s: float) -> int:
     return max(configured_s, math.ceil(start_s))
 
 
-def trend_window_s(window_s: float) -> float:
-    """The recent window a trend-following floor reads beside its whole window: the last fifth of it."""
-    return window_s * TREND_SHARE
+def trend_window_s(window_s: float) -> int:
+    """The recent window a trend-following floor reads beside its whole window: the last fifth of it, in whole
+    seconds (a PromQL range)."""
+    return max(1, round(window_s * TREND_SHARE))
 
 
 def trend_floor(

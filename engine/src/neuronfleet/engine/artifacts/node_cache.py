@@ -11,23 +11,29 @@ copied, the manifest written last, so a copy with a manifest is whole). Two lock
   lock is kept through the ``exec`` of vLLM's server). Eviction takes it exclusively without waiting, so an
   artifact being filled or served is never evicted.
 
-The use lock's file is touched each time a replica takes it: its time is the artifact's last use. Before a copy,
-the least recently used artifacts nobody uses are evicted until the new one fits the bound (the manifest deleted
-first, so a half-deleted copy never reads as whole).
+The use lock's file is touched each time a replica takes it: its time is the artifact's last use (the last
+start of a replica on it; a replica that serves it for days leaves it marked at that start, and is never evicted
+while it runs). Before a copy, the least recently used artifacts nobody uses are evicted until the new one fits
+the bound (the manifest deleted first, so a half-deleted copy never reads as whole). Only directories named as an
+artifact's hash are artifacts: nothing else in the cache is evicted.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuronfleet.contract.identity import IDENTITY_HASH_LENGTH
 from neuronfleet.engine.artifacts.store import MANIFEST, exclusive
 
 LOCKS_DIR = ".locks"
+#: An artifact's directory is named by its identity hash.
+ARTIFACT_NAME = re.compile(f"[0-9a-f]{{{IDENTITY_HASH_LENGTH}}}")
 
 
 def _lock_file(cache: Path, artifact_hash: str, kind: str) -> Path:
@@ -46,9 +52,13 @@ def use(cache: Path, artifact_hash: str) -> int:
     open (inheritable, so that it outlives an ``exec``) for as long as it serves the artifact."""
     path = _lock_file(cache, artifact_hash, "use")
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(descriptor, fcntl.LOCK_SH)
-    os.utime(path)
-    os.set_inheritable(descriptor, True)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH)
+        os.utime(path)
+        os.set_inheritable(descriptor, True)
+    except BaseException:
+        os.close(descriptor)
+        raise
     return descriptor
 
 
@@ -58,23 +68,42 @@ class Cached:
 
     artifact_hash: str
     bytes: int
-    #: When a replica last took it (the use lock's modification time); 0 when none ever did.
+    #: When a replica last started on it (the use lock's modification time); 0 when none ever did.
     last_used: float
 
 
 def cached_artifacts(cache: Path) -> list[Cached]:
-    """Every artifact copied (or being copied) into ``cache``, least recently used first."""
+    """Every artifact copied (or being copied) into ``cache``, least recently used first: the directories named
+    as an artifact's hash, nothing else the cache holds (LoRA adapters' copies, for one)."""
     if not cache.is_dir():
         return []
     found = []
     for directory in cache.iterdir():
-        if not directory.is_dir() or directory.name.startswith("."):
+        if not ARTIFACT_NAME.fullmatch(directory.name) or not directory.is_dir():
             continue
-        size = sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
-        lock = cache / LOCKS_DIR / f"{directory.name}.use"
-        last_used = lock.stat().st_mtime if lock.exists() else 0.0
-        found.append(Cached(directory.name, size, last_used))
+        last_used = _mtime(cache / LOCKS_DIR / f"{directory.name}.use")
+        found.append(Cached(directory.name, _bytes_under(directory), last_used))
     return sorted(found, key=lambda cached: (cached.last_used, cached.artifact_hash))
+
+
+def _bytes_under(directory: Path) -> int:
+    """The bytes of the files under ``directory``; a file renamed or deleted meanwhile (another replica's copy
+    landing, another eviction) counts as nothing."""
+    total = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _evict(cache: Path, artifact_hash: str) -> bool:

@@ -185,8 +185,8 @@ class LocalCopy:
     """An ``s3://`` artifact copied into the local cache."""
 
     directory: Path
-    #: Files copied from the store (0: the cache held them all).
-    copied: int
+    #: The files copied from the store (none: the cache held them all), relative to the artifact.
+    copied: frozenset[str]
     #: The cache's use lock on it (:func:`neuronfleet.engine.artifacts.node_cache.use`), for the caller to close.
     in_use: int
 
@@ -207,13 +207,13 @@ def download(
 
     location = s3.S3Location.of(store, artifact_hash)
     local = artifact_dir(str(cache), artifact_hash)
-    copied = 0
+    copied: set[str] = set()
     in_use: list[int] = []
     filling = ExitStack()
 
     def on_file(entry: ArtifactFile, done: int, total: int, skipped: bool) -> None:
-        nonlocal copied
-        copied += not skipped
+        if not skipped:
+            copied.add(entry.path)
         progress.file_downloaded(entry, done, total, skipped)
 
     def before_copy(manifest: Manifest) -> None:
@@ -234,7 +234,7 @@ def download(
         for descriptor in in_use:
             os.close(descriptor)
         raise
-    return LocalCopy(local, copied, in_use[0])
+    return LocalCopy(local, frozenset(copied), in_use[0])
 
 
 def _check_downloaded(manifest: Manifest | None, where: str) -> None:
@@ -336,11 +336,13 @@ def _from_s3_store(wanted: _Wanted) -> ServingArtifact:
     except ArtifactError as error:
         if not wanted.compile_mends(error):
             raise
-    # Held while it compiles into the cache, too: no other replica's eviction takes it meanwhile.
+    # Held while it compiles into the cache, too, and filled by this replica alone: no other replica's eviction
+    # takes it, and no other's copy interleaves with the compile.
     directory = artifact_dir(str(wanted.cache), wanted.artifact_hash)
-    copy = LocalCopy(directory, 0, node_cache.use(wanted.cache, wanted.artifact_hash))
+    copy = LocalCopy(directory, frozenset(), node_cache.use(wanted.cache, wanted.artifact_hash))
     try:
-        outcome = wanted.compile()
+        with node_cache.filling(wanted.cache, wanted.artifact_hash):
+            outcome = wanted.compile()
     except BaseException:
         os.close(copy.in_use)
         raise
@@ -355,5 +357,9 @@ def _serve_copy(copy: LocalCopy, wanted: _Wanted) -> ServingArtifact:
     except BaseException:
         os.close(copy.in_use)
         raise
-    weights_from: StoreKind = "s3" if copy.copied else "local"
-    return ServingArtifact(copy.directory, weights_from=weights_from if manifest.weights else None, in_use=copy.in_use)
+    if manifest.weights is None:
+        return ServingArtifact(copy.directory, in_use=copy.in_use)
+    # The shards' path; a large shape's are modelled, so the artifact's is theirs.
+    fetched = set(manifest.weights.files) & copy.copied if manifest.weights.files else copy.copied
+    weights_from: StoreKind = "s3" if fetched else "local"
+    return ServingArtifact(copy.directory, weights_from=weights_from, in_use=copy.in_use)

@@ -37,6 +37,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
+from s3transfer.exceptions import RetriesExceededError
 
 from neuronfleet.contract.identity import hash_document
 from neuronfleet.engine.artifacts.store import (
@@ -108,7 +109,7 @@ def client() -> S3Client:
     return boto3.session.Session().client("s3", config=config)
 
 
-def describe(error: Exception) -> str:
+def describe(error: BaseException) -> str:
     """A one-line reason for a failed request: the service's error code and message, or the client's."""
     if isinstance(error, ClientError):
         details = error.response.get("Error", {})
@@ -255,7 +256,11 @@ def _get_all(s3: S3Client, location: S3Location, entries: list[ArtifactFile], lo
     """Copy ``entries`` side by side, each into a temporary file checked and renamed as it lands; yield each
     once it is in place."""
     config = TransferConfig(
-        max_concurrency=PARALLEL_READS, multipart_threshold=RANGE_BYTES, multipart_chunksize=RANGE_BYTES
+        max_concurrency=PARALLEL_READS,
+        multipart_threshold=RANGE_BYTES,
+        multipart_chunksize=RANGE_BYTES,
+        # boto3's own manager, which these settings shape (with awscrt installed it may pick the CRT's instead).
+        preferred_transfer_client="classic",
     )
     temporaries: dict[str, str] = {}
     try:
@@ -287,6 +292,9 @@ def _land(location: S3Location, entry: ArtifactFile, future: TransferFuture, tem
         if _missing(error):
             raise StoreError(f"{location.uri(entry.path)} is missing from the store: {remedy}") from None
         raise _read_failure(error, location, entry.path) from None
+    except RetriesExceededError as error:
+        # A stream that broke off on every attempt.
+        raise StoreError(f"cannot read {location.uri(entry.path)}: {describe(error.last_exception)}") from None
     reason = mismatch(temporary, entry)
     if reason is not None:
         raise StoreError(f"{location.uri(entry.path)} is not the file the manifest lists ({reason}): {remedy}")

@@ -13,8 +13,10 @@ Each rank's file holds the slices of every weight that rank multiplies, split as
 - row parallel, by input columns: the attention's output projection (whole heads) and the MLP's down projection;
 - replicated: the norms.
 
-A split that does not divide evenly is padded with zeros to a multiple of the ranks (whole heads for attention);
-key and value heads fewer than the ranks are repeated so that each rank holds one, as NxD Inference does for GQA.
+A split that does not divide evenly is padded with zeros to a multiple of the ranks. Attention keeps every query
+head beside its group's key/value head (GQA): ranks a multiple of the key/value heads share each one (repeated, as
+NxD Inference does), the group's query heads spread over them and padded within the group; otherwise each rank
+holds whole groups, padded with groups of zeros (:func:`attention_layout`).
 
 On the simulated device the tiny shape's shards are real: its checkpoint is written here once (deterministic
 BF16 values, Llama's tensor names), as the Hub's file would be downloaded. A larger shape's shards are not
@@ -78,36 +80,64 @@ def checkpoint_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     return shapes | {"model.norm.weight": (hidden,), "lm_head.weight": (shape.vocab_size, hidden)}
 
 
+#: Per rank, the units of a split axis it holds, in order (-1: a unit of zeros, padding).
+Layout = tuple[tuple[int, ...], ...]
+
+
+def even_layout(units: int, tensor_parallel_size: int) -> Layout:
+    """``units`` spread evenly over the ranks in order, the last ones padded with zero units to fit."""
+    per_rank = math.ceil(units / tensor_parallel_size)
+    return tuple(
+        tuple(unit if unit < units else -1 for unit in range(rank * per_rank, (rank + 1) * per_rank))
+        for rank in range(tensor_parallel_size)
+    )
+
+
+def attention_layout(shape: ModelShape, tensor_parallel_size: int) -> tuple[Layout, Layout]:
+    """Per rank, the query heads and the key/value heads it holds: every query head beside its group's key/value
+    head. Ranks a multiple of the key/value heads share each one (repeated), its group's query heads spread over
+    them and padded within the group; otherwise each rank holds whole groups, padded with zero groups."""
+    groups = shape.num_key_value_heads
+    per_group = shape.num_attention_heads // groups
+    if tensor_parallel_size % groups == 0:
+        sharing = tensor_parallel_size // groups
+        per_rank = math.ceil(per_group / sharing)
+        query, kv = [], []
+        for rank in range(tensor_parallel_size):
+            group, part = divmod(rank, sharing)
+            within = range(part * per_rank, (part + 1) * per_rank)
+            query.append(tuple(group * per_group + i if i < per_group else -1 for i in within))
+            kv.append((group,))
+        return tuple(query), tuple(kv)
+    kv_layout = even_layout(groups, tensor_parallel_size)
+    query_layout = tuple(
+        tuple(group * per_group + i if group >= 0 else -1 for group in held for i in range(per_group))
+        for held in kv_layout
+    )
+    return query_layout, kv_layout
+
+
 @dataclass(frozen=True)
 class Split:
-    """How one weight is split over the ranks: along ``axis`` in whole units of ``unit`` (a head, or one)."""
+    """How one weight is split over the ranks: along ``axis``, in units of ``unit`` rows or columns (a head, or
+    one), each rank holding the units ``layout`` gives it; ``axis`` None: the whole weight on every rank."""
 
     axis: int | None
     unit: int = 1
-    #: Key or value heads: repeated rather than padded when fewer than the ranks.
-    repeat_heads: bool = False
-
-    def units(self, dims: tuple[int, ...]) -> int:
-        """How many whole units the split axis holds."""
-        assert self.axis is not None
-        return dims[self.axis] // self.unit
-
-    def units_per_rank(self, dims: tuple[int, ...], tensor_parallel_size: int) -> int:
-        """Units each rank holds: all of them spread evenly, padded (or key/value heads repeated) to fit."""
-        units = self.units(dims)
-        if self.repeat_heads and units < tensor_parallel_size and tensor_parallel_size % units == 0:
-            return 1
-        return math.ceil(units / tensor_parallel_size)
+    layout: Layout = ()
 
 
-def split_of(name: str, shape: ModelShape) -> Split:
-    """How the weight ``name`` of ``shape`` is split (its axis ``None``: replicated on every rank)."""
+def split_of(name: str, shape: ModelShape, tensor_parallel_size: int) -> Split:
+    """How the weight ``name`` of ``shape`` is split over ``tensor_parallel_size`` ranks."""
     module = name.split(".")[-2]
-    unit = shape.head_dim if module in _HEADS else 1
+    dims = checkpoint_shapes(shape)[name]
+    if module in _HEADS:
+        query, kv = attention_layout(shape, tensor_parallel_size)
+        return Split(1 if module in _ROW else 0, shape.head_dim, kv if module in _KV else query)
     if module in _COLUMN:
-        return Split(0, unit, repeat_heads=module in _KV)
+        return Split(0, 1, even_layout(dims[0], tensor_parallel_size))
     if module in _ROW:
-        return Split(1, unit)
+        return Split(1, 1, even_layout(dims[1], tensor_parallel_size))
     return Split(None)
 
 
@@ -115,34 +145,29 @@ def rank_shapes(shape: ModelShape, tensor_parallel_size: int) -> dict[str, tuple
     """Every weight's shape in one rank's shard of ``shape`` at ``tensor_parallel_size`` (every rank's is the same)."""
     shapes = {}
     for name, dims in checkpoint_shapes(shape).items():
-        split = split_of(name, shape)
-        if split.axis is None:
-            shapes[name] = dims
-            continue
+        split = split_of(name, shape, tensor_parallel_size)
         sliced = list(dims)
-        sliced[split.axis] = split.units_per_rank(dims, tensor_parallel_size) * split.unit
+        if split.axis is not None:
+            sliced[split.axis] = len(split.layout[0]) * split.unit
         shapes[name] = tuple(sliced)
     return shapes
 
 
 def shard_tensor(tensor: torch.Tensor, split: Split, tensor_parallel_size: int) -> list[torch.Tensor]:
-    """``tensor``'s slice for each rank, padded with zeros (or key/value heads repeated) where the ranks need."""
+    """``tensor``'s slice for each rank: the units its layout gives it, zeros where it pads."""
     import torch
 
     if split.axis is None:
         return [tensor] * tensor_parallel_size
-    dims = tuple(tensor.shape)
-    units, per_rank = split.units(dims), split.units_per_rank(dims, tensor_parallel_size)
-    if per_rank * tensor_parallel_size != units:
-        heads = tensor.reshape(*dims[: split.axis], units, split.unit, *dims[split.axis + 1 :])
-        if split.repeat_heads and tensor_parallel_size % units == 0:
-            heads = heads.repeat_interleave(tensor_parallel_size // units, dim=split.axis)
-        else:
-            padding = list(heads.shape)
-            padding[split.axis] = per_rank * tensor_parallel_size - units
-            heads = torch.cat([heads, heads.new_zeros(padding)], dim=split.axis)
-        tensor = heads.flatten(split.axis, split.axis + 1)
-    return [part.contiguous() for part in tensor.chunk(tensor_parallel_size, dim=split.axis)]
+    axis, dims = split.axis, tuple(tensor.shape)
+    units = tensor.reshape(*dims[:axis], dims[axis] // split.unit, split.unit, *dims[axis + 1 :])
+    zero = torch.zeros_like(units.narrow(axis, 0, 1))
+    return [
+        torch.cat([units.narrow(axis, unit, 1) if unit >= 0 else zero for unit in held], dim=axis)
+        .flatten(axis, axis + 1)
+        .contiguous()
+        for held in split.layout
+    ]
 
 
 def _write_atomically(tensors: dict[str, torch.Tensor], target: Path, metadata: dict[str, str]) -> None:
@@ -194,7 +219,8 @@ def write_shards(checkpoint: Path, shape: ModelShape, tensor_parallel_size: int,
         raise ArtifactError(f"{checkpoint} is not a {shape.name} checkpoint: its weights' names or shapes differ")
     ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(tensor_parallel_size)]
     for name, tensor in weights.items():
-        for rank, part in enumerate(shard_tensor(tensor, split_of(name, shape), tensor_parallel_size)):
+        split = split_of(name, shape, tensor_parallel_size)
+        for rank, part in enumerate(shard_tensor(tensor, split, tensor_parallel_size)):
             ranks[rank][name] = part
     names = []
     for rank, tensors in enumerate(ranks):

@@ -16,6 +16,7 @@ from neuronfleet.operator.api.k8s import (
     OBJECT_NAME_PATTERN,
     QUANTITY_PATTERN,
     REGION_PATTERN,
+    SIZE_PATTERN,
     STORE_PATTERN,
     AnnotationValue,
     K8sModel,
@@ -44,7 +45,7 @@ class NodeCache(K8sModel):
     )
     size_limit: str = Field(
         "200Gi",
-        pattern=QUANTITY_PATTERN,
+        pattern=SIZE_PATTERN,
         max_length=32,
         description=(
             "What the cache may hold: before a copy, the artifacts no replica on the node serves are evicted, "

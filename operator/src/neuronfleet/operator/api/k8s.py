@@ -47,9 +47,11 @@ IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:@-]*[a-zA-Z0-9._:@-]*$"
 STORE_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[A-Za-z0-9._/-]*)?|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._/-]*)?)$"
 #: A DNS-1123 subdomain: the name of a ServiceAccount or a Secret.
 OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+#: An absolute directory on a node (a hostPath volume's path), not the root: no segment is ``.`` or ``..``.
+HOST_PATH_PATTERN = r"^(/\.?[A-Za-z0-9_-][A-Za-z0-9._-]*)+/?$"
+#: A size in bytes as a Kubernetes quantity, more than zero ("200Gi", "1.5G").
+SIZE_PATTERN = r"^[1-9][0-9]*(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 #: An http(s) endpoint for an S3-compatible service.
-#: An absolute directory on a node (a hostPath volume's path).
-HOST_PATH_PATTERN = r"^/[A-Za-z0-9._/-]*$"
 ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?$"
 #: An AWS region name.
 REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"
