@@ -20,7 +20,8 @@ one and the Service.
 compressed into 40 minutes, on the 8B deployment, RAG-like traffic: the fewest static replicas that keep 95% of
 requests within the SLO (TTFT, and time per output token after the first), then autoscaled fleets on the queue
 alone, with the prefill backlog, and with the warm floor too, replicas starting in 30 s, 2 min and 5 min: share
-within the SLO and replica-hours against the static fleet's.
+within the SLO and replica-hours against the static fleet's. ``--day-minutes`` stretches the day (a real one
+rises over hours: at 40 minutes, a 2-minute start is a 72-minute one on a 24-hour day).
 
 Run: ``.venv/bin/python bench/fleet_twin.py --part validate`` (and the others); prints tables and the commit.
 """
@@ -302,12 +303,12 @@ class Trace:
     duration_s: float
 
 
-def scaling_traces(base_rate: float) -> list[Trace]:
+def scaling_traces(base_rate: float, day_s: float = 2400.0) -> list[Trace]:
     """A 2x step for 10 minutes, after 10 minutes at the base rate (time to settle) and before 5 more; and a day
-    compressed into 40 minutes (from an eighth of the peak at night to the peak at noon)."""
+    compressed into ``day_s`` (from an eighth of the peak at night to the peak at noon)."""
     return [
         Trace("step", arrivals.step_rate(base_rate, 2.0, 600.0, 600.0), 2 * base_rate, 1500.0),
-        Trace("day", arrivals.diurnal_rate(base_rate * 9 / 8, 7 / 9, 2400.0), 2 * base_rate, 2400.0),
+        Trace("day", arrivals.diurnal_rate(base_rate * 9 / 8, 7 / 9, day_s), 2 * base_rate, day_s),
     ]
 
 
@@ -354,6 +355,7 @@ class ScalingRuns:
     #: The static fleet to compare with (None: search the smallest meeting 95%).
     static: int | None
     workers: int
+    day_s: float = 2400.0
 
 
 def scaling(runs: ScalingRuns) -> None:
@@ -370,7 +372,7 @@ def scaling(runs: ScalingRuns) -> None:
         for name, policy in scaling_policies(slo[0], runs.floor_steps, runs.trend_steps).items()
         if not runs.only or any(part in name for part in runs.only)
     }
-    for trace in [t for t in scaling_traces(base_rate) if t.name in runs.trace_names]:
+    for trace in [t for t in scaling_traces(base_rate, runs.day_s) if t.name in runs.trace_names]:
         source = workloads.TRAFFIC["rag"].requests(
             arrivals.modulated_times(trace.rate, trace.peak, trace.duration_s, 3), cap=4096, seed=3
         )
@@ -445,6 +447,7 @@ def main() -> None:
     parser.add_argument("--base-rate", type=float, default=4.0, help="the scaling part's base rate, requests/s")
     parser.add_argument("--starts", type=float, nargs="+", default=[30.0, 120.0, 300.0], help="replica start times, s")
     parser.add_argument("--traces", nargs="+", choices=["step", "day"], default=["step", "day"])
+    parser.add_argument("--day-minutes", type=float, default=40.0, help="the day trace's length, virtual minutes")
     parser.add_argument("--floor-steps", type=int, nargs="+", default=[100], help="warm floors' rises, percent")
     parser.add_argument(
         "--trend-steps", type=int, nargs="*", default=[], help="trend-following warm floors' headroom, percent"
@@ -465,7 +468,7 @@ def main() -> None:
         scaling(
             ScalingRuns(
                 args.base_rate, args.starts, args.traces, args.floor_steps, args.trend_steps, args.policies,
-                args.static, args.workers,
+                args.static, args.workers, args.day_minutes * 60,
             )
         )  # fmt: skip
 
