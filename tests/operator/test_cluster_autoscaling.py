@@ -1,25 +1,38 @@
-"""Autoscaled services on a real control plane with fake Neuron nodes: the ScaledObject, the scale subresource.
+"""Autoscaled services on a real control plane with fake Neuron nodes: the ScaledObject, the scale subresource,
+and which pods a scale-in removes.
 
-KEDA and Prometheus themselves run in ``tests/realnode/test_autoscaling.py``; here the API server serves KEDA's
-own CRD (or not), and the test plays the HPA by writing the scale subresource as it does.
+KEDA runs in ``tests/realnode/test_autoscaling.py``; here the API server serves KEDA's own CRD (or not), and the
+test plays the HPA by writing the scale subresource as it does. For scale-in, a real Prometheus scrapes the
+requests each fake pod holds (as its engine would publish them) and the controller manager's own ReplicaSet
+controller removes pods.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from harness.services import Services
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from neuronfleet.contract import metrics
+from neuronfleet.contract.names import SERVICE_METRIC_LABEL
 from neuronfleet.devcluster.addons.autoscaling_rig import keda_crds
 from neuronfleet.devcluster.addons.operator_process import OperatorProcess
 from neuronfleet.devcluster.cluster.local import LocalCluster
 from neuronfleet.devcluster.controlplane.kwok import COMPLETE_AFTER_ANNOTATION
 from neuronfleet.devcluster.controlplane.status import condition, phase_of
+from neuronfleet.devcluster.process.managed import ManagedProcess, free_ports
+from neuronfleet.devcluster.process.tools import ToolsMissingError, bin_dir
 from neuronfleet.devcluster.process.waiting import WaitFor
-from neuronfleet.operator.cluster.kube import DEPLOYMENTS, SCALED_OBJECTS, SERVICES_NIS, Kube
+from neuronfleet.operator import plan
+from neuronfleet.operator.cluster.kube import DEPLOYMENTS, PODS, SCALED_OBJECTS, SERVICES_NIS, Kube
 from neuronfleet.operator.policy import scaling
 
 pytest_plugins = ["harness.operator_fixtures"]
@@ -141,3 +154,119 @@ def test_the_scaled_object_waits_for_a_served_revision_and_goes_with_autoscaling
     plain = services.wait("llama", lambda b: autoscaling_condition(b) is None, "no Autoscaling condition")
     assert plain["status"]["desiredReplicas"] == 1
     assert api.get(SCALED_OBJECTS, namespace, "llama") is None
+
+
+class InFlight:
+    """The requests each serving pod holds, as the pods' engines would publish them, and a real Prometheus
+    scraping them every second (the pod and service labels as the chart's PodMonitor gives them)."""
+
+    def __init__(self, directory: Path, namespace: str) -> None:
+        binary = bin_dir("prometheus") / "prometheus"
+        if not binary.is_file():
+            raise ToolsMissingError(f"Prometheus is not built ({binary} is missing): run `make tools`")
+        directory.mkdir(parents=True)
+        listen, port = free_ports(2)
+        registry = CollectorRegistry()
+        labels = ["namespace", SERVICE_METRIC_LABEL, "pod"]
+        self.gauge = Gauge(metrics.REQUESTS_IN_FLIGHT, "in flight", labels, registry=registry)
+        self.namespace = namespace
+        self.server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+        job = {"job_name": "engines", "honor_labels": True, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        config = directory / "prometheus.yml"
+        config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}))
+        argv = [
+            str(binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={directory / 'data'}",
+            f"--web.listen-address=127.0.0.1:{listen}",
+            "--log.level=warn",
+        ]
+        self.url = f"http://127.0.0.1:{listen}"
+        self.process = ManagedProcess.spawn("prometheus", argv, directory / "prometheus.log")
+        self.process.wait_ready(f"{self.url}/-/ready", timeout=60, what="Prometheus ready")
+
+    def hold(self, service: str, held: dict[str, int]) -> None:
+        """Publish each pod's requests in flight."""
+        for pod, count in held.items():
+            self.gauge.labels(self.namespace, service, pod).set(count)
+
+    def scraped(self, service: str) -> dict[str, float]:
+        """What the operator's query reads now."""
+        query = urllib.parse.urlencode({"query": scaling.in_flight_query(self.namespace, service)})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=5) as response:
+            result = json.load(response)["data"]["result"]
+        return {series["metric"]["pod"]: float(series["value"][1]) for series in result}
+
+    def stop(self) -> None:
+        self.process.stop()
+        self.server.shutdown()
+
+
+@pytest.fixture
+def in_flight(tmp_path: Path, namespace: str) -> Iterator[InFlight]:
+    running = InFlight(tmp_path / "prometheus", namespace)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def ranking_operator(
+    cluster: LocalCluster, namespace: str, wait_for: WaitFor, tmp_path: Path, in_flight: InFlight
+) -> Iterator[OperatorProcess]:
+    """The operator querying the real Prometheus."""
+    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0, prometheus=in_flight.url)
+    running.start(wait_for)
+    try:
+        yield running
+    finally:
+        running.stop()
+        print(f"--- operator log ---\n{running.tail(60)}")
+
+
+def serving_pods(api: Kube, namespace: str) -> list[Obj]:
+    """The service's pods not being deleted, oldest first."""
+    pods = api.list(PODS, namespace, plan.serving_pod_selector("llama"))
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return sorted(live, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+
+
+def test_scale_in_removes_the_replicas_holding_fewest_requests(
+    services: Services, ranking_operator: OperatorProcess, in_flight: InFlight, api: Kube, namespace: str,
+    wait_for: WaitFor,
+) -> None:  # fmt: skip
+    """Left to itself the ReplicaSet controller removes the newest Ready pods first; here the newest holds most, so
+    each step removes an older one, the one holding fewest."""
+    services.create("llama", {**SPEC, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}})
+    services.wait("llama", lambda b: (b.get("status") or {}).get("desiredReplicas") == 1, "started at minReplicas")
+    api.merge_patch(SERVICES_NIS, namespace, "llama", {"spec": {"replicas": 3}}, subresource="scale")
+    pods = wait_for(
+        lambda: serving_pods(api, namespace),
+        lambda found: len(found) == 3 and all(phase_of(p) == "Running" for p in found),
+        timeout=120,
+        what="three serving pods Running",
+        show=lambda found: [(p["metadata"]["name"], phase_of(p)) for p in found],
+    )
+    oldest, middle, newest = (p["metadata"]["name"] for p in pods)
+
+    def scale_to(replicas: int, held: dict[str, int]) -> tuple[set[str], dict[str, str | None]]:
+        # Prometheus holds the figures before the HPA (this test) writes the scale subresource.
+        in_flight.hold("llama", held)
+        wait_for(lambda: in_flight.scraped("llama"), lambda found: found == held, what=f"Prometheus scraped {held}")
+        api.merge_patch(SERVICES_NIS, namespace, "llama", {"spec": {"replicas": replicas}}, subresource="scale")
+        left = wait_for(
+            lambda: serving_pods(api, namespace),
+            lambda found: len(found) == replicas,
+            what=f"{replicas} pods left",
+            show=lambda found: [p["metadata"]["name"] for p in found],
+        )
+        costs = {
+            p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(scaling.DELETION_COST_ANNOTATION)
+            for p in left
+        }
+        return {p["metadata"]["name"] for p in left}, costs
+
+    assert scale_to(2, {oldest: 0, middle: 2, newest: 5}) == ({middle, newest}, {middle: "2", newest: "5"})
+    # The load moved: now the middle one holds nothing.
+    assert scale_to(1, {oldest: 0, middle: 0, newest: 3}) == ({newest}, {newest: "3"})

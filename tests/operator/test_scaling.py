@@ -146,6 +146,21 @@ def test_scale_in_waits_at_least_a_replicas_start_so_it_never_removes_one_still_
         assert behavior["scaleDown"] == {"stabilizationWindowSeconds": window}, start_s
 
 
+def pod(name: str, cost: str | None = None) -> dict[str, Any]:
+    annotations = {} if cost is None else {scaling.DELETION_COST_ANNOTATION: cost}
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+def test_scale_in_costs_each_pod_the_requests_it_holds_and_rewrites_only_what_changed() -> None:
+    pods = [pod("llama-a"), pod("llama-b", "3"), pod("llama-c", "2"), pod("llama-starting", "5")]
+    # Prometheus has no figure of a pod still loading: it costs nothing, as it serves nothing.
+    held = {"llama-a": 4.0, "llama-b": 3.0, "llama-c": 0.4}
+    assert scaling.deletion_costs(pods, held) == {"llama-a": "4", "llama-c": "0", "llama-starting": "0"}
+    assert scaling.in_flight_query(NS, "llama") == (
+        'sum by (pod) (neuronfleet:requests_in_flight{namespace="serving",neuronfleet_io_service="llama"})'
+    )
+
+
 def test_desired_replicas_come_from_the_scaler_within_its_bounds() -> None:
     assert spec().desired_replicas == 1
     assert spec(replicas=0).desired_replicas == 0

@@ -67,7 +67,12 @@ SERIES = (
     Series(TIME_TO_FIRST_TOKEN, "histogram", "vLLM's API server", ("KEDA's TTFT guard", "the canary analysis")),
     Series(INTER_TOKEN_LATENCY, "histogram", "vLLM's API server", ("the canary analysis",)),
     Series(PROMPT_TOKENS, "histogram", "vLLM's API server", ("the bucket recommender",)),
-    Series(REQUESTS_IN_FLIGHT, "gauge", "the engine's drain gate", ("the operator's Endpoint Picker",)),
+    Series(
+        REQUESTS_IN_FLIGHT,
+        "gauge",
+        "the engine's drain gate",
+        ("the operator's Endpoint Picker", "the operator's scale-in"),
+    ),
     Series(PADDING_TOKENS, "counter", "the Neuron scheduler", ("the canary analysis",)),
     Series(
         PREFILL_CHUNK_TOKENS, "histogram", "the Neuron scheduler", ("the canary analysis", "the bucket recommender")

@@ -8,6 +8,7 @@ serving revision, and no replica of an uncompiled revision ever starts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ KV_CACHE_USAGE = metrics.KV_CACHE_USAGE
 TIME_TO_FIRST_TOKEN = metrics.TIME_TO_FIRST_TOKEN
 #: The window TTFT p95 is computed over: several scrapes at any sensible interval.
 TTFT_WINDOW = "2m"
+#: The ReplicaSet controller removes, of its Ready pods, those of lowest cost first (beta since Kubernetes 1.22,
+#: on by default): a pod's requests in flight, so scale-in takes the replicas that hold least.
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 
 
 def series(metric: str, namespace: str, name: str) -> str:
@@ -165,6 +169,24 @@ def scaled_object(
             "triggers": triggers(namespace, owner.name, autoscaling, prometheus, start_s=start_s),
         },
     }
+
+
+def in_flight_query(namespace: str, name: str) -> str:
+    """The completions each of a service's serving pods holds, by pod (the engine's drain gate counts them): what
+    removing that pod would have to finish first."""
+    return f"sum by (pod) ({series(metrics.REQUESTS_IN_FLIGHT, namespace, name)})"
+
+
+def deletion_costs(pods: Sequence[Obj], in_flight: Mapping[str, float]) -> dict[str, str]:
+    """The deletion cost to write on each pod whose annotation differs: the requests it holds (0 for a pod
+    Prometheus has no figure of, one still loading). A scale-in then removes the Ready pods holding fewest."""
+    costs = {}
+    for pod in pods:
+        meta = pod["metadata"]
+        cost = str(round(in_flight.get(meta["name"], 0.0)))
+        if (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) != cost:
+            costs[meta["name"]] = cost
+    return costs
 
 
 @dataclass(frozen=True)

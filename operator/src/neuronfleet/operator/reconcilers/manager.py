@@ -18,6 +18,7 @@ from neuronfleet.operator.reconcilers.devices import NeuronDevices
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
+from neuronfleet.operator.reconcilers.scale_in import ScaleIn
 from neuronfleet.operator.reconcilers.service import DEFAULT_ARTIFACT_HISTORY_LIMIT, ServiceReconciler
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
 
@@ -61,6 +62,7 @@ class Manager:
             self.nodes,
             artifact_history_limit=artifact_history_limit,
             devices=devices,
+            scale_in=ScaleIn(kube, prometheus),
             start_time_scale=start_time_scale,
         )
         self.artifacts = ArtifactReconciler(kube, emit, status, self.locks, self.metrics)

@@ -29,6 +29,7 @@ from neuronfleet.operator.reconcilers.devices import NeuronDevices
 from neuronfleet.operator.reconcilers.locks import KeyedLocks
 from neuronfleet.operator.reconcilers.node_health import NodeHealth
 from neuronfleet.operator.reconcilers.routing import Router
+from neuronfleet.operator.reconcilers.scale_in import ScaleIn
 from neuronfleet.operator.reconcilers.status_writer import StatusWriter
 
 
@@ -57,6 +58,7 @@ class ServiceReconciler:
         artifact_history_limit: int = DEFAULT_ARTIFACT_HISTORY_LIMIT,
         devices: NeuronDevices | None = None,
         canaries: Canaries | None = None,
+        scale_in: ScaleIn | None = None,
         start_time_scale: float = 1.0,
     ) -> None:
         self.kube = kube
@@ -75,6 +77,7 @@ class ServiceReconciler:
         #: The share of a Neuron replica's start that replicas on the simulated device spend.
         self.start_time_scale = start_time_scale
         self.canaries = canaries or Canaries(kube, start_time_scale=start_time_scale)
+        self.scale_in = scale_in or ScaleIn(kube, None)
 
     def reconcile(self, namespace: str, name: str) -> None:
         """Bring one NeuronInferenceService's artifact, children and status to what its spec asks."""
@@ -123,6 +126,7 @@ class ServiceReconciler:
         )
         if trial is not None and trial.phase != "Promoted":
             serve = rollout.Serve.KEEP
+        self.scale_in.rank(namespace, name, spec, deployment)
         if serve is rollout.Serve.TARGET:
             serving = plan.serving_plan(owner, namespace, spec, served, devices, start_time_scale=self.start_time_scale)
             deployment = self._apply(serving)
