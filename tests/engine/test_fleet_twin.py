@@ -15,8 +15,9 @@ from neuronfleet.contract.start_time import predict_start
 from neuronfleet.devcluster.demo.load import LoadPlan
 from neuronfleet.engine.fleet import arrivals, planner, rig, twin
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy, Signals, WarmFloor
+from neuronfleet.engine.fleet.engines import LocalEngines
 from neuronfleet.engine.fleet.picker import RULES, PrefixIndex, Scoring, ServiceRouter, View
-from neuronfleet.engine.fleet.replica import ReplicaStuck
+from neuronfleet.engine.fleet.replica import ReplicaEngine, ReplicaStuck
 from neuronfleet.engine.fleet.workloads import ROUTING_MIXES, stream_seed
 from neuronfleet.operator import api
 
@@ -336,3 +337,27 @@ def test_fleet_run_writes_every_request_and_refuses_an_unknown_workload(tmp_path
     no_autoscaling = CliRunner().invoke(app, [*args, "--warm-floor", "100:2"])
     assert no_autoscaling.exit_code != 0
     assert "give --autoscale too" in no_autoscaling.output
+
+
+def test_scale_in_takes_a_starting_replica_then_the_one_holding_fewest_requests() -> None:
+    spec = rig.rig_spec(rig.ROUTING_ENGINE, 3)
+    fleet_spec = twin.FleetSpec(spec.engine, spec.cost, spec.num_kv_blocks, 3, start_s=60.0)
+
+    def build(name: str, ready_at: float) -> ReplicaEngine:
+        return ReplicaEngine(name, spec.engine, spec.cost, spec.num_kv_blocks, ready_at)
+
+    # The engines never step: the fleet's scale decisions alone.
+    fleet = twin._Fleet(fleet_spec, LocalEngines(build))
+    for ready_at in (0.0, 1.0, 2.0):
+        fleet.add(0.0, ready_at)
+    old, middle, new = fleet.replicas
+    for i, replica in enumerate([old, old, new, new, new]):
+        replica.admit(arrivals.TwinRequest(f"r{i}", 5.0, (1,), 1))
+    fleet.scale_to(4, now=10.0)
+    starting = fleet.replicas[-1]
+    # Down again: the one still starting goes at once, then the idle middle one, then the oldest, which drains.
+    fleet.scale_to(3, now=11.0)
+    assert starting not in fleet.replicas
+    fleet.scale_to(1, now=12.0)
+    assert middle not in fleet.replicas
+    assert (old.draining_since, new.draining_since) == (12.0, None)

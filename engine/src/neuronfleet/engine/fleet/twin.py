@@ -170,13 +170,15 @@ class _Fleet:
         return sum(1 for r in self.replicas if r.draining_since is None)
 
     def scale_to(self, wanted: int, now: float) -> None:
-        """Add replicas (ready ``start_s`` later), or remove the ones a ReplicaSet would: starting ones first, then
-        the newest, which drain what they hold."""
+        """Add replicas (ready ``start_s`` later), or remove the ones a ReplicaSet would, given the operator's deletion
+        costs: starting ones first, then those holding fewest requests (the newest of equals), which drain what they
+        hold."""
         for _ in range(wanted - self.wanted()):
             self.add(now, now + self.spec.start_s)
         surplus = self.wanted() - wanted
         victims = sorted(
-            (r for r in self.replicas if r.draining_since is None), key=lambda r: (r.ready_at <= now, -r.ready_at)
+            (r for r in self.replicas if r.draining_since is None),
+            key=lambda r: (r.ready_at <= now, len(r.in_flight), -r.ready_at),
         )[: max(surplus, 0)]
         for replica in victims:
             if replica.ready_at > now or replica.idle:
