@@ -14,7 +14,7 @@ from neuronfleet.contract.config import EngineConfig
 from neuronfleet.contract.hardware import get_instance_type
 from neuronfleet.contract.model_shapes import get_shape, served_name, shape_for_model
 from neuronfleet.contract.names import HTTP_KEEP_ALIVE_S, HTTP_PORT, KV_EVENTS_PORT
-from neuronfleet.contract.sim_settings import EXECUTOR_CLS, START_TIME_SCALE_ENV, SimSettings
+from neuronfleet.contract.sim_settings import EXECUTOR_CLS, START_TIME_SCALE_ENV, STEP_TIMES_ENV, SimSettings
 from neuronfleet.engine.cli.main import app
 from neuronfleet.engine.cli.options import ServeOptions
 from neuronfleet.engine.cli.serve import plan_serve, sim_settings
@@ -88,6 +88,7 @@ def test_sim_arguments() -> None:
             "artifact_dir": "/store/abc",
             "weights_store": "local",
             "presharded_weights": False,
+            "step_times": "device",
             "start_time_scale": 1.0,
         },
     }
@@ -277,3 +278,15 @@ def test_the_sim_settings_take_the_weights_store_from_the_model_and_the_start_ti
         with pytest.raises(typer.Exit):
             sim_settings("hf://neuronfleet/tiny", "trn2", None, None, "real")
         assert f"{START_TIME_SCALE_ENV}={bad!r}: a number from 0 to 1" in capsys.readouterr().err
+
+
+def test_the_simulated_devices_step_times_come_from_it_unless_the_environment_asks_the_scheduler(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert sim_settings("hf://neuronfleet/tiny", "trn2", None, None, "real").step_times == "device"
+    monkeypatch.setenv(STEP_TIMES_ENV, "scheduler")
+    assert sim_settings("hf://neuronfleet/tiny", "trn2", None, None, "real").step_times == "scheduler"
+    monkeypatch.setenv(STEP_TIMES_ENV, "executor")
+    with pytest.raises(typer.Exit):
+        sim_settings("hf://neuronfleet/tiny", "trn2", None, None, "real")
+    assert f"{STEP_TIMES_ENV}='executor': device" in capsys.readouterr().err

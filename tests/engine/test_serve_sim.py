@@ -32,9 +32,12 @@ from vllm.distributed.kv_events import BlockStored
 from neuronfleet.contract import metrics, names
 from neuronfleet.contract.buckets import chunk_sizes, get_bucket_for_count
 from neuronfleet.contract.config import EngineConfig
+from neuronfleet.contract.model_shapes import shape_for_model
+from neuronfleet.contract.sim_settings import STEP_TIMES_ENV
 from neuronfleet.devcluster.addons.metrics import Samples
 from neuronfleet.devcluster.process.managed import free_ports
 from neuronfleet.devcluster.process.waiting import wait_for
+from neuronfleet.engine.cli import serve
 from neuronfleet.engine.serving.drain import CLOSE_CONNECTIONS_S
 from neuronfleet.engine.serving.readiness import ARTIFACT_HEADER
 from neuronfleet.engine.sim.tokenizer import words
@@ -128,7 +131,7 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
 
 
 def completion(server: EngineServer, text: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
-    response = server.post("/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": max_tokens, **extra})
+    response = server.post("/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": max_tokens} | extra)
     assert response.status == 200, response.body
     result: dict[str, Any] = response.json()
     return result
@@ -347,11 +350,10 @@ SCRAPE_TIMEOUT_S = 10.0
 DEVICE_BLOCKS = re.compile(r"Simulated Neuron device: .*; KV cache (\d+) blocks")
 
 
-@pytest.fixture
-def loaded_server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    directory = tmp_path_factory.mktemp("loaded")
+def start_loaded(servers: ServerPool, directory: Path, env: dict[str, str] | None = None) -> EngineServer:
+    """The loaded server's engine, in ``directory``."""
     config = write_engine_config(directory, **LOAD_ENGINE)
-    server = servers.start(
+    return servers.start(
         "--config",
         str(config),
         "--device",
@@ -365,7 +367,13 @@ def loaded_server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory)
         "--artifact-store",
         str(directory / "store"),
         "--compile-on-start",
+        env=env,
     )
+
+
+@pytest.fixture
+def loaded_server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+    server = start_loaded(servers, tmp_path_factory.mktemp("loaded"))
     yield server
     # Its CPU goes back to the module's server for the tests after this one.
     server.terminate()
@@ -481,6 +489,50 @@ def test_the_picker_reads_running_waiting_and_kv_use_under_load(
     idle = {metrics.RUNNING: 0.0, metrics.WAITING: 0.0, metrics.KV_CACHE_USAGE: 0.0}
     idled = scrape_until(server, lambda samples: picker_view(samples) == idle, "an idle engine")
     assert gauge(idled, metrics.REQUESTS_IN_FLIGHT) == 0
+
+
+def test_a_device_that_reports_no_step_times_is_timed_by_the_scheduler(
+    servers: ServerPool, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """As on a real Neuron device, whose executor publishes neither the steps' device time nor a prefill rate:
+    the scheduler times each step from its dispatch to its output's return, and its figures for four prompts of
+    a full prefill graph each are the simulated device's own (the cost model's, the steps sleeping that long),
+    with the host's share of each step on top."""
+    server = start_loaded(servers, tmp_path_factory.mktemp("scheduler-timed"), {STEP_TIMES_ENV: "scheduler"})
+    try:
+        unset = {name for name, _ in server.metrics()}
+        assert metrics.PREFILL_TOKENS_PER_SECOND not in unset, "no rate before a step is timed"
+        for _ in range(4):
+            completion(server, prompt(LOAD_ENGINE["max_num_batched_tokens"] - 8), 16, model=LOAD_MODEL)
+        samples = server.metrics()
+    finally:
+        server.terminate()
+    engine = EngineConfig.model_validate(LOAD_ENGINE)
+    cost = serve.step_times("inf2.xlarge", shape_for_model(f"hf://{LOAD_MODEL}"), engine)
+    steps = {
+        (name, int(dict(labels)["bucket"])): value
+        for (name, labels), value in samples.items()
+        if name in ("neuronfleet:prefill_steps_total", "neuronfleet:decode_steps_total")
+    }
+    modelled = {
+        "prefill": sum(
+            n * cost.packed_prefill_seconds([(b, 0)]) for (name, b), n in steps.items() if "prefill" in name
+        ),
+        "decode": sum(
+            n * cost.decode_seconds(b, engine.max_model_len) for (name, b), n in steps.items() if "decode" in name
+        ),
+    }
+    timed = {
+        kind: samples[(f"{metrics.DEVICE_BUSY_SECONDS}_total", (("kind", kind),))] for kind in ("prefill", "decode")
+    }
+    print(f"device seconds: timed by the scheduler {timed}, the cost model's {modelled}")
+    for kind in ("prefill", "decode"):
+        # Async scheduling may take a step's output in after the device began the next: a little less, then.
+        assert 0.9 * modelled[kind] <= timed[kind] <= 1.3 * modelled[kind], kind
+    rate = gauge(samples, metrics.PREFILL_TOKENS_PER_SECOND)
+    warmed = cost.prefill_tokens_per_s(engine.effective_num_batched_tokens_buckets)
+    print(f"prefill tokens a second: timed by the scheduler {rate:.0f}, the warm-up's {warmed:.0f}")
+    assert warmed / 1.3 <= rate <= warmed * 1.1
 
 
 def stored_blocks(server: EngineServer) -> int:

@@ -21,6 +21,8 @@ SETTINGS_KEY = "neuronfleet_sim"
 DEVICE_ENV = "NEURONFLEET_DEVICE"
 #: Environment variable setting ``start_time_scale`` for the serve command (tests set 0.01, for example).
 START_TIME_SCALE_ENV = "NEURONFLEET_START_TIME_SCALE"
+#: Environment variable setting ``step_times`` for the serve command.
+STEP_TIMES_ENV = "NEURONFLEET_SIM_STEP_TIMES"
 #: vLLM's ``--distributed-executor-backend`` for the simulated device.
 EXECUTOR_CLS = "neuronfleet.engine.sim.executor.SimNeuronExecutor"
 
@@ -29,6 +31,9 @@ Device = Literal["sim", "neuron"]
 
 #: How the simulated device keeps time: ``real`` sleeps for each step, ``virtual`` only counts it.
 ClockMode = Literal["real", "virtual"]
+#: Who publishes the steps' device time and the prefill rate: the simulated device, from its cost model, or (as
+#: with a real Neuron device, whose executor reports neither) the scheduler, timing each step.
+StepTimesFrom = Literal["device", "scheduler"]
 
 
 class SimSettings(BaseModel):
@@ -50,6 +55,13 @@ class SimSettings(BaseModel):
     )
     presharded_weights: bool = Field(
         False, description="The weights come pre-sharded in the artifact; False: the checkpoint, sharded on load."
+    )
+    step_times: StepTimesFrom = Field(
+        "device",
+        description=(
+            "device: the device publishes each step's time and its warm-up's prefill rate; scheduler: it publishes "
+            "neither, as a real Neuron device's executor does not, and the scheduler times the steps."
+        ),
     )
     start_time_scale: float = Field(
         1.0,

@@ -22,7 +22,14 @@ from neuronfleet.contract.hardware import (
 from neuronfleet.contract.identity import CompileIdentity, ModelSource
 from neuronfleet.contract.lora import LoraAdapter, LoraSlots
 from neuronfleet.contract.model_shapes import SHAPES, get_shape, served_name, shape_for_model
-from neuronfleet.contract.sim_settings import START_TIME_SCALE_ENV, ClockMode, Device, SimSettings
+from neuronfleet.contract.sim_settings import (
+    START_TIME_SCALE_ENV,
+    STEP_TIMES_ENV,
+    ClockMode,
+    Device,
+    SimSettings,
+    StepTimesFrom,
+)
 from neuronfleet.contract.start_time import weights_store
 from neuronfleet.engine.artifacts.adapters import provision_adapter
 from neuronfleet.engine.artifacts.provision import ServingArtifact, cache_root, compile_into_store, serving_artifact
@@ -103,7 +110,16 @@ def sim_settings(
         logical_neuron_cores=logical_neuron_cores,
         weights_store=weights_store(model),
         start_time_scale=start_time_scale(),
+        step_times=step_times_from(),
     )
+
+
+def step_times_from() -> StepTimesFrom:
+    """Who publishes the simulated device's step times: ``NEURONFLEET_SIM_STEP_TIMES``, else the device."""
+    value = os.environ.get(STEP_TIMES_ENV, "device")
+    if value not in ("device", "scheduler"):
+        fail(f"{STEP_TIMES_ENV}={value!r}: device (the simulated device's) or scheduler (as on a real Neuron device)")
+    return "scheduler" if value == "scheduler" else "device"
 
 
 def start_time_scale() -> float:

@@ -6,14 +6,17 @@ multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, as vLLM itself does with severa
 API servers): the metrics here are written by the engine core to shared files,
 and vLLM's ``/metrics`` collects every process's files. Scheduler metrics are
 updated by a step observer (``NeuronScheduler.step_observers``) after every
-``schedule()``; device metrics by the simulated device after every step.
+``schedule()``; device metrics by the simulated device after every step, or, with an executor that reports
+none (a real Neuron device), from the scheduler's own timing of each step (``step_clock.py``).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -26,6 +29,7 @@ from neuronfleet.contract.buckets import get_bucket_for_count
 from neuronfleet.contract.faults import RuntimeStatus
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler, SchedulerState
+from neuronfleet.engine.scheduler.step_clock import PrefillRate, StepClock
 
 PREFIX = "neuronfleet:"
 #: At most this many histogram bounds for prefill chunk lengths.
@@ -96,6 +100,13 @@ class NeuronMetrics:
             ["kind"],
             registry=registry,
         )
+        self.prefill_rate = PromGauge(
+            metrics.PREFILL_TOKENS_PER_SECOND,
+            "Prompt tokens a second through this replica's fastest prefill graph, as its warm-up timed it (or, "
+            "where the executor reports no step times, as the scheduler timed its steps).",
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
         self.device_faults = PromCounter(
             f"{PREFIX}device_faults",
             "Steps the Neuron runtime failed, stopping the engine, by runtime status; device_fault=true: replace it.",
@@ -117,9 +128,16 @@ class _Seen:
 class SchedulerObserver:
     """Turns a scheduler's running counters into metric increments after each step."""
 
-    def __init__(self, metrics: NeuronMetrics) -> None:
+    def __init__(self, metrics: NeuronMetrics, clock: Callable[[], float] = time.monotonic) -> None:
         self.metrics = metrics
+        #: What the steps are timed with.
+        self.clock = clock
         self._seen: dict[int, _Seen] = {}
+        #: By scheduler: its steps' device times, and the prefill rate they give.
+        self._timing: dict[int, tuple[StepClock, PrefillRate]] = {}
+        #: Set once the executor reports its device steps itself (the simulated device): the scheduler's own
+        #: timing is then not counted.
+        self.executor_times_steps = False
         self._lock = threading.Lock()
 
     def __call__(self, scheduler: NeuronScheduler, scheduler_output: vllm_compat.SchedulerOutput) -> None:
@@ -128,6 +146,23 @@ class SchedulerObserver:
             seen = self._seen.setdefault(id(scheduler), _Seen())
             self._count(scheduler, seen)
             self._observe_output(scheduler, scheduler_output)
+
+    def returned(self, scheduler: NeuronScheduler, scheduler_output: vllm_compat.SchedulerOutput) -> None:
+        """A step of ``scheduler`` came back (a ``NeuronScheduler.output_observers`` entry): count its device time,
+        unless the executor counts its own."""
+        with self._lock:
+            clock, rate = self._timing_of(scheduler)
+            timed = clock.returned(id(scheduler_output))
+            if timed is None or self.executor_times_steps:
+                return
+            self.metrics.device_seconds.labels(kind=timed.kind).inc(timed.seconds)
+            if timed.prefill_bucket:
+                rate.add(timed.prefill_bucket, timed.seconds)
+                if (tokens_per_s := rate.tokens_per_s()) is not None:
+                    self.metrics.prefill_rate.set(tokens_per_s)
+
+    def _timing_of(self, scheduler: NeuronScheduler) -> tuple[StepClock, PrefillRate]:
+        return self._timing.setdefault(id(scheduler), (StepClock(self.clock), PrefillRate()))
 
     def _count(self, scheduler: NeuronScheduler, seen: _Seen) -> None:
         metrics = self.metrics
@@ -160,6 +195,15 @@ class SchedulerObserver:
         ]
         for num_tokens in prefills:
             self.metrics.prefill_chunk_tokens.observe(num_tokens)
+        clock, _ = self._timing_of(scheduler)
+        if prefills:
+            clock.dispatched(
+                id(scheduler_output),
+                "prefill",
+                get_bucket_for_count(sum(prefills), scheduler.num_batched_tokens_buckets),
+            )
+        else:
+            clock.dispatched(id(scheduler_output), "decode")
         if not prefills:
             bucket = get_bucket_for_count(len(scheduled), scheduler.num_seqs_buckets)
             if padding := bucket - len(scheduled):
@@ -188,9 +232,17 @@ def observe_default(scheduler: NeuronScheduler, scheduler_output: vllm_compat.Sc
     _default(scheduler, scheduler_output)
 
 
+def returned_default(scheduler: NeuronScheduler, scheduler_output: vllm_compat.SchedulerOutput) -> None:
+    """Output observer feeding the default registry."""
+    if _default is not None:
+        _default.returned(scheduler, scheduler_output)
+
+
 def record_device_step(kind: str, seconds: float, max_chunk: int) -> None:
-    """Count a simulated device step's time in the default registry."""
+    """Count a simulated device step's time in the default registry (the scheduler's timing then stands down)."""
     default_metrics(max_chunk).device_seconds.labels(kind=kind).inc(seconds)
+    assert _default is not None
+    _default.executor_times_steps = True
 
 
 def record_device_fault(status: RuntimeStatus, max_chunk: int) -> None:
@@ -204,15 +256,15 @@ def subscribe() -> None:
     """Export every Neuron scheduler in this process to the default registry (idempotent)."""
     if observe_default not in NeuronScheduler.step_observers:
         NeuronScheduler.step_observers.append(observe_default)
+        NeuronScheduler.output_observers.append(returned_default)
 
 
-def record_prefill_rate(tokens_per_s: float) -> None:
-    """Publish this replica's best prefill rate, as its warm-up timed it, in the default registry."""
-    PromGauge(
-        metrics.PREFILL_TOKENS_PER_SECOND,
-        "Prompt tokens a second through this replica's fastest prefill graph, as its warm-up timed it.",
-        multiprocess_mode="mostrecent",
-    ).set(tokens_per_s)
+def record_prefill_rate(tokens_per_s: float, max_chunk: int) -> None:
+    """Publish this replica's best prefill rate, as its warm-up timed it, in the default registry (the scheduler's
+    timing then stands down)."""
+    default_metrics(max_chunk).prefill_rate.set(tokens_per_s)
+    assert _default is not None
+    _default.executor_times_steps = True
 
 
 def record_start(phases: dict[str, float], weights_from: str, *, presharded: bool) -> None:

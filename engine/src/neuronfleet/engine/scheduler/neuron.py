@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from vllm.logger import init_logger
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.outputs import ModelRunnerOutput
 
 from neuronfleet.contract.buckets import (
     NUM_BATCHED_TOKENS_BUCKETS,
@@ -69,6 +71,9 @@ class NeuronScheduler(Scheduler):
     #: Called as ``observer(scheduler, scheduler_output)`` at the end of every
     #: ``schedule()``: the engine's metrics subscribe here, in the engine core process.
     step_observers: ClassVar[list[Callable[[NeuronScheduler, SchedulerOutput], None]]] = []
+    #: Called as ``observer(scheduler, scheduler_output)`` as each step's output comes back, before vLLM takes
+    #: it in: the engine's metrics time the device's steps here (``engine/scheduler/step_clock.py``).
+    output_observers: ClassVar[list[Callable[[NeuronScheduler, SchedulerOutput], None]]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -313,6 +318,14 @@ class NeuronScheduler(Scheduler):
         for observer in self.step_observers:
             observer(self, scheduler_output)
         return scheduler_output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        """vLLM's, once the output observers know the step came back."""
+        for observer in self.output_observers:
+            observer(self, scheduler_output)
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     def _admit_through_holdback(self, decode_turn: bool) -> None:
         """Steps 1-2 of the reference: hide every waiting request, re-admit from the head."""

@@ -40,7 +40,7 @@ from neuronfleet.engine.artifacts.weights import load_shards
 from neuronfleet.engine.scheduler import metrics, vllm_compat
 from neuronfleet.engine.scheduler.neuron import read_neuron_config
 from neuronfleet.engine.sim.cost_model import CostModel
-from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice
+from neuronfleet.engine.sim.device import Clock, SimulatedNeuronDevice, StepResult
 from neuronfleet.engine.sim.faults import FaultInjector, InjectedFault
 from neuronfleet.engine.sim.handed_cores import check_handed_cores
 
@@ -165,7 +165,7 @@ class SimNeuronWorker:
             decode_buckets=decode_buckets,
             decode_context_buckets=[*self.decode_contexts, max_model_len],
             clock=self.clock,
-            on_step=lambda step: metrics.record_device_step(step.kind, step.seconds, prefill_buckets[-1]),
+            on_step=self._record_step,
             max_prefills_per_step=self.max_prefills_per_step,
             faults=self.faults,
             adapter_ranks=self.adapter_ranks,
@@ -183,6 +183,12 @@ class SimNeuronWorker:
             kv_cache_config.num_blocks,
         )
 
+    def _record_step(self, step: StepResult) -> None:
+        """Publish a device step's time, unless the scheduler times the steps (as on a real Neuron device)."""
+        assert self.device is not None
+        if self.settings.step_times == "device":
+            metrics.record_device_step(step.kind, step.seconds, self.device.prefill_buckets[-1])
+
     def _load_shards(self, artifact: Path, files: list[str]) -> None:
         """Read the weights' shards as a replica loads them onto its ranks (the tiny shape's are real)."""
         read = load_shards(artifact, files, self.shape, self.cost.tensor_parallel_size)
@@ -196,7 +202,10 @@ class SimNeuronWorker:
         start = self.modelled_start()
         spent = start.scaled(self.settings.start_time_scale if self.settings.clock == "real" else 0.0)
         metrics.record_start(spent.phases(), self.settings.weights_store, presharded=self.settings.presharded_weights)
-        metrics.record_prefill_rate(self.cost.prefill_tokens_per_s(self.device.prefill_buckets))
+        if self.settings.step_times == "device":
+            metrics.record_prefill_rate(
+                self.cost.prefill_tokens_per_s(self.device.prefill_buckets), self.device.prefill_buckets[-1]
+            )
         logger.info(
             "Replica start, as a Neuron replica of %s from %s (%s) takes %s; spent %s (start_time_scale %g, %s clock)",
             self.shape.name,
