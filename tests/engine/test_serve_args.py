@@ -290,3 +290,7 @@ def test_the_simulated_devices_step_times_come_from_it_unless_the_environment_as
     with pytest.raises(typer.Exit):
         sim_settings("hf://neuronfleet/tiny", "trn2", None, None, "real")
     assert f"{STEP_TIMES_ENV}='executor': device" in capsys.readouterr().err
+    monkeypatch.setenv(STEP_TIMES_ENV, "scheduler")
+    with pytest.raises(typer.Exit):
+        sim_settings("hf://neuronfleet/tiny", "trn2", None, None, "virtual")
+    assert "needs --clock real" in capsys.readouterr().err

@@ -131,7 +131,7 @@ def server(servers: ServerPool, tmp_path_factory: pytest.TempPathFactory) -> Eng
 
 
 def completion(server: EngineServer, text: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
-    response = server.post("/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": max_tokens} | extra)
+    response = server.post("/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": max_tokens, **extra})
     assert response.status == 200, response.body
     result: dict[str, Any] = response.json()
     return result
@@ -495,13 +495,11 @@ def test_a_device_that_reports_no_step_times_is_timed_by_the_scheduler(
     servers: ServerPool, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """As on a real Neuron device, whose executor publishes neither the steps' device time nor a prefill rate:
-    the scheduler times each step from its dispatch to its output's return, and its figures for four prompts of
+    the scheduler times each step from its dispatch to its output's return, and its seconds for four prompts of
     a full prefill graph each are the simulated device's own (the cost model's, the steps sleeping that long),
-    with the host's share of each step on top."""
+    with the host's share of each step on top. It publishes no prefill rate."""
     server = start_loaded(servers, tmp_path_factory.mktemp("scheduler-timed"), {STEP_TIMES_ENV: "scheduler"})
     try:
-        unset = {name for name, _ in server.metrics()}
-        assert metrics.PREFILL_TOKENS_PER_SECOND not in unset, "no rate before a step is timed"
         for _ in range(4):
             completion(server, prompt(LOAD_ENGINE["max_num_batched_tokens"] - 8), 16, model=LOAD_MODEL)
         samples = server.metrics()
@@ -528,11 +526,8 @@ def test_a_device_that_reports_no_step_times_is_timed_by_the_scheduler(
     print(f"device seconds: timed by the scheduler {timed}, the cost model's {modelled}")
     for kind in ("prefill", "decode"):
         # Async scheduling may take a step's output in after the device began the next: a little less, then.
-        assert 0.9 * modelled[kind] <= timed[kind] <= 1.3 * modelled[kind], kind
-    rate = gauge(samples, metrics.PREFILL_TOKENS_PER_SECOND)
-    warmed = cost.prefill_tokens_per_s(engine.effective_num_batched_tokens_buckets)
-    print(f"prefill tokens a second: timed by the scheduler {rate:.0f}, the warm-up's {warmed:.0f}")
-    assert warmed / 1.3 <= rate <= warmed * 1.1
+        assert 0.9 * modelled[kind] <= timed[kind] <= 1.5 * modelled[kind], kind
+    assert metrics.PREFILL_TOKENS_PER_SECOND not in {name for name, _ in samples}
 
 
 def stored_blocks(server: EngineServer) -> int:

@@ -78,7 +78,12 @@ SERIES = (
         PREFILL_CHUNK_TOKENS, "histogram", "the Neuron scheduler", ("the canary analysis", "the bucket recommender")
     ),
     Series(REPLICA_START_SECONDS, "gauge", "the simulated device", ("dashboards", "KEDA's warm floor")),
-    Series(DEVICE_BUSY_SECONDS, "counter", "the simulated device", ("KEDA's warm floor", "the fleet twin")),
+    Series(
+        DEVICE_BUSY_SECONDS,
+        "counter",
+        "the simulated device, else the Neuron scheduler",
+        ("KEDA's warm floor", "the fleet twin"),
+    ),
     Series(PREFILL_TOKENS_PENDING, "gauge", "the Neuron scheduler", ("KEDA's prefill backlog", "the fleet twin")),
     Series(PREFILL_TOKENS_PER_SECOND, "gauge", "the simulated device", ("KEDA's prefill backlog",)),
 )

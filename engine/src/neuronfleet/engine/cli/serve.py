@@ -103,6 +103,9 @@ def sim_settings(
     instance = INSTANCE_TYPES[instance_type]
     if instance.target != target:
         fail(f"--instance-type {instance_type} is not a {target} instance")
+    timed_by = step_times_from()
+    if timed_by == "scheduler" and clock == "virtual":
+        fail(f"{STEP_TIMES_ENV}=scheduler needs --clock real: on the virtual clock no step takes any time to time")
     return SimSettings(
         shape=shape,
         instance_type=instance_type,
@@ -110,7 +113,7 @@ def sim_settings(
         logical_neuron_cores=logical_neuron_cores,
         weights_store=weights_store(model),
         start_time_scale=start_time_scale(),
-        step_times=step_times_from(),
+        step_times=timed_by,
     )
 
 

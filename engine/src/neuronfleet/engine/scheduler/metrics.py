@@ -29,7 +29,7 @@ from neuronfleet.contract.buckets import get_bucket_for_count
 from neuronfleet.contract.faults import RuntimeStatus
 from neuronfleet.engine.scheduler import vllm_compat
 from neuronfleet.engine.scheduler.neuron import NeuronScheduler, SchedulerState
-from neuronfleet.engine.scheduler.step_clock import PrefillRate, StepClock
+from neuronfleet.engine.scheduler.step_clock import StepClock
 
 PREFIX = "neuronfleet:"
 #: At most this many histogram bounds for prefill chunk lengths.
@@ -96,14 +96,14 @@ class NeuronMetrics:
         )
         self.device_seconds = PromCounter(
             metrics.DEVICE_BUSY_SECONDS,
-            "Device time spent in steps, by step kind (simulated: virtual or slept).",
+            "Device time spent in steps, by step kind (simulated: virtual or slept; else as the scheduler timed "
+            "each step from dispatch to return).",
             ["kind"],
             registry=registry,
         )
         self.prefill_rate = PromGauge(
             metrics.PREFILL_TOKENS_PER_SECOND,
-            "Prompt tokens a second through this replica's fastest prefill graph, as its warm-up timed it (or, "
-            "where the executor reports no step times, as the scheduler timed its steps).",
+            "Prompt tokens a second through this replica's fastest prefill graph, as its warm-up timed it.",
             registry=registry,
             multiprocess_mode="mostrecent",
         )
@@ -133,8 +133,8 @@ class SchedulerObserver:
         #: What the steps are timed with.
         self.clock = clock
         self._seen: dict[int, _Seen] = {}
-        #: By scheduler: its steps' device times, and the prefill rate they give.
-        self._timing: dict[int, tuple[StepClock, PrefillRate]] = {}
+        #: By scheduler: its steps' device times.
+        self._timing: dict[int, StepClock] = {}
         #: Set once the executor reports its device steps itself (the simulated device): the scheduler's own
         #: timing is then not counted.
         self.executor_times_steps = False
@@ -151,18 +151,12 @@ class SchedulerObserver:
         """A step of ``scheduler`` came back (a ``NeuronScheduler.output_observers`` entry): count its device time,
         unless the executor counts its own."""
         with self._lock:
-            clock, rate = self._timing_of(scheduler)
-            timed = clock.returned(id(scheduler_output))
-            if timed is None or self.executor_times_steps:
-                return
-            self.metrics.device_seconds.labels(kind=timed.kind).inc(timed.seconds)
-            if timed.prefill_bucket:
-                rate.add(timed.prefill_bucket, timed.seconds)
-                if (tokens_per_s := rate.tokens_per_s()) is not None:
-                    self.metrics.prefill_rate.set(tokens_per_s)
+            timed = self._timing_of(scheduler).returned(id(scheduler_output))
+            if timed is not None and not self.executor_times_steps:
+                self.metrics.device_seconds.labels(kind=timed.kind).inc(timed.seconds)
 
-    def _timing_of(self, scheduler: NeuronScheduler) -> tuple[StepClock, PrefillRate]:
-        return self._timing.setdefault(id(scheduler), (StepClock(self.clock), PrefillRate()))
+    def _timing_of(self, scheduler: NeuronScheduler) -> StepClock:
+        return self._timing.setdefault(id(scheduler), StepClock(self.clock))
 
     def _count(self, scheduler: NeuronScheduler, seen: _Seen) -> None:
         metrics = self.metrics
@@ -195,15 +189,7 @@ class SchedulerObserver:
         ]
         for num_tokens in prefills:
             self.metrics.prefill_chunk_tokens.observe(num_tokens)
-        clock, _ = self._timing_of(scheduler)
-        if prefills:
-            clock.dispatched(
-                id(scheduler_output),
-                "prefill",
-                get_bucket_for_count(sum(prefills), scheduler.num_batched_tokens_buckets),
-            )
-        else:
-            clock.dispatched(id(scheduler_output), "decode")
+        self._timing_of(scheduler).dispatched(id(scheduler_output), "prefill" if prefills else "decode")
         if not prefills:
             bucket = get_bucket_for_count(len(scheduled), scheduler.num_seqs_buckets)
             if padding := bucket - len(scheduled):
