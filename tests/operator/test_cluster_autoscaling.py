@@ -225,6 +225,12 @@ def ranking_operator(
         print(f"--- operator log ---\n{running.tail(60)}")
 
 
+def pod_ready(pod: Obj) -> bool:
+    """Whether the pod is Ready: only among Ready pods does the ReplicaSet go by their costs."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 def serving_pods(api: Kube, namespace: str) -> list[Obj]:
     """The service's pods not being deleted, oldest first."""
     pods = api.list(PODS, namespace, plan.serving_pod_selector("llama"))
@@ -243,10 +249,10 @@ def test_scale_in_removes_the_replicas_holding_fewest_requests(
     api.merge_patch(SERVICES_NIS, namespace, "llama", {"spec": {"replicas": 3}}, subresource="scale")
     pods = wait_for(
         lambda: serving_pods(api, namespace),
-        lambda found: len(found) == 3 and all(phase_of(p) == "Running" for p in found),
+        lambda found: len(found) == 3 and all(pod_ready(p) for p in found),
         timeout=120,
-        what="three serving pods Running",
-        show=lambda found: [(p["metadata"]["name"], phase_of(p)) for p in found],
+        what="three serving pods Ready",
+        show=lambda found: [(p["metadata"]["name"], pod_ready(p)) for p in found],
     )
     oldest, middle, newest = (p["metadata"]["name"] for p in pods)
 

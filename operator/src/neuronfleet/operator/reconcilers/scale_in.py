@@ -7,8 +7,10 @@ is going. A pod not Ready (one still loading) goes before any Ready one whatever
 scale-down window outlasts a start, so a scale-in does not take a replica that is about to serve.
 
 The annotations are written before the Deployment's replicas fall: the ReplicaSet controller reads pods from its
-own watch, which sees the annotations before the replica count that reaches it through the Deployment
-controller. Without Prometheus (unreachable, or no figures yet) the scale-in goes ahead unranked.
+own watch, which in practice sees them before the replica count that reaches it through the Deployment
+controller (two separate watches: not a guarantee). Ranking is best effort: without Prometheus's figures
+(unreachable, or none yet) every pod is written cost 0, so the ReplicaSet falls back on its own order, and a pod
+that cannot be annotated does not hold the scale-in back.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def query_by_pod(address: str, query: str) -> dict[str, float]:
     url = f"{address.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
     with urllib.request.urlopen(url, timeout=QUERY_TIMEOUT_S) as response:
         answer = json.load(response)
-    return {series["metric"]["pod"]: float(series["value"][1]) for series in answer["data"]["result"]}
+    result = answer["data"]["result"]
+    return {series["metric"]["pod"]: float(series["value"][1]) for series in result if "pod" in series["metric"]}
 
 
 class ScaleIn:
@@ -56,13 +59,15 @@ class ScaleIn:
         try:
             in_flight = query_by_pod(self.prometheus, scaling.in_flight_query(namespace, name))
         except (OSError, ValueError, KeyError) as error:
+            # Costs of an earlier scale-in would rank this one: all 0 leaves the ReplicaSet's own order.
             log.warning("%s/%s: scale-in unranked, Prometheus gave no requests in flight: %s", namespace, name, error)
-            return
+            in_flight = {}
         pods = self.kube.list(PODS, namespace, plan.serving_pod_selector(name))
-        for pod, cost in scaling.deletion_costs(pods, in_flight).items():
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        for pod, cost in scaling.deletion_costs(live, in_flight).items():
             patch = {"metadata": {"annotations": {scaling.DELETION_COST_ANNOTATION: cost}}}
             try:
                 self.kube.merge_patch(PODS, namespace, pod, patch)
             except ApiError as error:
                 if error.status != NOT_FOUND:
-                    raise
+                    log.warning("%s/%s: scale-in cost of pod %s not written: %s", namespace, name, pod, error)
