@@ -353,11 +353,15 @@ def test_scale_in_takes_a_starting_replica_then_the_one_holding_fewest_requests(
     old, middle, new = fleet.replicas
     for i, replica in enumerate([old, old, new, new, new]):
         replica.admit(arrivals.TwinRequest(f"r{i}", 5.0, (1,), 1))
-    fleet.scale_to(4, now=10.0)
+    fleet.scale_to(4, now=20.0)
     starting = fleet.replicas[-1]
-    # Down again: the one still starting goes at once, then the idle middle one, then the oldest, which drains.
-    fleet.scale_to(3, now=11.0)
+    # Down again, at Prometheus's scrape of second 15: the one still starting goes at once, then the idle middle
+    # one, then the oldest, which drains.
+    fleet.scale_to(3, now=21.0)
     assert starting not in fleet.replicas
-    fleet.scale_to(1, now=12.0)
+    for i in range(2):
+        old.admit(arrivals.TwinRequest(f"after-the-scrape-{i}", 22.0, (1,), 1))
+    fleet.scale_to(1, now=23.0)
     assert middle not in fleet.replicas
-    assert (old.draining_since, new.draining_since) == (12.0, None)
+    # The oldest held 2 at the scrape (4 now), the newest 3: the oldest goes, as the scrape ranked them.
+    assert (old.draining_since, new.draining_since) == (23.0, None)

@@ -23,7 +23,7 @@ from typing import Any
 from vllm.config import CacheConfig
 
 from neuronfleet.contract.config import EngineConfig
-from neuronfleet.contract.scaling import signal_lag_s, trend_window_s
+from neuronfleet.contract.scaling import SCRAPE_S, signal_lag_s, trend_window_s
 from neuronfleet.contract.start_time import StartTime, StoreKind, predict_start
 from neuronfleet.engine.fleet.arrivals import Source, TwinRequest
 from neuronfleet.engine.fleet.autoscaler import Autoscaler, AutoscalingPolicy, Signals
@@ -171,14 +171,16 @@ class _Fleet:
 
     def scale_to(self, wanted: int, now: float) -> None:
         """Add replicas (ready ``start_s`` later), or remove the ones a ReplicaSet would, given the operator's deletion
-        costs: starting ones first, then those holding fewest requests (the newest of equals), which drain what they
-        hold."""
+        costs: starting ones first, then those holding fewest requests at Prometheus's last scrape (the newest of
+        equals), which drain what they hold."""
         for _ in range(wanted - self.wanted()):
             self.add(now, now + self.spec.start_s)
         surplus = self.wanted() - wanted
+        scrape_s = self.spec.autoscaling.scrape_interval_s if self.spec.autoscaling else SCRAPE_S
+        scraped = now - now % scrape_s
         victims = sorted(
             (r for r in self.replicas if r.draining_since is None),
-            key=lambda r: (r.ready_at <= now, len(r.in_flight), -r.ready_at),
+            key=lambda r: (r.ready_at <= now, r.in_flight_at(scraped), -r.ready_at),
         )[: max(surplus, 0)]
         for replica in victims:
             if replica.ready_at > now or replica.idle:
