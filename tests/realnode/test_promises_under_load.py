@@ -232,6 +232,17 @@ def kill_operator(fleet: Fleet, pod: Obj) -> float:
     return killed_at
 
 
+def operator_states(fleet: Fleet) -> dict[str, object]:
+    """Who leads, and each operator pod's restarts and readiness: what a failed wait for a leader shows."""
+    pods = {}
+    for pod in fleet.operator_pods():
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        pods[pod["metadata"]["name"]] = [
+            (c["restartCount"], c.get("ready"), list(c.get("state") or {})) for c in statuses
+        ]
+    return {"leader": fleet.operator_leader(), "pods": pods}
+
+
 def test_the_leader_killed_mid_compile_and_mid_rollout_hands_over_without_a_duplicate_job(fleet: Fleet) -> None:
     changed = fleet.with_buckets([32, 256])
     new = identity_hash(changed)
@@ -261,8 +272,13 @@ def test_the_leader_killed_mid_compile_and_mid_rollout_hands_over_without_a_dupl
             what=f"a replica on {new}",
         )
         second_killed_at = kill_operator(fleet, operators[standby])
+        # A lease duration from the successor's last renewal; a CI run's load has taken the first more than 60 s.
         back_at = wait_for(
-            lambda: fleet.operator_leader() == first and time.time(), timeout=60, interval=0.2, what=f"{first} leads"
+            lambda: fleet.operator_leader() == first and time.time(),
+            timeout=120,
+            interval=0.2,
+            what=f"{first} leads",
+            show=lambda _: operator_states(fleet),
         )
         done_at = fleet.wait(
             lambda: fleet.rolled_out_to(new) and time.time(), f"every replica on {new}", timeout=2 * POD_TIMEOUT_S
