@@ -9,15 +9,13 @@ controller removes pods.
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from harness.fleet import pod_ready
 from harness.services import Services
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -34,6 +32,7 @@ from neuronfleet.devcluster.process.waiting import WaitFor
 from neuronfleet.operator import plan
 from neuronfleet.operator.cluster.kube import DEPLOYMENTS, PODS, SCALED_OBJECTS, SERVICES_NIS, Kube
 from neuronfleet.operator.policy import scaling
+from neuronfleet.operator.reconcilers.scale_in import query_by_pod
 
 pytest_plugins = ["harness.operator_fixtures"]
 
@@ -48,18 +47,25 @@ SPEC: Obj = {
 }
 
 
-@pytest.fixture
-def scaling_operator(
-    cluster: LocalCluster, namespace: str, crds: Path, wait_for: WaitFor, tmp_path: Path
+def operator_querying(
+    prometheus: str, cluster: LocalCluster, namespace: str, wait_for: WaitFor, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
-    """The operator with a Prometheus address, as the chart runs it with autoscaling enabled."""
-    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0, prometheus=PROMETHEUS)
+    """The operator with a Prometheus address, as the chart runs it with autoscaling enabled; its log after."""
+    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0, prometheus=prometheus)
     running.start(wait_for)
     try:
         yield running
     finally:
         running.stop()
         print(f"--- operator log ---\n{running.tail(60)}")
+
+
+@pytest.fixture
+def scaling_operator(
+    cluster: LocalCluster, namespace: str, crds: Path, wait_for: WaitFor, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator with an address no Prometheus answers at (nothing here queries it)."""
+    yield from operator_querying(PROMETHEUS, cluster, namespace, wait_for, tmp_path)
 
 
 def autoscaling_condition(body: Obj) -> tuple[str, str, str] | None:
@@ -192,10 +198,7 @@ class InFlight:
 
     def scraped(self, service: str) -> dict[str, float]:
         """What the operator's query reads now."""
-        query = urllib.parse.urlencode({"query": scaling.in_flight_query(self.namespace, service)})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=5) as response:
-            result = json.load(response)["data"]["result"]
-        return {series["metric"]["pod"]: float(series["value"][1]) for series in result}
+        return query_by_pod(self.url, scaling.in_flight_query(self.namespace, service))
 
     def stop(self) -> None:
         self.process.stop()
@@ -216,19 +219,7 @@ def ranking_operator(
     cluster: LocalCluster, namespace: str, wait_for: WaitFor, tmp_path: Path, in_flight: InFlight
 ) -> Iterator[OperatorProcess]:
     """The operator querying the real Prometheus."""
-    running = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path, resync_seconds=5.0, prometheus=in_flight.url)
-    running.start(wait_for)
-    try:
-        yield running
-    finally:
-        running.stop()
-        print(f"--- operator log ---\n{running.tail(60)}")
-
-
-def pod_ready(pod: Obj) -> bool:
-    """Whether the pod is Ready: only among Ready pods does the ReplicaSet go by their costs."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    yield from operator_querying(in_flight.url, cluster, namespace, wait_for, tmp_path)
 
 
 def serving_pods(api: Kube, namespace: str) -> list[Obj]:
@@ -247,6 +238,7 @@ def test_scale_in_removes_the_replicas_holding_fewest_requests(
     services.create("llama", {**SPEC, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}})
     services.wait("llama", lambda b: (b.get("status") or {}).get("desiredReplicas") == 1, "started at minReplicas")
     api.merge_patch(SERVICES_NIS, namespace, "llama", {"spec": {"replicas": 3}}, subresource="scale")
+    # Ready: only among Ready pods does the ReplicaSet go by their costs.
     pods = wait_for(
         lambda: serving_pods(api, namespace),
         lambda found: len(found) == 3 and all(pod_ready(p) for p in found),
